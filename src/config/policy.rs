@@ -1,0 +1,178 @@
+//! The validated policy: the types the request path runs on. A value of
+//! these types has passed every check, so nothing downstream re-validates.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ipnet::IpNet;
+
+pub use super::schema::{Backend, Mode, OnStoreError, Scope};
+use crate::auth::KeyTable;
+use crate::client_ip::ClientIpConfig;
+use crate::limits::algorithm::Params;
+use crate::routes::Router;
+
+/// Index of a limit in [`Policy::limits`].
+pub type LimitId = usize;
+/// Index of an upstream pool in [`Policy::upstreams`].
+pub type PoolId = usize;
+/// Index of a plan in [`Policy::plans`].
+pub type PlanId = usize;
+
+/// One complete, validated policy file.
+#[derive(Debug)]
+pub struct Policy {
+    pub file: PathBuf,
+    pub policy_version: String,
+    pub server: ServerSettings,
+    pub store: StoreSettings,
+    pub client_ip: ClientIpConfig,
+    pub ip_rules: IpRules,
+    pub auth: AuthSettings,
+    pub plans: Vec<Plan>,
+    pub limits: Vec<Limit>,
+    pub upstreams: Vec<Upstream>,
+    pub routes: Router<Route>,
+    pub ratelimit_headers: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    pub listen: Vec<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    pub threads: usize,
+    pub admin_token_env: Option<String>,
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub backend: Backend,
+    pub urls: Vec<String>,
+    pub timeout: Duration,
+    pub key_prefix: String,
+    pub key_secret_env: String,
+    pub failure_threshold: u32,
+    pub open_for: Duration,
+    pub expected_instances: u32,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct IpRules {
+    pub deny: Vec<IpNet>,
+    pub allow: Vec<IpNet>,
+}
+
+impl IpRules {
+    /// Whether the rules let this address through.
+    pub fn admits(&self, ip: std::net::IpAddr) -> bool {
+        !self.deny.iter().any(|n| n.contains(&ip))
+            && (self.allow.is_empty() || self.allow.iter().any(|n| n.contains(&ip)))
+    }
+}
+
+#[derive(Debug)]
+pub struct AuthSettings {
+    /// Lower-case header name; `authorization` means `Bearer <key>`.
+    pub header: http::HeaderName,
+    pub keys: KeyTable,
+}
+
+/// Per-plan replacement parameters for some limits.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub name: String,
+    pub overrides: Vec<(LimitId, Params)>,
+}
+
+impl Plan {
+    pub fn params_for(&self, limit: LimitId) -> Option<Params> {
+        self.overrides
+            .iter()
+            .find(|(id, _)| *id == limit)
+            .map(|(_, p)| *p)
+    }
+}
+
+/// The identity dimensions a limit's key is built from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct KeyDims {
+    pub ip: bool,
+    pub credential: bool,
+    pub tenant: bool,
+    pub route: bool,
+}
+
+/// A named limit, validated.
+#[derive(Debug, Clone)]
+pub struct Limit {
+    pub name: Arc<str>,
+    pub scope: Scope,
+    pub key: KeyDims,
+    pub params: Params,
+    /// Decided in this process rather than in the shared store.
+    pub local: bool,
+    pub on_store_error: OnStoreError,
+    pub mode: Mode,
+}
+
+/// An upstream pool.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub name: Arc<str>,
+    pub servers: Vec<SocketAddr>,
+    pub max_in_flight: u32,
+    pub queue_max_waiting: u32,
+    pub queue_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+}
+
+/// Where a route's admitted requests go.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Upstream(PoolId),
+    Respond {
+        status: u16,
+        body: Bytes,
+        content_type: String,
+    },
+}
+
+/// A route class.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: Arc<str>,
+    pub auth_required: bool,
+    pub target: Target,
+    pub cost: u64,
+    /// `scope: pre_auth` limits, in the order the route names them.
+    pub pre_auth: Vec<LimitId>,
+    /// The other limits, decided together after authentication.
+    pub request: Vec<LimitId>,
+}
+
+impl Policy {
+    /// The parameters a limit runs with for a caller on `plan`.
+    pub fn params(&self, limit: LimitId, plan: Option<PlanId>) -> Params {
+        plan.and_then(|p| self.plans[p].params_for(limit))
+            .unwrap_or(self.limits[limit].params)
+    }
+
+    /// One line describing the policy, for `tollgate check` and start-up logs.
+    pub fn summary(&self) -> String {
+        format!(
+            "policy {} ok: {} routes, {} limits, {} plans, {} keys, {} upstreams, store {:?}",
+            self.policy_version,
+            self.routes.len(),
+            self.limits.len(),
+            self.plans.len(),
+            self.auth.keys.len(),
+            self.upstreams.len(),
+            self.store.backend,
+        )
+    }
+}

@@ -1,0 +1,275 @@
+//! The YAML schema as written by operators: plain serde structs that reject
+//! unknown keys. Nothing here is trusted; `validate` turns it into a policy.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub version: u32,
+    #[serde(default)]
+    pub policy_version: Option<String>,
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub client_ip: RawClientIp,
+    #[serde(default)]
+    pub ip_rules: RawIpRules,
+    #[serde(default)]
+    pub auth: RawAuth,
+    #[serde(default)]
+    pub plans: BTreeMap<String, BTreeMap<String, RawOverride>>,
+    #[serde(default)]
+    pub limits: BTreeMap<String, RawLimit>,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+    pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub responses: RawResponses,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<Vec<String>>,
+    pub admin_listen: Option<String>,
+    pub threads: Option<usize>,
+    pub admin_token_env: Option<String>,
+    pub shutdown_grace_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    #[default]
+    Memory,
+    Redis,
+    RedisCluster,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    #[serde(default)]
+    pub backend: Backend,
+    #[serde(default)]
+    pub urls: Vec<String>,
+    pub timeout_ms: Option<u64>,
+    pub key_prefix: Option<String>,
+    pub key_secret_env: Option<String>,
+    pub circuit_breaker: Option<RawBreaker>,
+    pub expected_instances: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBreaker {
+    pub failure_threshold: Option<u32>,
+    pub open_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientIp {
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    #[serde(default)]
+    pub header: HeaderName,
+    pub ipv6_prefix: Option<u8>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub enum HeaderName {
+    #[default]
+    #[serde(rename = "x-forwarded-for")]
+    XForwardedFor,
+    #[serde(rename = "forwarded")]
+    Forwarded,
+    #[serde(rename = "x-real-ip")]
+    XRealIp,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIpRules {
+    #[serde(default)]
+    pub deny: Vec<String>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    pub header: Option<String>,
+    pub keys_file: Option<String>,
+    #[serde(default)]
+    pub keys: Vec<RawKey>,
+}
+
+/// The schema of `auth.keys_file`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKeysFile {
+    pub keys: Vec<RawKey>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    pub id: String,
+    pub tenant: String,
+    pub plan: Option<String>,
+    pub sha256: String,
+}
+
+/// A plan's replacement numbers for one limit.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOverride {
+    pub capacity: Option<f64>,
+    pub refill_per_second: Option<f64>,
+    pub limit: Option<f64>,
+    pub window_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    PreAuth,
+    #[default]
+    Request,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    Ip,
+    Credential,
+    Tenant,
+    Route,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmName {
+    #[default]
+    TokenBucket,
+    Gcra,
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    Local,
+    Shared,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreError {
+    Open,
+    #[default]
+    Closed,
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Shadow,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    #[serde(default)]
+    pub scope: Scope,
+    #[serde(default)]
+    pub key: Vec<Dimension>,
+    #[serde(default)]
+    pub algorithm: AlgorithmName,
+    pub capacity: Option<f64>,
+    pub refill_per_second: Option<f64>,
+    pub limit: Option<f64>,
+    pub window_seconds: Option<f64>,
+    pub store: Option<Placement>,
+    #[serde(default)]
+    pub on_store_error: OnStoreError,
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub servers: Vec<String>,
+    pub max_in_flight: Option<u32>,
+    pub queue: Option<RawQueue>,
+    pub connect_timeout_ms: Option<u64>,
+    pub read_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueue {
+    pub max_waiting: Option<u32>,
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    #[default]
+    Required,
+    None,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: String,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    pub path: String,
+    #[serde(default)]
+    pub auth: AuthMode,
+    pub upstream: Option<String>,
+    pub respond: Option<RawRespond>,
+    pub cost: Option<f64>,
+    #[serde(default)]
+    pub limits: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRespond {
+    pub status: u16,
+    #[serde(default)]
+    pub body: String,
+    pub content_type: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitHeaders {
+    #[default]
+    None,
+    Draft,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResponses {
+    #[serde(default)]
+    pub ratelimit_headers: RateLimitHeaders,
+}

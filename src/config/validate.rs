@@ -1,0 +1,640 @@
+//! Raw schema → [`Policy`]. Every check names the path of the offending
+//! value; all problems of a file are reported together.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::policy::*;
+use super::schema::*;
+use super::{load_keys_file, ConfigError, Problem};
+use crate::auth::{parse_digest, Credential, KeyTable};
+use crate::client_ip::{ClientIpConfig, ForwardHeader};
+use crate::limits::algorithm::{Bucket, Params, Window, MICRO};
+use crate::routes::{PathTemplate, Router};
+
+/// Capacities, limits and rates are bounded by this.
+const MAX_AMOUNT: f64 = 1e9;
+/// Sliding logs keep one entry per admitted request.
+const MAX_LOG_LIMIT: f64 = 10_000.0;
+/// Longest window: one day.
+const MAX_WINDOW_SECONDS: f64 = 86_400.0;
+/// Products the Redis scripts compute must stay exact in a Lua double.
+const MAX_EXACT: u64 = 1 << 53;
+
+/// Collects problems while walking the raw document.
+struct Checker {
+    problems: Vec<Problem>,
+}
+
+impl Checker {
+    fn fail(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    /// A finite number in `(0, max]`.
+    fn amount(&mut self, path: &str, value: f64, max: f64) -> Option<f64> {
+        if !value.is_finite() {
+            self.fail(path, format!("must be a finite number, got {value}"));
+        } else if value <= 0.0 {
+            self.fail(path, format!("must be positive, got {value}"));
+        } else if value > max {
+            self.fail(path, format!("must be at most {max}, got {value}"));
+        } else {
+            return Some(value);
+        }
+        None
+    }
+
+    /// A whole number in `[1, max]`.
+    fn whole(&mut self, path: &str, value: f64, max: f64) -> Option<u64> {
+        let v = self.amount(path, value, max)?;
+        if v.fract() != 0.0 {
+            self.fail(path, format!("must be a whole number, got {v}"));
+            return None;
+        }
+        Some(v as u64)
+    }
+
+    fn range<T: PartialOrd + std::fmt::Display + Copy>(
+        &mut self,
+        path: &str,
+        value: T,
+        min: T,
+        max: T,
+    ) -> T {
+        if value < min || value > max {
+            self.fail(path, format!("must be between {min} and {max}, got {value}"));
+        }
+        value
+    }
+
+    fn required<T>(&mut self, path: &str, what: &str, value: Option<T>) -> Option<T> {
+        if value.is_none() {
+            self.fail(path, format!("missing `{what}`"));
+        }
+        value
+    }
+
+    fn name(&mut self, path: &str, name: &str) {
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !ok {
+            self.fail(
+                path,
+                format!("name {name:?} must be 1-64 characters of A-Z a-z 0-9 - _ ."),
+            );
+        }
+    }
+}
+
+pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy, ConfigError> {
+    let mut c = Checker {
+        problems: Vec::new(),
+    };
+    if raw.version != 1 {
+        c.fail("version", format!("unsupported version {} (expected 1)", raw.version));
+    }
+    let server = server(&mut c, raw.server);
+    let store = store(&mut c, raw.store);
+    let client_ip = client_ip(&mut c, raw.client_ip);
+    let ip_rules = IpRules {
+        deny: nets(&mut c, "ip_rules.deny", &raw.ip_rules.deny),
+        allow: nets(&mut c, "ip_rules.allow", &raw.ip_rules.allow),
+    };
+    let memory = store.backend == Backend::Memory;
+    let (limits, limit_ids) = limits(&mut c, raw.limits, memory);
+    let (plans, plan_ids) = plans(&mut c, raw.plans, &limits, &limit_ids);
+    let auth = auth(&mut c, raw.auth, base, &plan_ids)?;
+    let (upstreams, pool_ids) = upstreams(&mut c, raw.upstreams);
+    let ctx = RouteContext {
+        limits: &limits,
+        limit_ids: &limit_ids,
+        plans: &plans,
+        pool_ids: &pool_ids,
+    };
+    let routes = routes(&mut c, raw.routes, &ctx);
+    if !c.problems.is_empty() {
+        return Err(ConfigError::Invalid {
+            file: file.display().to_string(),
+            problems: c.problems,
+        });
+    }
+    Ok(Policy {
+        file: file.to_path_buf(),
+        policy_version: raw.policy_version.unwrap_or_else(|| "unversioned".into()),
+        server,
+        store,
+        client_ip,
+        ip_rules,
+        auth,
+        plans,
+        limits,
+        upstreams,
+        routes,
+        ratelimit_headers: raw.responses.ratelimit_headers == RateLimitHeaders::Draft,
+    })
+}
+
+fn socket_addr(c: &mut Checker, path: &str, text: &str) -> Option<SocketAddr> {
+    match text.parse() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            c.fail(path, format!("{text:?} is not an ip:port address"));
+            None
+        }
+    }
+}
+
+fn server(c: &mut Checker, raw: RawServer) -> ServerSettings {
+    let listen_raw = raw.listen.unwrap_or_else(|| vec!["0.0.0.0:8080".into()]);
+    if listen_raw.is_empty() {
+        c.fail("server.listen", "needs at least one address");
+    }
+    let listen = listen_raw
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| socket_addr(c, &format!("server.listen[{i}]"), a))
+        .collect();
+    let admin_listen = raw
+        .admin_listen
+        .and_then(|a| socket_addr(c, "server.admin_listen", &a));
+    let default_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = c.range(
+        "server.threads",
+        raw.threads.unwrap_or(default_threads),
+        1,
+        256,
+    );
+    let grace = c.range("server.shutdown_grace_seconds", raw.shutdown_grace_seconds.unwrap_or(10), 0, 3600);
+    if let Some(env) = &raw.admin_token_env {
+        env_name(c, "server.admin_token_env", env);
+    }
+    ServerSettings {
+        listen,
+        admin_listen,
+        threads,
+        admin_token_env: raw.admin_token_env,
+        shutdown_grace: Duration::from_secs(grace),
+    }
+}
+
+fn env_name(c: &mut Checker, path: &str, name: &str) {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        c.fail(path, format!("{name:?} is not an environment variable name"));
+    }
+}
+
+fn store(c: &mut Checker, raw: RawStore) -> StoreSettings {
+    if raw.backend != Backend::Memory {
+        if raw.urls.is_empty() {
+            c.fail("store.urls", format!("backend {:?} needs at least one url", raw.backend));
+        }
+        for (i, url) in raw.urls.iter().enumerate() {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                c.fail(format!("store.urls[{i}]"), format!("{url:?} is not a redis:// or rediss:// url"));
+            }
+        }
+    }
+    let key_secret_env = raw.key_secret_env.unwrap_or_else(|| "TOLLGATE_KEY_SECRET".into());
+    env_name(c, "store.key_secret_env", &key_secret_env);
+    let breaker = raw.circuit_breaker.unwrap_or(RawBreaker {
+        failure_threshold: None,
+        open_ms: None,
+    });
+    StoreSettings {
+        backend: raw.backend,
+        urls: raw.urls,
+        timeout: Duration::from_millis(c.range("store.timeout_ms", raw.timeout_ms.unwrap_or(20), 1, 10_000)),
+        key_prefix: raw.key_prefix.unwrap_or_else(|| "tg:".into()),
+        key_secret_env,
+        failure_threshold: c.range(
+            "store.circuit_breaker.failure_threshold",
+            breaker.failure_threshold.unwrap_or(5),
+            1,
+            1_000,
+        ),
+        open_for: Duration::from_millis(c.range(
+            "store.circuit_breaker.open_ms",
+            breaker.open_ms.unwrap_or(1_000),
+            1,
+            600_000,
+        )),
+        expected_instances: c.range(
+            "store.expected_instances",
+            raw.expected_instances.unwrap_or(1),
+            1,
+            10_000,
+        ),
+    }
+}
+
+fn nets(c: &mut Checker, path: &str, raw: &[String]) -> Vec<IpNet> {
+    raw.iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let parsed = text
+                .parse::<IpNet>()
+                .ok()
+                .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from));
+            if parsed.is_none() {
+                c.fail(format!("{path}[{i}]"), format!("{text:?} is not an IP network"));
+            }
+            parsed.map(|n| n.trunc())
+        })
+        .collect()
+}
+
+fn client_ip(c: &mut Checker, raw: RawClientIp) -> ClientIpConfig {
+    ClientIpConfig {
+        trusted_proxies: nets(c, "client_ip.trusted_proxies", &raw.trusted_proxies),
+        header: match raw.header {
+            HeaderName::XForwardedFor => ForwardHeader::XForwardedFor,
+            HeaderName::Forwarded => ForwardHeader::Forwarded,
+            HeaderName::XRealIp => ForwardHeader::XRealIp,
+        },
+        ipv6_prefix: c.range("client_ip.ipv6_prefix", raw.ipv6_prefix.unwrap_or(64), 1, 128),
+    }
+}
+
+/// Turns a limit's (or an override's) numbers into algorithm parameters.
+fn params(c: &mut Checker, path: &str, algorithm: AlgorithmName, n: &RawOverride) -> Option<Params> {
+    let bucket = matches!(algorithm, AlgorithmName::TokenBucket | AlgorithmName::Gcra);
+    let (wanted, unwanted) = if bucket {
+        (["capacity", "refill_per_second"], [("limit", n.limit), ("window_seconds", n.window_seconds)])
+    } else {
+        (["limit", "window_seconds"], [("capacity", n.capacity), ("refill_per_second", n.refill_per_second)])
+    };
+    for (field, value) in unwanted {
+        if value.is_some() {
+            c.fail(path, format!("`{field}` does not apply to {algorithm:?}; it takes `{}` and `{}`", wanted[0], wanted[1]));
+        }
+    }
+    if bucket {
+        let capacity = c.required(path, "capacity", n.capacity);
+        let rate = c.required(path, "refill_per_second", n.refill_per_second);
+        let capacity = c.amount(&format!("{path}.capacity"), capacity?, MAX_AMOUNT)?;
+        let rate = c.amount(&format!("{path}.refill_per_second"), rate?, MAX_AMOUNT)?;
+        let per_ms = (rate * 1000.0).round() as u64;
+        if per_ms == 0 {
+            c.fail(format!("{path}.refill_per_second"), format!("must be at least 0.001, got {rate}"));
+            return None;
+        }
+        if capacity < 1.0 {
+            c.fail(format!("{path}.capacity"), format!("must be at least 1, got {capacity}"));
+            return None;
+        }
+        let b = Bucket {
+            capacity: (capacity * MICRO as f64).round() as u64,
+            per_ms,
+        };
+        Some(if algorithm == AlgorithmName::Gcra { Params::Gcra(b) } else { Params::TokenBucket(b) })
+    } else {
+        let limit = c.required(path, "limit", n.limit);
+        let seconds = c.required(path, "window_seconds", n.window_seconds);
+        let max = if algorithm == AlgorithmName::SlidingLog { MAX_LOG_LIMIT } else { MAX_AMOUNT };
+        let limit = c.whole(&format!("{path}.limit"), limit?, max)?;
+        let seconds = c.amount(&format!("{path}.window_seconds"), seconds?, MAX_WINDOW_SECONDS)?;
+        let window_ms = (seconds * 1000.0).round().max(1.0) as u64;
+        if algorithm == AlgorithmName::SlidingWindow && limit * window_ms >= MAX_EXACT {
+            c.fail(path, format!("limit × window in ms must stay below 2^53, got {}", limit * window_ms));
+            return None;
+        }
+        let w = Window { limit, window_ms };
+        Some(match algorithm {
+            AlgorithmName::FixedWindow => Params::FixedWindow(w),
+            AlgorithmName::SlidingWindow => Params::SlidingWindow(w),
+            _ => Params::SlidingLog(w),
+        })
+    }
+}
+
+fn limits(
+    c: &mut Checker,
+    raw: BTreeMap<String, RawLimit>,
+    memory: bool,
+) -> (Vec<Limit>, HashMap<String, (LimitId, AlgorithmName)>) {
+    let mut out = Vec::new();
+    let mut ids = HashMap::new();
+    for (name, l) in raw {
+        let path = format!("limits.{name}");
+        c.name(&path, &name);
+        let mut key = KeyDims::default();
+        for (i, dim) in l.key.iter().enumerate() {
+            let slot = match dim {
+                Dimension::Ip => &mut key.ip,
+                Dimension::Credential => &mut key.credential,
+                Dimension::Tenant => &mut key.tenant,
+                Dimension::Route => &mut key.route,
+            };
+            if std::mem::replace(slot, true) {
+                c.fail(format!("{path}.key[{i}]"), format!("duplicate key dimension {dim:?}"));
+            }
+        }
+        if l.scope == Scope::PreAuth && (key.credential || key.tenant) {
+            c.fail(format!("{path}.key"), "a pre_auth limit runs before authentication: its key may only use ip and route");
+        }
+        let numbers = RawOverride {
+            capacity: l.capacity,
+            refill_per_second: l.refill_per_second,
+            limit: l.limit,
+            window_seconds: l.window_seconds,
+        };
+        let Some(params) = params(c, &path, l.algorithm, &numbers) else {
+            continue;
+        };
+        ids.insert(name.clone(), (out.len(), l.algorithm));
+        out.push(Limit {
+            name: name.into(),
+            scope: l.scope,
+            key,
+            params,
+            local: memory || l.store.unwrap_or(Placement::Shared) == Placement::Local,
+            on_store_error: l.on_store_error,
+            mode: l.mode,
+        });
+    }
+    (out, ids)
+}
+
+fn plans(
+    c: &mut Checker,
+    raw: BTreeMap<String, BTreeMap<String, RawOverride>>,
+    limits: &[Limit],
+    limit_ids: &HashMap<String, (LimitId, AlgorithmName)>,
+) -> (Vec<Plan>, HashMap<String, PlanId>) {
+    let mut out = Vec::new();
+    let mut ids = HashMap::new();
+    for (name, overrides) in raw {
+        c.name(&format!("plans.{name}"), &name);
+        let mut plan = Plan {
+            name: name.clone(),
+            overrides: Vec::new(),
+        };
+        for (limit, numbers) in overrides {
+            let path = format!("plans.{name}.{limit}");
+            let Some(&(id, algorithm)) = limit_ids.get(&limit) else {
+                c.fail(path, format!("unknown limit {limit:?}"));
+                continue;
+            };
+            if limits[id].scope == Scope::PreAuth {
+                c.fail(&path, "a pre_auth limit runs before the plan is known and cannot be overridden");
+            }
+            if let Some(p) = params(c, &path, algorithm, &numbers) {
+                plan.overrides.push((id, p));
+            }
+        }
+        ids.insert(name, out.len());
+        out.push(plan);
+    }
+    (out, ids)
+}
+
+fn auth(
+    c: &mut Checker,
+    raw: RawAuth,
+    base: &Path,
+    plan_ids: &HashMap<String, PlanId>,
+) -> Result<AuthSettings, ConfigError> {
+    let header_text = raw.header.unwrap_or_else(|| "authorization".into());
+    let header = match http::HeaderName::from_bytes(header_text.to_ascii_lowercase().as_bytes()) {
+        Ok(h) => h,
+        Err(_) => {
+            c.fail("auth.header", format!("{header_text:?} is not a header name"));
+            http::header::AUTHORIZATION
+        }
+    };
+    let mut keys = KeyTable::default();
+    let mut ids = HashSet::new();
+    add_keys(c, "auth.keys", raw.keys, plan_ids, &mut keys, &mut ids);
+    if let Some(file) = raw.keys_file {
+        let path: PathBuf = base.join(file);
+        let extra = load_keys_file(&path)?;
+        let prefix = format!("{}: keys", path.display());
+        add_keys(c, &prefix, extra.keys, plan_ids, &mut keys, &mut ids);
+    }
+    Ok(AuthSettings { header, keys })
+}
+
+fn add_keys(
+    c: &mut Checker,
+    prefix: &str,
+    raw: Vec<RawKey>,
+    plan_ids: &HashMap<String, PlanId>,
+    table: &mut KeyTable,
+    ids: &mut HashSet<String>,
+) {
+    for (i, k) in raw.into_iter().enumerate() {
+        let path = format!("{prefix}[{i}]");
+        c.name(&format!("{path}.id"), &k.id);
+        if k.tenant.is_empty() || k.tenant.len() > 256 {
+            c.fail(format!("{path}.tenant"), "must be 1-256 characters");
+        }
+        if !ids.insert(k.id.clone()) {
+            c.fail(format!("{path}.id"), format!("duplicate credential id {:?}", k.id));
+        }
+        let plan = k.plan.as_ref().and_then(|p| {
+            let id = plan_ids.get(p).copied();
+            if id.is_none() {
+                c.fail(format!("{path}.plan"), format!("unknown plan {p:?}"));
+            }
+            id
+        });
+        let Some(digest) = parse_digest(&k.sha256).filter(|_| k.sha256.len() == 64) else {
+            c.fail(format!("{path}.sha256"), "must be 64 hex digits (the SHA-256 of the raw key; see `tollgate hash-key`)");
+            continue;
+        };
+        let credential = Credential {
+            id: k.id.into(),
+            tenant: k.tenant.into(),
+            plan,
+        };
+        if !table.insert(digest, credential) {
+            c.fail(format!("{path}.sha256"), "the same key digest is listed twice");
+        }
+    }
+}
+
+fn upstreams(c: &mut Checker, raw: BTreeMap<String, RawUpstream>) -> (Vec<Upstream>, HashMap<String, PoolId>) {
+    let mut out = Vec::new();
+    let mut ids = HashMap::new();
+    for (name, u) in raw {
+        let path = format!("upstreams.{name}");
+        c.name(&path, &name);
+        if u.servers.is_empty() {
+            c.fail(format!("{path}.servers"), "needs at least one server");
+        }
+        let mut servers = Vec::new();
+        for (i, s) in u.servers.iter().enumerate() {
+            match s.to_socket_addrs().ok().and_then(|mut a| a.next()) {
+                Some(addr) if servers.contains(&addr) => {
+                    c.fail(format!("{path}.servers[{i}]"), format!("duplicate server {s:?}"))
+                }
+                Some(addr) => servers.push(addr),
+                None => c.fail(format!("{path}.servers[{i}]"), format!("{s:?} is not a resolvable host:port")),
+            }
+        }
+        let max_in_flight = c.range(&format!("{path}.max_in_flight"), u.max_in_flight.unwrap_or(256), 1, 1_000_000);
+        let (waiting, wait_ms) = match u.queue {
+            Some(q) => (q.max_waiting.unwrap_or(max_in_flight), q.timeout_ms.unwrap_or(100)),
+            None => (max_in_flight, 100),
+        };
+        ids.insert(name.clone(), out.len());
+        out.push(Upstream {
+            name: name.into(),
+            servers,
+            max_in_flight,
+            queue_max_waiting: c.range(&format!("{path}.queue.max_waiting"), waiting, 0, 1_000_000),
+            queue_timeout: Duration::from_millis(c.range(&format!("{path}.queue.timeout_ms"), wait_ms, 0, 60_000)),
+            connect_timeout: Duration::from_millis(c.range(
+                &format!("{path}.connect_timeout_ms"),
+                u.connect_timeout_ms.unwrap_or(1_000),
+                1,
+                60_000,
+            )),
+            read_timeout: Duration::from_millis(c.range(
+                &format!("{path}.read_timeout_ms"),
+                u.read_timeout_ms.unwrap_or(30_000),
+                1,
+                3_600_000,
+            )),
+        });
+    }
+    (out, ids)
+}
+
+struct RouteContext<'a> {
+    limits: &'a [Limit],
+    limit_ids: &'a HashMap<String, (LimitId, AlgorithmName)>,
+    plans: &'a [Plan],
+    pool_ids: &'a HashMap<String, PoolId>,
+}
+
+fn routes(c: &mut Checker, raw: Vec<RawRoute>, ctx: &RouteContext<'_>) -> Router<Route> {
+    let mut router = Router::new();
+    let mut names = HashSet::new();
+    if raw.is_empty() {
+        c.fail("routes", "needs at least one route");
+    }
+    for (i, r) in raw.into_iter().enumerate() {
+        let path = format!("routes[{i}]");
+        c.name(&format!("{path}.name"), &r.name);
+        if !names.insert(r.name.clone()) {
+            c.fail(format!("{path}.name"), format!("duplicate route name {:?}", r.name));
+        }
+        let template = PathTemplate::parse(&r.path)
+            .map_err(|e| c.fail(format!("{path}.path"), e.to_string()))
+            .ok();
+        let methods = methods(c, &path, &r.methods);
+        let target = target(c, &path, r.upstream, r.respond, ctx.pool_ids);
+        let cost = match r.cost {
+            Some(v) => c.whole(&format!("{path}.cost"), v, MAX_AMOUNT).unwrap_or(1),
+            None => 1,
+        };
+        let auth_required = r.auth == AuthMode::Required;
+        let (pre_auth, request) = route_limits(c, &path, &r.limits, cost, auth_required, ctx);
+        if let (Some(template), Some(target)) = (template, target) {
+            let route = Route {
+                name: r.name.into(),
+                auth_required,
+                target,
+                cost,
+                pre_auth,
+                request,
+            };
+            router.push(methods, template, route);
+        }
+    }
+    router
+}
+
+fn methods(c: &mut Checker, path: &str, raw: &[String]) -> Vec<String> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let upper = m.to_ascii_uppercase();
+            if http::Method::from_bytes(upper.as_bytes()).is_err() || upper.is_empty() {
+                c.fail(format!("{path}.methods[{i}]"), format!("{m:?} is not an HTTP method"));
+            }
+            upper
+        })
+        .collect()
+}
+
+fn target(
+    c: &mut Checker,
+    path: &str,
+    upstream: Option<String>,
+    respond: Option<RawRespond>,
+    pool_ids: &HashMap<String, PoolId>,
+) -> Option<Target> {
+    match (upstream, respond) {
+        (Some(_), Some(_)) => {
+            c.fail(path, "a route has either `upstream` or `respond`, not both");
+            None
+        }
+        (None, None) => {
+            c.fail(path, "a route needs `upstream` or `respond`");
+            None
+        }
+        (Some(name), None) => {
+            let id = pool_ids.get(&name).copied();
+            if id.is_none() {
+                c.fail(format!("{path}.upstream"), format!("unknown upstream {name:?}"));
+            }
+            id.map(Target::Upstream)
+        }
+        (None, Some(r)) => {
+            c.range(&format!("{path}.respond.status"), r.status, 100, 599);
+            Some(Target::Respond {
+                status: r.status,
+                body: r.body.into(),
+                content_type: r.content_type.unwrap_or_else(|| "text/plain; charset=utf-8".into()),
+            })
+        }
+    }
+}
+
+fn route_limits(
+    c: &mut Checker,
+    path: &str,
+    names: &[String],
+    cost: u64,
+    auth_required: bool,
+    ctx: &RouteContext<'_>,
+) -> (Vec<LimitId>, Vec<LimitId>) {
+    let (mut pre, mut req) = (Vec::new(), Vec::new());
+    for (i, name) in names.iter().enumerate() {
+        let at = format!("{path}.limits[{i}]");
+        let Some(&(id, _)) = ctx.limit_ids.get(name) else {
+            c.fail(at, format!("unknown limit {name:?}"));
+            continue;
+        };
+        if pre.contains(&id) || req.contains(&id) {
+            c.fail(at, format!("limit {name:?} is listed twice"));
+            continue;
+        }
+        let limit = &ctx.limits[id];
+        if !auth_required && (limit.key.credential || limit.key.tenant) {
+            c.fail(&at, format!("limit {name:?} is keyed by credential or tenant but the route has `auth: none`"));
+        }
+        let plan_params = ctx.plans.iter().filter_map(|p| p.params_for(id).map(|x| (Some(&p.name), x)));
+        for (plan, params) in std::iter::once((None, limit.params)).chain(plan_params) {
+            if cost > params.quota() {
+                let whose = plan.map_or(String::new(), |p| format!(" (plan {p:?})"));
+                c.fail(&at, format!("route cost {cost} exceeds the capacity {} of limit {name:?}{whose}: it could never be admitted", params.quota()));
+            }
+        }
+        if limit.scope == Scope::PreAuth { pre.push(id) } else { req.push(id) }
+    }
+    (pre, req)
+}

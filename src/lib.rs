@@ -1,0 +1,14 @@
+//! tollgate: a rate-limiting reverse-proxy gateway for multi-tenant HTTP APIs.
+#![forbid(unsafe_code)]
+
+pub mod clock;
+pub mod limits;
+pub mod admin;
+pub mod auth;
+pub mod client_ip;
+pub mod config;
+pub mod routes;
+pub mod pools;
+pub mod proxy;
+pub mod respond;
+pub mod runtime;

@@ -1,0 +1,362 @@
+//! The five rate-limit algorithms as pure integer maths over an explicit `now`.
+//!
+//! Every function takes the time in milliseconds and never reads a clock.
+//! Token balances are integer micro-tokens (a token is 1 000 000 units) so
+//! that one millisecond of refill at any rate with millitoken-per-second
+//! precision is an exact integer: nothing drifts, nothing is lost to
+//! rounding, and the Redis scripts can reproduce every step with the exact
+//! integers a Lua double holds (below 2^53).
+//!
+//! A decision is three steps on one key's [`State`]: [`Params::refresh`]
+//! (refill or roll the window; stored time never moves backwards),
+//! [`Params::check`] (would a cost fit, without spending) and
+//! [`Params::spend`]. The store runs the first two for every limit of a
+//! request and the third only when all of them admit.
+
+use std::collections::VecDeque;
+
+/// Micro-units per token.
+pub const MICRO: u64 = 1_000_000;
+
+/// Parameters of one limit, in the integer units the maths uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Params {
+    TokenBucket(Bucket),
+    Gcra(Bucket),
+    FixedWindow(Window),
+    SlidingWindow(Window),
+    SlidingLog(Window),
+}
+
+/// Capacity and refill of a token bucket or GCRA limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Bucket {
+    /// Capacity in micro-tokens.
+    pub capacity: u64,
+    /// Refill in micro-tokens per millisecond (= millitokens per second).
+    pub per_ms: u64,
+}
+
+/// Limit and length of a window-based limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// Admitted cost per window.
+    pub limit: u64,
+    /// Window length in milliseconds.
+    pub window_ms: u64,
+}
+
+/// Per-key state. Each variant belongs to the algorithm of the same name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Balance in micro-tokens as of `at`.
+    Bucket { balance: u64, at: u64 },
+    /// Theoretical arrival time: `tat + frac / per_ms` milliseconds.
+    Gcra { tat: u64, frac: u64 },
+    /// Cost admitted in the window starting at `start`.
+    Window { start: u64, count: u64 },
+    /// Counters of the window starting at `start` and of the one before it.
+    Sliding { start: u64, curr: u64, prev: u64 },
+    /// Admitted `(time, cost)` entries inside the window, oldest first.
+    Log { entries: VecDeque<(u64, u64)>, total: u64, last: u64 },
+}
+
+/// What one limit says about one cost at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check {
+    pub allowed: bool,
+    /// Whole units left: after this cost when allowed, as of now otherwise.
+    pub remaining: u64,
+    /// Milliseconds until the cost could be admitted: `Some(0)` when allowed,
+    /// `None` when it can never fit.
+    pub wait_ms: Option<u64>,
+}
+
+impl Check {
+    fn deny(remaining: u64, wait_ms: Option<u64>) -> Self {
+        Self {
+            allowed: false,
+            remaining,
+            wait_ms,
+        }
+    }
+}
+
+impl Params {
+    /// The most a single request can ever cost under this limit.
+    pub fn quota(&self) -> u64 {
+        match self {
+            Params::TokenBucket(b) | Params::Gcra(b) => b.capacity / MICRO,
+            Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => w.limit,
+        }
+    }
+
+    /// The period the quota refers to, in whole seconds (at least 1): the
+    /// time a bucket takes to refill from empty, or the window length.
+    pub fn period_secs(&self) -> u64 {
+        match self {
+            Params::TokenBucket(b) | Params::Gcra(b) => {
+                ceil_div(b.capacity, b.per_ms).div_ceil(1000).max(1)
+            }
+            Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => {
+                w.window_ms.div_ceil(1000).max(1)
+            }
+        }
+    }
+
+    /// A key that was never seen (or has expired): buckets full, windows empty.
+    pub fn fresh(&self, now: u64) -> State {
+        match self {
+            Params::TokenBucket(b) => State::Bucket {
+                balance: b.capacity,
+                at: now,
+            },
+            Params::Gcra(_) => State::Gcra { tat: now, frac: 0 },
+            Params::FixedWindow(w) => State::Window {
+                start: align(now, w.window_ms),
+                count: 0,
+            },
+            Params::SlidingWindow(w) => State::Sliding {
+                start: align(now, w.window_ms),
+                curr: 0,
+                prev: 0,
+            },
+            Params::SlidingLog(_) => State::Log {
+                entries: VecDeque::new(),
+                total: 0,
+                last: now,
+            },
+        }
+    }
+
+    /// Makes a state usable with these parameters: kept when it belongs to
+    /// the same algorithm (a bucket is clamped to a smaller capacity), fresh
+    /// otherwise. Used when a reload changes a limit's numbers.
+    pub fn adopt(&self, state: State, now: u64) -> State {
+        match (self, state) {
+            (Params::TokenBucket(b), State::Bucket { balance, at }) => State::Bucket {
+                balance: balance.min(b.capacity),
+                at,
+            },
+            (Params::Gcra(_), s @ State::Gcra { .. })
+            | (Params::FixedWindow(_), s @ State::Window { .. })
+            | (Params::SlidingWindow(_), s @ State::Sliding { .. })
+            | (Params::SlidingLog(_), s @ State::Log { .. }) => s,
+            _ => self.fresh(now),
+        }
+    }
+
+    /// Brings a state up to `now`: refills buckets, rolls windows, drops
+    /// expired log entries. A `now` earlier than the stored time is treated
+    /// as the stored time, so a clock stepping back never mints capacity.
+    pub fn refresh(&self, state: &mut State, now: u64) {
+        match (self, state) {
+            (Params::TokenBucket(b), State::Bucket { balance, at }) => {
+                let now = now.max(*at);
+                let refill = (now - *at).saturating_mul(b.per_ms);
+                *balance = balance.saturating_add(refill).min(b.capacity);
+                *at = now;
+            }
+            (Params::Gcra(_), State::Gcra { tat, frac }) => {
+                if *tat < now {
+                    *tat = now;
+                    *frac = 0;
+                }
+            }
+            (Params::FixedWindow(w), State::Window { start, count }) => {
+                if now >= *start + w.window_ms {
+                    *start = align(now, w.window_ms);
+                    *count = 0;
+                }
+            }
+            (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
+                if now >= *start + 2 * w.window_ms {
+                    *start = align(now, w.window_ms);
+                    (*prev, *curr) = (0, 0);
+                } else if now >= *start + w.window_ms {
+                    *start += w.window_ms;
+                    (*prev, *curr) = (*curr, 0);
+                }
+            }
+            (Params::SlidingLog(w), State::Log { entries, total, last }) => {
+                *last = now.max(*last);
+                while let Some(&(at, cost)) = entries.front() {
+                    if at + w.window_ms > *last {
+                        break;
+                    }
+                    entries.pop_front();
+                    *total -= cost;
+                }
+            }
+            (params, state) => *state = params.fresh(now),
+        }
+    }
+
+    /// Whether `cost` fits now. The state must have been refreshed to `now`.
+    pub fn check(&self, state: &State, cost: u64, now: u64) -> Check {
+        match (self, state) {
+            (Params::TokenBucket(b), State::Bucket { balance, .. }) => {
+                check_bucket(b, *balance, cost)
+            }
+            (Params::Gcra(b), State::Gcra { tat, frac }) => {
+                check_bucket(b, b.capacity.saturating_sub(gcra_debt(b, *tat, *frac, now)), cost)
+            }
+            (Params::FixedWindow(w), State::Window { start, count }) => {
+                check_counter(w, *count, cost, *start + w.window_ms - now.max(*start))
+            }
+            (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
+                check_sliding(w, *curr, *prev, cost, now.max(*start) - *start)
+            }
+            (Params::SlidingLog(w), State::Log { entries, total, last }) => {
+                check_log(w, entries, *total, cost, *last)
+            }
+            (params, _) => params.check(&params.fresh(now), cost, now),
+        }
+    }
+
+    /// Charges `cost`. Only called after [`Params::check`] allowed it.
+    pub fn spend(&self, state: &mut State, cost: u64, now: u64) {
+        match (self, state) {
+            (Params::TokenBucket(_), State::Bucket { balance, .. }) => {
+                *balance = balance.saturating_sub(cost * MICRO);
+            }
+            (Params::Gcra(b), State::Gcra { tat, frac }) => {
+                let owed = *frac + cost * MICRO;
+                *tat += owed / b.per_ms;
+                *frac = owed % b.per_ms;
+            }
+            (Params::FixedWindow(_), State::Window { count, .. })
+            | (Params::SlidingWindow(_), State::Sliding { curr: count, .. }) => *count += cost,
+            (Params::SlidingLog(_), State::Log { entries, total, last }) => {
+                entries.push_back((now.max(*last), cost));
+                *total += cost;
+            }
+            _ => {}
+        }
+    }
+
+    /// Milliseconds until the state is back to [`Params::fresh`] if left alone.
+    pub fn reset_ms(&self, state: &State, now: u64) -> u64 {
+        match (self, state) {
+            (Params::TokenBucket(b), State::Bucket { balance, .. }) => {
+                ceil_div(b.capacity - balance, b.per_ms)
+            }
+            (Params::Gcra(b), State::Gcra { tat, frac }) => {
+                ceil_div(gcra_debt(b, *tat, *frac, now), b.per_ms)
+            }
+            (Params::FixedWindow(w), State::Window { start, count }) if *count > 0 => {
+                (*start + w.window_ms).saturating_sub(now)
+            }
+            (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
+                let windows = if *curr > 0 { 2 } else { u64::from(*prev > 0) };
+                (*start + windows * w.window_ms).saturating_sub(now)
+            }
+            (Params::SlidingLog(w), State::Log { entries, .. }) => entries
+                .back()
+                .map_or(0, |&(at, _)| (at + w.window_ms).saturating_sub(now)),
+            _ => 0,
+        }
+    }
+}
+
+fn check_bucket(b: &Bucket, balance: u64, cost: u64) -> Check {
+    let need = cost.saturating_mul(MICRO);
+    if need > b.capacity {
+        return Check::deny(balance / MICRO, None);
+    }
+    if balance >= need {
+        return Check {
+            allowed: true,
+            remaining: (balance - need) / MICRO,
+            wait_ms: Some(0),
+        };
+    }
+    Check::deny(balance / MICRO, Some(ceil_div(need - balance, b.per_ms)))
+}
+
+/// How far a GCRA schedule runs ahead of `now`, in micro-tokens.
+fn gcra_debt(b: &Bucket, tat: u64, frac: u64, now: u64) -> u64 {
+    tat.saturating_sub(now)
+        .saturating_mul(b.per_ms)
+        .saturating_add(frac)
+}
+
+fn check_counter(w: &Window, count: u64, cost: u64, until_next_ms: u64) -> Check {
+    let left = w.limit.saturating_sub(count);
+    if cost > w.limit {
+        return Check::deny(left, None);
+    }
+    if cost <= left {
+        return Check {
+            allowed: true,
+            remaining: left - cost,
+            wait_ms: Some(0),
+        };
+    }
+    Check::deny(left, Some(until_next_ms))
+}
+
+/// Sliding-window counter: the previous window weighs by how much of it the
+/// rolling window still covers. Compared multiplied out by the window length
+/// so that everything stays an exact integer.
+fn check_sliding(w: &Window, curr: u64, prev: u64, cost: u64, elapsed: u64) -> Check {
+    let len = w.window_ms;
+    let used = prev * (len - elapsed) + curr * len;
+    let budget = w.limit * len;
+    let left = budget.saturating_sub(used) / len;
+    if cost > w.limit {
+        return Check::deny(left, None);
+    }
+    if used + cost * len <= budget {
+        return Check {
+            allowed: true,
+            remaining: (budget - used - cost * len) / len,
+            wait_ms: Some(0),
+        };
+    }
+    let to_roll = len - elapsed;
+    let wait = if curr + cost <= w.limit {
+        // Wait for the previous window's weight to fall far enough.
+        let room = (w.limit - curr - cost) * len;
+        to_roll.saturating_sub(room / prev)
+    } else {
+        // After the roll the current count becomes the weighted one.
+        to_roll + len.saturating_sub((w.limit - cost) * len / curr)
+    };
+    Check::deny(left, Some(wait.max(1)))
+}
+
+fn check_log(w: &Window, entries: &VecDeque<(u64, u64)>, total: u64, cost: u64, now: u64) -> Check {
+    let left = w.limit.saturating_sub(total);
+    if cost > w.limit {
+        return Check::deny(left, None);
+    }
+    if cost <= left {
+        return Check {
+            allowed: true,
+            remaining: left - cost,
+            wait_ms: Some(0),
+        };
+    }
+    // The oldest entries leave the window first; find the one whose leaving
+    // makes room.
+    let mut still = total;
+    for &(at, c) in entries {
+        still -= c;
+        if still + cost <= w.limit {
+            return Check::deny(left, Some((at + w.window_ms).saturating_sub(now).max(1)));
+        }
+    }
+    Check::deny(left, Some(w.window_ms))
+}
+
+fn align(now: u64, window_ms: u64) -> u64 {
+    now - now % window_ms
+}
+
+fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b)
+}
+
+#[cfg(test)]
+mod tests;

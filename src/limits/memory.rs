@@ -1,0 +1,170 @@
+//! The in-process store: limit state in sharded hash maps, decided under
+//! locks taken in shard order so that one request's charges are
+//! all-or-nothing even when they span shards. Idle keys are swept once they
+//! would be back to their initial state, which keeps the tables bounded by
+//! the traffic of the last few refill periods.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use super::algorithm::{Params, State};
+use super::{Charge, LimitStore, StoreError, Verdict};
+use crate::clock::{Clock, MonotonicClock};
+
+const SHARDS: usize = 16;
+/// Sweep a shard of expired keys every this many decisions on it.
+const SWEEP_EVERY: u64 = 4096;
+/// Keys outlive their return to the initial state by this much.
+const EXPIRY_SLACK_MS: u64 = 1_000;
+
+struct Slot {
+    params: Params,
+    state: State,
+    expires_at: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    slots: HashMap<String, Slot>,
+    decisions: u64,
+}
+
+/// Limit state of this process.
+pub struct MemoryStore<C: Clock = MonotonicClock> {
+    shards: Vec<Mutex<Shard>>,
+    hasher: std::collections::hash_map::RandomState,
+    clock: C,
+    keys: AtomicU64,
+}
+
+impl Default for MemoryStore<MonotonicClock> {
+    fn default() -> Self {
+        Self::new(MonotonicClock::new())
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    pub fn new(clock: C) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: Default::default(),
+            clock,
+            keys: AtomicU64::new(0),
+        }
+    }
+
+    /// Number of live keys (approximate between sweeps).
+    pub fn len(&self) -> u64 {
+        self.keys.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard_of(&self, key: &str) -> usize {
+        let mut h = self.hasher.build_hasher();
+        key.hash(&mut h);
+        (h.finish() as usize) % SHARDS
+    }
+
+    /// Decides all charges of one request atomically.
+    pub fn decide_now(&self, charges: &[Charge]) -> Vec<Verdict> {
+        let now = self.clock.now_ms();
+        let shard_ids: Vec<usize> = charges.iter().map(|c| self.shard_of(&c.key)).collect();
+        let mut order = shard_ids.clone();
+        order.sort_unstable();
+        order.dedup();
+        // Lock in ascending shard order: no two requests can deadlock.
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
+            .iter()
+            .map(|&i| (i, self.shards[i].lock().unwrap_or_else(|e| e.into_inner())))
+            .collect();
+        let mut checks = Vec::with_capacity(charges.len());
+        for (c, &s) in charges.iter().zip(&shard_ids) {
+            let slots = &mut locked(&mut guards, s).slots;
+            let slot = slots.entry(c.key.clone()).or_insert_with(|| {
+                self.keys.fetch_add(1, Ordering::Relaxed);
+                Slot {
+                    params: c.params,
+                    state: c.params.fresh(now),
+                    expires_at: 0,
+                }
+            });
+            if slot.params != c.params {
+                // A reload or a plan changed the numbers: keep what still fits.
+                let old = std::mem::replace(&mut slot.state, c.params.fresh(now));
+                slot.state = c.params.adopt(old, now);
+                slot.params = c.params;
+            }
+            c.params.refresh(&mut slot.state, now);
+            checks.push(c.params.check(&slot.state, c.cost, now));
+        }
+
+        let gate = charges.iter().zip(&checks).all(|(c, k)| !c.enforce || k.allowed);
+        let mut verdicts = Vec::with_capacity(charges.len());
+        for ((c, &s), check) in charges.iter().zip(&shard_ids).zip(&checks) {
+            let Some(slot) = locked(&mut guards, s).slots.get_mut(&c.key) else {
+                continue;
+            };
+            if gate && check.allowed {
+                c.params.spend(&mut slot.state, c.cost, now);
+            }
+            let reset_ms = c.params.reset_ms(&slot.state, now);
+            slot.expires_at = now + reset_ms + EXPIRY_SLACK_MS;
+            verdicts.push(Verdict {
+                allowed: check.allowed,
+                remaining: if gate || !check.allowed {
+                    check.remaining
+                } else {
+                    // Admissible but not charged: what is left is untouched.
+                    check.remaining + c.cost
+                },
+                wait_ms: check.wait_ms,
+                reset_ms,
+            });
+        }
+        for (_, guard) in guards.iter_mut() {
+            guard.decisions += 1;
+            if guard.decisions % SWEEP_EVERY == 0 {
+                let before = guard.slots.len();
+                guard.slots.retain(|_, slot| slot.expires_at > now);
+                let removed = (before - guard.slots.len()) as u64;
+                self.keys.fetch_sub(removed, Ordering::Relaxed);
+            }
+        }
+        verdicts
+    }
+
+    /// Removes every expired key now (tests and memory benchmarks).
+    pub fn sweep(&self) {
+        let now = self.clock.now_ms();
+        for shard in &self.shards {
+            let mut guard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            let before = guard.slots.len();
+            guard.slots.retain(|_, slot| slot.expires_at > now);
+            self.keys
+                .fetch_sub((before - guard.slots.len()) as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The locked shard `i` among the guards of one decision.
+fn locked<'a>(guards: &'a mut [(usize, MutexGuard<'_, Shard>)], i: usize) -> &'a mut Shard {
+    let at = guards.iter().position(|(s, _)| *s == i).unwrap_or(0);
+    &mut guards[at].1
+}
+
+#[async_trait]
+impl<C: Clock> LimitStore for MemoryStore<C> {
+    async fn decide(&self, charges: &[Charge]) -> Result<Vec<Verdict>, StoreError> {
+        Ok(self.decide_now(charges))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,137 @@
+//! The `tollgate` command: `run`, `check` and `hash-key`.
+#![forbid(unsafe_code)]
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use clap::{Parser, Subcommand};
+use pingora::server::configuration::ServerConf;
+use pingora::server::Server;
+use pingora::services::listening::Service;
+
+use tollgate::admin::Admin;
+use tollgate::config;
+use tollgate::limits::memory::MemoryStore;
+use tollgate::proxy::Gateway;
+use tollgate::runtime::Runtime;
+
+#[derive(Parser)]
+#[command(name = "tollgate", version, about = "A rate-limiting gateway for multi-tenant HTTP APIs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve with the given policy.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Log lines as JSON instead of text.
+        #[arg(long)]
+        log_json: bool,
+    },
+    /// Validate a policy file, print a summary, exit 0 (valid) or 1.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Read a raw API key on stdin, print its SHA-256 in hex.
+    HashKey,
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Check { config } => match config::load(&config) {
+            Ok(policy) => {
+                println!("{}: {}", config.display(), policy.summary());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::HashKey => match hash_key() {
+            Ok(hex) => {
+                println!("{hex}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tollgate: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run { config, log_json } => {
+            init_logs(log_json);
+            if let Err(e) = run(config) {
+                eprintln!("tollgate: {e:#}");
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn hash_key() -> anyhow::Result<String> {
+    let mut raw = Vec::new();
+    std::io::stdin().read_to_end(&mut raw).context("reading stdin")?;
+    // A key typed or piped with `echo` ends in a newline that is not part of it.
+    let key = raw
+        .strip_suffix(b"\n")
+        .map(|k| k.strip_suffix(b"\r").unwrap_or(k))
+        .unwrap_or(&raw);
+    anyhow::ensure!(!key.is_empty(), "no key on stdin");
+    Ok(hex::encode(tollgate::auth::digest(key)))
+}
+
+fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn run(path: PathBuf) -> anyhow::Result<()> {
+    let policy = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    tracing::info!("{}", policy.summary());
+    let server_settings = policy.server.clone();
+
+    let conf = ServerConf {
+        threads: server_settings.threads,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(server_settings.shutdown_grace.as_secs()),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+
+    let local = Arc::new(MemoryStore::default());
+    let live = Arc::new(ArcSwap::from_pointee(Runtime::new(policy, local)));
+
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Gateway::new(live.clone()),
+        "tollgate proxy",
+    );
+    for addr in &server_settings.listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    server.add_service(proxy);
+
+    if let Some(addr) = server_settings.admin_listen {
+        let mut admin = Service::new("tollgate admin".into(), Admin::new(live));
+        admin.add_tcp(&addr.to_string());
+        server.add_service(admin);
+    }
+    server.run_forever()
+}

@@ -1,0 +1,233 @@
+//! Every rejection the gateway makes, mapped in one place to its status,
+//! headers and `application/problem+json` body (RFC 9457).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::Result;
+
+use crate::limits::{Charge, Verdict};
+
+/// Why a request is answered by the gateway instead of the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// Missing or unknown API key: one answer for both.
+    Unauthorized,
+    /// The client address is refused by the IP rules.
+    Forbidden,
+    /// No route matches (or the path has dot-segments).
+    NotFound,
+    /// A caller's limit denied; nothing was charged.
+    RateLimited {
+        violated: Vec<Arc<str>>,
+        retry_after: Option<u64>,
+    },
+    /// The limit store is failing and a limit says `closed`.
+    StoreUnavailable { retry_after: u64 },
+    /// The upstream pool has no room within its queue bound.
+    Overloaded { retry_after: u64 },
+    /// The upstream could not be reached or failed mid-response.
+    BadGateway,
+}
+
+impl Rejection {
+    pub fn status(&self) -> u16 {
+        match self {
+            Rejection::Unauthorized => 401,
+            Rejection::Forbidden => 403,
+            Rejection::NotFound => 404,
+            Rejection::RateLimited { .. } => 429,
+            Rejection::BadGateway => 502,
+            Rejection::StoreUnavailable { .. } | Rejection::Overloaded { .. } => 503,
+        }
+    }
+
+    /// The `outcome` label of `tollgate_requests_total`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Rejection::Unauthorized => "unauthorized",
+            Rejection::Forbidden => "forbidden",
+            Rejection::NotFound => "not_found",
+            Rejection::RateLimited { .. } => "limited",
+            Rejection::StoreUnavailable { .. } => "store_unavailable",
+            Rejection::Overloaded { .. } => "overloaded",
+            Rejection::BadGateway => "upstream_error",
+        }
+    }
+
+    fn problem(&self) -> (&'static str, &'static str, String) {
+        match self {
+            Rejection::Unauthorized => (
+                "unauthorized",
+                "Unauthorized",
+                "A valid API key is required.".into(),
+            ),
+            Rejection::Forbidden => (
+                "forbidden",
+                "Forbidden",
+                "Requests from this address are not accepted.".into(),
+            ),
+            Rejection::NotFound => (
+                "not-found",
+                "Not Found",
+                "No route matches this request.".into(),
+            ),
+            Rejection::RateLimited { violated, .. } => (
+                "rate-limited",
+                "Rate limit exceeded",
+                format!("The {} policy has no available capacity.", violated.join(", ")),
+            ),
+            Rejection::StoreUnavailable { .. } => (
+                "store-unavailable",
+                "Service Unavailable",
+                "Rate limits cannot be checked right now.".into(),
+            ),
+            Rejection::Overloaded { .. } => (
+                "overloaded",
+                "Service Unavailable",
+                "The service is at capacity.".into(),
+            ),
+            Rejection::BadGateway => (
+                "bad-gateway",
+                "Bad Gateway",
+                "The upstream service did not answer.".into(),
+            ),
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            Rejection::RateLimited { retry_after, .. } => *retry_after,
+            Rejection::StoreUnavailable { retry_after } | Rejection::Overloaded { retry_after } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// The problem+json body.
+    pub fn body(&self) -> Bytes {
+        let (kind, title, detail) = self.problem();
+        let mut body = serde_json::json!({
+            "type": format!("urn:tollgate:problem:{kind}"),
+            "title": title,
+            "status": self.status(),
+            "detail": detail,
+        });
+        if let Rejection::RateLimited { violated, .. } = self {
+            body["violated-policies"] = violated.iter().map(|v| v.as_ref()).collect();
+        }
+        Bytes::from(body.to_string())
+    }
+
+    /// The response header, with `extra` headers (e.g. the draft rate-limit
+    /// fields) added.
+    pub fn header(&self, body_len: usize, extra: Option<&RateHeaders>) -> Result<ResponseHeader> {
+        let mut h = ResponseHeader::build(self.status(), Some(6))?;
+        h.insert_header("content-type", "application/problem+json")?;
+        h.insert_header("content-length", body_len.to_string())?;
+        h.insert_header("cache-control", "no-store")?;
+        if let Some(secs) = self.retry_after() {
+            h.insert_header("retry-after", secs.to_string())?;
+        }
+        if *self == Rejection::Unauthorized {
+            h.insert_header("www-authenticate", "Bearer")?;
+        }
+        if let Some(extra) = extra {
+            extra.apply(&mut h)?;
+        }
+        Ok(h)
+    }
+}
+
+/// `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers)
+/// describing the most constrained limit of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateHeaders {
+    pub policy: String,
+    pub limit: String,
+}
+
+impl RateHeaders {
+    /// Picks the enforced limit with the smallest share of its quota left.
+    pub fn most_constrained(charges: &[Charge], verdicts: &[Verdict]) -> Option<Self> {
+        let (c, v) = charges
+            .iter()
+            .zip(verdicts)
+            .filter(|(c, _)| c.enforce)
+            .min_by_key(|(c, v)| (v.remaining as u128 * 1_000_000) / c.params.quota().max(1) as u128)?;
+        Some(Self {
+            policy: format!(
+                "\"{}\";q={};w={}",
+                c.name,
+                c.params.quota(),
+                c.params.period_secs()
+            ),
+            limit: format!(
+                "\"{}\";r={};t={}",
+                c.name,
+                v.remaining,
+                v.reset_ms.div_ceil(1000)
+            ),
+        })
+    }
+
+    pub fn apply(&self, h: &mut ResponseHeader) -> Result<()> {
+        h.insert_header("ratelimit-policy", self.policy.as_str())?;
+        h.insert_header("ratelimit", self.limit.as_str())?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header_value(h: &ResponseHeader, name: &str) -> Option<String> {
+        h.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    }
+
+    #[test]
+    fn rate_limited_carries_retry_after_and_policies() {
+        let r = Rejection::RateLimited {
+            violated: vec!["per-tenant".into()],
+            retry_after: Some(3),
+        };
+        let body: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
+        assert_eq!(body["status"], 429);
+        assert_eq!(body["violated-policies"][0], "per-tenant");
+        let h = r.header(10, None).unwrap();
+        assert_eq!(h.status.as_u16(), 429);
+        assert_eq!(header_value(&h, "retry-after").as_deref(), Some("3"));
+        assert_eq!(header_value(&h, "cache-control").as_deref(), Some("no-store"));
+    }
+
+    #[test]
+    fn a_cost_that_never_fits_has_no_retry_after() {
+        let r = Rejection::RateLimited {
+            violated: vec!["x".into()],
+            retry_after: None,
+        };
+        assert_eq!(header_value(&r.header(1, None).unwrap(), "retry-after"), None);
+    }
+
+    #[test]
+    fn unauthorized_challenges_for_a_bearer_token() {
+        let h = Rejection::Unauthorized.header(1, None).unwrap();
+        assert_eq!(header_value(&h, "www-authenticate").as_deref(), Some("Bearer"));
+        assert_eq!(
+            header_value(&h, "content-type").as_deref(),
+            Some("application/problem+json")
+        );
+    }
+
+    #[test]
+    fn overload_is_a_503_with_retry_after() {
+        let h = Rejection::Overloaded { retry_after: 1 }.header(1, None).unwrap();
+        assert_eq!(h.status.as_u16(), 503);
+        assert_eq!(header_value(&h, "retry-after").as_deref(), Some("1"));
+    }
+}

@@ -1,0 +1,367 @@
+//! Route matching: maps a request's method and path to a configured route.
+//!
+//! The first route in file order whose method list (empty = any method) and
+//! path template both match wins; no match means 404. The matched route's
+//! name is the route class used in rate-limit keys, metrics and logs, so raw
+//! paths (which carry IDs and tokens) never reach label sets. Request paths
+//! are normalised first with [`normalize_path`]: runs of `/` are collapsed
+//! and dot-segments, including percent-encoded ones, are rejected, so that
+//! `/public/../admin` cannot be used to pick a cheaper route than the
+//! upstream would actually serve.
+//!
+//! Template segments are literals (exact, case-sensitive), `{name}` (exactly
+//! one non-empty segment) or `**` (only last; zero or more segments). A
+//! trailing slash is significant: `/a` matches `/a` only and `/a/` matches
+//! `/a/` only, because the empty final segment is compared literally.
+
+use std::borrow::Cow;
+
+/// One parsed template segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param(String),
+    Rest,
+}
+
+/// A parsed path template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathTemplate {
+    text: String,
+    segments: Vec<Segment>,
+}
+
+/// Why a path template was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// The template does not begin with `/`.
+    #[error("path must start with \"/\"")]
+    NotAbsolute,
+    /// `**` appeared before the final segment.
+    #[error("\"**\" may only be the last segment")]
+    RestNotLast,
+    /// A segment mixes braces with other text or names a placeholder badly.
+    #[error("segment \"{0}\" is not a valid placeholder")]
+    InvalidPlaceholder(String),
+    /// The same placeholder name (without braces) appears twice.
+    #[error("duplicate placeholder \"{{{0}}}\"")]
+    DuplicatePlaceholder(String),
+    /// A `.` or `..` segment, which no normalised path can contain.
+    #[error("dot-segment \"{0}\" is not allowed")]
+    DotSegment(String),
+    /// A `{}` segment.
+    #[error("empty placeholder name")]
+    EmptyPlaceholder,
+}
+
+impl PathTemplate {
+    /// Parses a template such as `/v1/users/{id}` or `/static/**`.
+    pub fn parse(template: &str) -> Result<PathTemplate, TemplateError> {
+        let body = template
+            .strip_prefix('/')
+            .ok_or(TemplateError::NotAbsolute)?;
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut raw_parts = body.split('/').peekable();
+        while let Some(raw) = raw_parts.next() {
+            // Collapse `//` as paths are, but keep a final empty segment so
+            // a trailing slash stays significant.
+            if raw.is_empty() && raw_parts.peek().is_some() {
+                continue;
+            }
+            if segments.last() == Some(&Segment::Rest) {
+                return Err(TemplateError::RestNotLast);
+            }
+            let segment = parse_segment(raw)?;
+            if let Segment::Param(name) = &segment {
+                let seen = segments
+                    .iter()
+                    .any(|s| matches!(s, Segment::Param(other) if other == name));
+                if seen {
+                    return Err(TemplateError::DuplicatePlaceholder(name.clone()));
+                }
+            }
+            segments.push(segment);
+        }
+        Ok(PathTemplate {
+            text: template.to_owned(),
+            segments,
+        })
+    }
+
+    /// Whether a normalised path (as returned by `normalize_path`) matches.
+    pub fn matches(&self, path: &str) -> bool {
+        let Some(body) = path.strip_prefix('/') else {
+            return false;
+        };
+        // Iterating the split directly keeps the per-request path allocation-free.
+        let mut parts = body.split('/');
+        for segment in &self.segments {
+            let ok = match segment {
+                Segment::Rest => return true,
+                Segment::Literal(lit) => parts.next() == Some(lit.as_str()),
+                Segment::Param(_) => parts.next().is_some_and(|p| !p.is_empty()),
+            };
+            if !ok {
+                return false;
+            }
+        }
+        parts.next().is_none()
+    }
+
+    /// The original template text.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+/// Parses one non-collapsed template segment.
+fn parse_segment(raw: &str) -> Result<Segment, TemplateError> {
+    if raw == "**" {
+        return Ok(Segment::Rest);
+    }
+    if is_dot_segment(raw) {
+        return Err(TemplateError::DotSegment(raw.to_owned()));
+    }
+    if let Some(name) = raw.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
+        if name.is_empty() {
+            return Err(TemplateError::EmptyPlaceholder);
+        }
+        if name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Ok(Segment::Param(name.to_owned()));
+        }
+    }
+    // Braces anywhere else (bad name, "{a", "a{b}") are a typo, not a literal.
+    if raw.contains(['{', '}']) {
+        return Err(TemplateError::InvalidPlaceholder(raw.to_owned()));
+    }
+    Ok(Segment::Literal(raw.to_owned()))
+}
+
+/// Why a request path was rejected by [`normalize_path`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// A `.` or `..` segment, literal or percent-encoded.
+    #[error("path contains a dot-segment")]
+    DotSegment,
+    /// The path is empty or does not begin with `/`.
+    #[error("path must start with \"/\"")]
+    NotAbsolute,
+}
+
+/// Normalises a request path for matching.
+///
+/// Cuts at a stray `?`, collapses runs of `/` and rejects `.`/`..` segments,
+/// including percent-encoded forms such as `%2e%2e` or `.%2E`, because an
+/// upstream may decode and resolve them after we have chosen a route. A
+/// trailing slash is kept. Borrows when nothing needed changing.
+pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
+    let path = path.split_once('?').map_or(path, |(before, _)| before);
+    if !path.starts_with('/') {
+        return Err(PathError::NotAbsolute);
+    }
+    if path.split('/').any(is_dot_segment) {
+        return Err(PathError::DotSegment);
+    }
+    if !path.contains("//") {
+        return Ok(Cow::Borrowed(path));
+    }
+    let mut collapsed = String::with_capacity(path.len());
+    for c in path.chars() {
+        if !(c == '/' && collapsed.ends_with('/')) {
+            collapsed.push(c);
+        }
+    }
+    Ok(Cow::Owned(collapsed))
+}
+
+/// Whether a segment is `.` or `..`, with any dot optionally written `%2e`.
+fn is_dot_segment(segment: &str) -> bool {
+    // At most two dots: "..." and longer are ordinary names.
+    match strip_dot(segment) {
+        Some("") => true,
+        Some(rest) => strip_dot(rest) == Some(""),
+        None => false,
+    }
+}
+
+/// Strips one leading `.` or case-insensitive `%2e`.
+fn strip_dot(s: &str) -> Option<&str> {
+    s.strip_prefix('.').or_else(|| {
+        s.get(..3)
+            .filter(|p| p.eq_ignore_ascii_case("%2e"))
+            .and_then(|_| s.get(3..))
+    })
+}
+
+/// Allowed methods (empty = any), template and caller payload, in file order.
+type Entry<R> = (Vec<String>, PathTemplate, R);
+
+/// Route matching over an ordered list: generic so the caller's route type can hold anything.
+#[derive(Debug, Clone)]
+pub struct Router<R> {
+    entries: Vec<Entry<R>>,
+}
+
+impl<R> Router<R> {
+    /// Creates an empty router.
+    pub fn new() -> Self {
+        Router {
+            entries: Vec::new(),
+        }
+    }
+
+    /// Appends a route. `methods` empty means any method; names are compared
+    /// case-sensitively, so pass them upper-case as HTTP sends them.
+    pub fn push(&mut self, methods: Vec<String>, template: PathTemplate, route: R) {
+        self.entries.push((methods, template, route));
+    }
+
+    /// First match in insertion order; the path must already be normalised.
+    pub fn find(&self, method: &str, path: &str) -> Option<&R> {
+        self.entries
+            .iter()
+            .find(|(methods, template, _)| {
+                (methods.is_empty() || methods.iter().any(|m| m == method))
+                    && template.matches(path)
+            })
+            .map(|(_, _, route)| route)
+    }
+
+    /// Number of routes.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether there are no routes.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Routes in insertion order.
+    pub fn iter(&self) -> impl Iterator<Item = &R> {
+        self.entries.iter().map(|(_, _, route)| route)
+    }
+}
+
+impl<R> Default for Router<R> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> PathTemplate {
+        PathTemplate::parse(s).unwrap()
+    }
+
+    fn err(s: &str) -> String {
+        PathTemplate::parse(s).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn literal_match_and_mismatch() {
+        let tpl = t("/healthz");
+        assert_eq!(tpl.as_str(), "/healthz");
+        assert!(tpl.matches("/healthz"));
+        assert!(!tpl.matches("/healthz/"));
+        assert!(!tpl.matches("/Healthz"));
+        assert!(!tpl.matches("/healthz/x"));
+        assert!(!tpl.matches("healthz"));
+        assert!(t("/a/").matches("/a/"));
+        assert!(!t("/a/").matches("/a"));
+        assert!(t("/").matches("/"));
+        assert!(!t("/").matches("/a"));
+        assert!(t("/a//b").matches("/a/b"));
+        assert!(t("/a//").matches("/a/"));
+    }
+
+    #[test]
+    fn placeholder_matches_exactly_one_segment() {
+        let tpl = t("/users/{id}");
+        assert!(tpl.matches("/users/42"));
+        assert!(!tpl.matches("/users"));
+        assert!(!tpl.matches("/users/"));
+        assert!(!tpl.matches("/users/42/posts"));
+        assert!(t("/users/{id}/posts/{post_id}").matches("/users/1/posts/2"));
+    }
+
+    #[test]
+    fn rest_matches_zero_or_more_segments() {
+        let tpl = t("/v1/**");
+        for path in ["/v1", "/v1/", "/v1/a", "/v1/a/b/c"] {
+            assert!(tpl.matches(path), "{path}");
+        }
+        assert!(!tpl.matches("/v2/a"));
+        assert!(!tpl.matches("/v10"));
+        let all = t("/**");
+        assert!(all.matches("/"));
+        assert!(all.matches("/x/y"));
+    }
+
+    #[test]
+    fn template_error_messages() {
+        assert_eq!(err("/a/**/b"), r#""**" may only be the last segment"#);
+        assert_eq!(err("/**/"), r#""**" may only be the last segment"#);
+        assert_eq!(err("v1/x"), r#"path must start with "/""#);
+        assert_eq!(err("/a/{a"), r#"segment "{a" is not a valid placeholder"#);
+        assert_eq!(err("/a{b}"), r#"segment "a{b}" is not a valid placeholder"#);
+        assert_eq!(err("/{-}"), r#"segment "{-}" is not a valid placeholder"#);
+        assert_eq!(err("/{id}/x/{id}"), r#"duplicate placeholder "{id}""#);
+        assert_eq!(err("/a/../b"), r#"dot-segment ".." is not allowed"#);
+        assert_eq!(err("/a/./b"), r#"dot-segment "." is not allowed"#);
+        assert_eq!(err("/a/{}"), "empty placeholder name");
+    }
+
+    #[test]
+    fn first_match_wins_with_method_filter() {
+        let mut router = Router::new();
+        router.push(vec!["GET".to_owned()], t("/items/{id}"), "read");
+        router.push(Vec::new(), t("/**"), "catch_all");
+        assert_eq!(router.find("GET", "/items/1"), Some(&"read"));
+        assert_eq!(router.find("POST", "/items/1"), Some(&"catch_all"));
+        assert_eq!(router.find("get", "/items/1"), Some(&"catch_all"));
+        assert_eq!(router.len(), 2);
+        assert!(!router.is_empty());
+        let names: Vec<_> = router.iter().copied().collect();
+        assert_eq!(names, ["read", "catch_all"]);
+    }
+
+    #[test]
+    fn no_match_is_none() {
+        let mut router = Router::default();
+        assert!(router.is_empty());
+        assert_eq!(router.find("GET", "/"), None);
+        router.push(vec!["GET".to_owned()], t("/healthz"), 1);
+        assert_eq!(router.find("GET", "/other"), None);
+        assert_eq!(router.find("DELETE", "/healthz"), None);
+    }
+
+    #[test]
+    fn normalize_collapses_slashes() {
+        assert_eq!(normalize_path("//a///b").unwrap(), "/a/b");
+        assert!(matches!(normalize_path("//a///b"), Ok(Cow::Owned(_))));
+        assert_eq!(normalize_path("/a//b/?x=//").unwrap(), "/a/b/");
+    }
+
+    #[test]
+    fn normalize_keeps_clean_paths_borrowed() {
+        assert!(matches!(normalize_path("/a/b/"), Ok(Cow::Borrowed(_))));
+        assert!(matches!(normalize_path("/a?q=1"), Ok(Cow::Borrowed("/a"))));
+        assert!(matches!(normalize_path("/a/.../b"), Ok(Cow::Borrowed(_))));
+        assert!(matches!(normalize_path("/a/.hidden"), Ok(Cow::Borrowed(_))));
+    }
+
+    #[test]
+    fn normalize_rejects_dot_segments() {
+        let bad = ["/a/../b", "/a/./b", "/..", "/.", "/a/%2e%2e/b", "/a/%2E./b"];
+        for path in bad.into_iter().chain(["/a/.%2E/b", "/a/%2e"]) {
+            assert_eq!(normalize_path(path), Err(PathError::DotSegment), "{path}");
+        }
+        assert_eq!(normalize_path("a/b"), Err(PathError::NotAbsolute));
+        assert_eq!(normalize_path(""), Err(PathError::NotAbsolute));
+        assert_eq!(normalize_path("?x"), Err(PathError::NotAbsolute));
+    }
+}
