@@ -1,14 +1,14 @@
 //! tollgate: a rate-limiting reverse-proxy gateway for multi-tenant HTTP APIs.
 #![forbid(unsafe_code)]
 
-pub mod clock;
-pub mod limits;
 pub mod admin;
 pub mod auth;
 pub mod client_ip;
+pub mod clock;
 pub mod config;
-pub mod routes;
+pub mod limits;
 pub mod pools;
 pub mod proxy;
 pub mod respond;
+pub mod routes;
 pub mod runtime;

@@ -20,7 +20,11 @@ use tollgate::proxy::Gateway;
 use tollgate::runtime::Runtime;
 
 #[derive(Parser)]
-#[command(name = "tollgate", version, about = "A rate-limiting gateway for multi-tenant HTTP APIs")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A rate-limiting gateway for multi-tenant HTTP APIs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -80,7 +84,9 @@ fn main() -> ExitCode {
 
 fn hash_key() -> anyhow::Result<String> {
     let mut raw = Vec::new();
-    std::io::stdin().read_to_end(&mut raw).context("reading stdin")?;
+    std::io::stdin()
+        .read_to_end(&mut raw)
+        .context("reading stdin")?;
     // A key typed or piped with `echo` ends in a newline that is not part of it.
     let key = raw
         .strip_suffix(b"\n")
@@ -93,7 +99,9 @@ fn hash_key() -> anyhow::Result<String> {
 fn init_logs(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {

@@ -152,7 +152,8 @@ fn limit(
         .collect();
     let verdicts = rt.local.decide_now(&charges);
     if policy.ratelimit_headers {
-        ctx.rate_headers = RateHeaders::most_constrained(&charges, &verdicts).or(ctx.rate_headers.take());
+        ctx.rate_headers =
+            RateHeaders::most_constrained(&charges, &verdicts).or(ctx.rate_headers.take());
     }
     match combine(&charges, &verdicts) {
         Decision::Allow => Ok(()),
@@ -168,7 +169,9 @@ fn limit(
 
 /// Writes a complete response from the gateway itself.
 async fn write(session: &mut Session, header: ResponseHeader, body: Bytes) -> Result<()> {
-    session.write_response_header(Box::new(header), false).await?;
+    session
+        .write_response_header(Box::new(header), false)
+        .await?;
     session.write_response_body(Some(body), true).await
 }
 
@@ -213,7 +216,11 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
         let (Some(rt), Some(pool)) = (&ctx.runtime, ctx.pool) else {
             return Error::e_explain(ErrorType::InternalError, "no pool chosen for request");
         };
@@ -264,7 +271,12 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
             _ => match e.esource() {

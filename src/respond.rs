@@ -76,7 +76,10 @@ impl Rejection {
             Rejection::RateLimited { violated, .. } => (
                 "rate-limited",
                 "Rate limit exceeded",
-                format!("The {} policy has no available capacity.", violated.join(", ")),
+                format!(
+                    "The {} policy has no available capacity.",
+                    violated.join(", ")
+                ),
             ),
             Rejection::StoreUnavailable { .. } => (
                 "store-unavailable",
@@ -156,7 +159,9 @@ impl RateHeaders {
             .iter()
             .zip(verdicts)
             .filter(|(c, _)| c.enforce)
-            .min_by_key(|(c, v)| (v.remaining as u128 * 1_000_000) / c.params.quota().max(1) as u128)?;
+            .min_by_key(|(c, v)| {
+                (v.remaining as u128 * 1_000_000) / c.params.quota().max(1) as u128
+            })?;
         Some(Self {
             policy: format!(
                 "\"{}\";q={};w={}",
@@ -185,9 +190,7 @@ mod tests {
     use super::*;
 
     fn header_value(h: &ResponseHeader, name: &str) -> Option<String> {
-        h.headers
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_string())
+        h.headers.get(name).map(|v| v.to_str().unwrap().to_string())
     }
 
     #[test]
@@ -202,7 +205,10 @@ mod tests {
         let h = r.header(10, None).unwrap();
         assert_eq!(h.status.as_u16(), 429);
         assert_eq!(header_value(&h, "retry-after").as_deref(), Some("3"));
-        assert_eq!(header_value(&h, "cache-control").as_deref(), Some("no-store"));
+        assert_eq!(
+            header_value(&h, "cache-control").as_deref(),
+            Some("no-store")
+        );
     }
 
     #[test]
@@ -211,13 +217,19 @@ mod tests {
             violated: vec!["x".into()],
             retry_after: None,
         };
-        assert_eq!(header_value(&r.header(1, None).unwrap(), "retry-after"), None);
+        assert_eq!(
+            header_value(&r.header(1, None).unwrap(), "retry-after"),
+            None
+        );
     }
 
     #[test]
     fn unauthorized_challenges_for_a_bearer_token() {
         let h = Rejection::Unauthorized.header(1, None).unwrap();
-        assert_eq!(header_value(&h, "www-authenticate").as_deref(), Some("Bearer"));
+        assert_eq!(
+            header_value(&h, "www-authenticate").as_deref(),
+            Some("Bearer")
+        );
         assert_eq!(
             header_value(&h, "content-type").as_deref(),
             Some("application/problem+json")
@@ -226,7 +238,9 @@ mod tests {
 
     #[test]
     fn overload_is_a_503_with_retry_after() {
-        let h = Rejection::Overloaded { retry_after: 1 }.header(1, None).unwrap();
+        let h = Rejection::Overloaded { retry_after: 1 }
+            .header(1, None)
+            .unwrap();
         assert_eq!(h.status.as_u16(), 503);
         assert_eq!(header_value(&h, "retry-after").as_deref(), Some("1"));
     }

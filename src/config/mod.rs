@@ -6,7 +6,7 @@ pub mod schema;
 mod validate;
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use policy::*;
 
@@ -95,7 +95,7 @@ fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, C
 }
 
 /// Reads the separate keys file named by `auth.keys_file`.
-fn load_keys_file(path: &PathBuf) -> Result<schema::RawKeysFile, ConfigError> {
+fn load_keys_file(path: &Path) -> Result<schema::RawKeysFile, ConfigError> {
     let text = read(path)?;
     parse(path, &text)
 }

@@ -165,7 +165,7 @@ impl Policy {
     /// One line describing the policy, for `tollgate check` and start-up logs.
     pub fn summary(&self) -> String {
         format!(
-            "policy {} ok: {} routes, {} limits, {} plans, {} keys, {} upstreams, store {:?}",
+            "policy {} ok: {} routes, {} limits, {} plans, {} keys, {} upstreams, store {}",
             self.policy_version,
             self.routes.len(),
             self.limits.len(),

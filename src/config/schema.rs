@@ -2,8 +2,46 @@
 //! unknown keys. Nothing here is trusted; `validate` turns it into a policy.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
 
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
+
+/// A YAML mapping whose keys must be unique: a repeated name is an error,
+/// not a silent overwrite of the first entry.
+#[derive(Debug)]
+pub struct UniqueMap<V>(pub BTreeMap<String, V>);
+
+impl<V> Default for UniqueMap<V> {
+    fn default() -> Self {
+        Self(BTreeMap::new())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Unique<V>(PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for Unique<V> {
+            type Value = UniqueMap<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping of names")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if out.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format!("duplicate name {key:?}")));
+                    }
+                    let value = map.next_value()?;
+                    out.insert(key, value);
+                }
+                Ok(UniqueMap(out))
+            }
+        }
+        deserializer.deserialize_map(Unique(PhantomData))
+    }
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,11 +60,11 @@ pub struct RawConfig {
     #[serde(default)]
     pub auth: RawAuth,
     #[serde(default)]
-    pub plans: BTreeMap<String, BTreeMap<String, RawOverride>>,
+    pub plans: UniqueMap<UniqueMap<RawOverride>>,
     #[serde(default)]
-    pub limits: BTreeMap<String, RawLimit>,
+    pub limits: UniqueMap<RawLimit>,
     #[serde(default)]
-    pub upstreams: BTreeMap<String, RawUpstream>,
+    pub upstreams: UniqueMap<RawUpstream>,
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub responses: RawResponses,
@@ -49,6 +87,16 @@ pub enum Backend {
     Memory,
     Redis,
     RedisCluster,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Memory => "memory",
+            Backend::Redis => "redis",
+            Backend::RedisCluster => "redis_cluster",
+        })
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -163,6 +211,18 @@ pub enum AlgorithmName {
     FixedWindow,
     SlidingWindow,
     SlidingLog,
+}
+
+impl fmt::Display for AlgorithmName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AlgorithmName::TokenBucket => "token_bucket",
+            AlgorithmName::Gcra => "gcra",
+            AlgorithmName::FixedWindow => "fixed_window",
+            AlgorithmName::SlidingWindow => "sliding_window",
+            AlgorithmName::SlidingLog => "sliding_log",
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -1,7 +1,7 @@
 //! Raw schema → [`Policy`]. Every check names the path of the offending
 //! value; all problems of a file are reported together.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -24,6 +24,10 @@ const MAX_LOG_LIMIT: f64 = 10_000.0;
 const MAX_WINDOW_SECONDS: f64 = 86_400.0;
 /// Products the Redis scripts compute must stay exact in a Lua double.
 const MAX_EXACT: u64 = 1 << 53;
+
+/// Limit names as declared: the limit's id when it validated, and its
+/// algorithm (which decides what a plan override must contain).
+type LimitNames = HashMap<String, (Option<LimitId>, AlgorithmName)>;
 
 /// Collects problems while walking the raw document.
 struct Checker {
@@ -70,7 +74,10 @@ impl Checker {
         max: T,
     ) -> T {
         if value < min || value > max {
-            self.fail(path, format!("must be between {min} and {max}, got {value}"));
+            self.fail(
+                path,
+                format!("must be between {min} and {max}, got {value}"),
+            );
         }
         value
     }
@@ -102,7 +109,10 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
         problems: Vec::new(),
     };
     if raw.version != 1 {
-        c.fail("version", format!("unsupported version {} (expected 1)", raw.version));
+        c.fail(
+            "version",
+            format!("unsupported version {} (expected 1)", raw.version),
+        );
     }
     let server = server(&mut c, raw.server);
     let store = store(&mut c, raw.store);
@@ -175,7 +185,12 @@ fn server(c: &mut Checker, raw: RawServer) -> ServerSettings {
         1,
         256,
     );
-    let grace = c.range("server.shutdown_grace_seconds", raw.shutdown_grace_seconds.unwrap_or(10), 0, 3600);
+    let grace = c.range(
+        "server.shutdown_grace_seconds",
+        raw.shutdown_grace_seconds.unwrap_or(10),
+        0,
+        3600,
+    );
     if let Some(env) = &raw.admin_token_env {
         env_name(c, "server.admin_token_env", env);
     }
@@ -190,22 +205,33 @@ fn server(c: &mut Checker, raw: RawServer) -> ServerSettings {
 
 fn env_name(c: &mut Checker, path: &str, name: &str) {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-        c.fail(path, format!("{name:?} is not an environment variable name"));
+        c.fail(
+            path,
+            format!("{name:?} is not an environment variable name"),
+        );
     }
 }
 
 fn store(c: &mut Checker, raw: RawStore) -> StoreSettings {
     if raw.backend != Backend::Memory {
         if raw.urls.is_empty() {
-            c.fail("store.urls", format!("backend {:?} needs at least one url", raw.backend));
+            c.fail(
+                "store.urls",
+                format!("backend {} needs at least one url", raw.backend),
+            );
         }
         for (i, url) in raw.urls.iter().enumerate() {
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                c.fail(format!("store.urls[{i}]"), format!("{url:?} is not a redis:// or rediss:// url"));
+                c.fail(
+                    format!("store.urls[{i}]"),
+                    format!("{url:?} is not a redis:// or rediss:// url"),
+                );
             }
         }
     }
-    let key_secret_env = raw.key_secret_env.unwrap_or_else(|| "TOLLGATE_KEY_SECRET".into());
+    let key_secret_env = raw
+        .key_secret_env
+        .unwrap_or_else(|| "TOLLGATE_KEY_SECRET".into());
     env_name(c, "store.key_secret_env", &key_secret_env);
     let breaker = raw.circuit_breaker.unwrap_or(RawBreaker {
         failure_threshold: None,
@@ -214,7 +240,12 @@ fn store(c: &mut Checker, raw: RawStore) -> StoreSettings {
     StoreSettings {
         backend: raw.backend,
         urls: raw.urls,
-        timeout: Duration::from_millis(c.range("store.timeout_ms", raw.timeout_ms.unwrap_or(20), 1, 10_000)),
+        timeout: Duration::from_millis(c.range(
+            "store.timeout_ms",
+            raw.timeout_ms.unwrap_or(20),
+            1,
+            10_000,
+        )),
         key_prefix: raw.key_prefix.unwrap_or_else(|| "tg:".into()),
         key_secret_env,
         failure_threshold: c.range(
@@ -247,7 +278,10 @@ fn nets(c: &mut Checker, path: &str, raw: &[String]) -> Vec<IpNet> {
                 .ok()
                 .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from));
             if parsed.is_none() {
-                c.fail(format!("{path}[{i}]"), format!("{text:?} is not an IP network"));
+                c.fail(
+                    format!("{path}[{i}]"),
+                    format!("{text:?} is not an IP network"),
+                );
             }
             parsed.map(|n| n.trunc())
         })
@@ -262,21 +296,46 @@ fn client_ip(c: &mut Checker, raw: RawClientIp) -> ClientIpConfig {
             HeaderName::Forwarded => ForwardHeader::Forwarded,
             HeaderName::XRealIp => ForwardHeader::XRealIp,
         },
-        ipv6_prefix: c.range("client_ip.ipv6_prefix", raw.ipv6_prefix.unwrap_or(64), 1, 128),
+        ipv6_prefix: c.range(
+            "client_ip.ipv6_prefix",
+            raw.ipv6_prefix.unwrap_or(64),
+            1,
+            128,
+        ),
     }
 }
 
 /// Turns a limit's (or an override's) numbers into algorithm parameters.
-fn params(c: &mut Checker, path: &str, algorithm: AlgorithmName, n: &RawOverride) -> Option<Params> {
+fn params(
+    c: &mut Checker,
+    path: &str,
+    algorithm: AlgorithmName,
+    n: &RawOverride,
+) -> Option<Params> {
     let bucket = matches!(algorithm, AlgorithmName::TokenBucket | AlgorithmName::Gcra);
     let (wanted, unwanted) = if bucket {
-        (["capacity", "refill_per_second"], [("limit", n.limit), ("window_seconds", n.window_seconds)])
+        (
+            ["capacity", "refill_per_second"],
+            [("limit", n.limit), ("window_seconds", n.window_seconds)],
+        )
     } else {
-        (["limit", "window_seconds"], [("capacity", n.capacity), ("refill_per_second", n.refill_per_second)])
+        (
+            ["limit", "window_seconds"],
+            [
+                ("capacity", n.capacity),
+                ("refill_per_second", n.refill_per_second),
+            ],
+        )
     };
     for (field, value) in unwanted {
         if value.is_some() {
-            c.fail(path, format!("`{field}` does not apply to {algorithm:?}; it takes `{}` and `{}`", wanted[0], wanted[1]));
+            c.fail(
+                path,
+                format!(
+                    "`{field}` does not apply to {algorithm}; it takes `{}` and `{}`",
+                    wanted[0], wanted[1]
+                ),
+            );
         }
     }
     if bucket {
@@ -286,27 +345,51 @@ fn params(c: &mut Checker, path: &str, algorithm: AlgorithmName, n: &RawOverride
         let rate = c.amount(&format!("{path}.refill_per_second"), rate?, MAX_AMOUNT)?;
         let per_ms = (rate * 1000.0).round() as u64;
         if per_ms == 0 {
-            c.fail(format!("{path}.refill_per_second"), format!("must be at least 0.001, got {rate}"));
+            c.fail(
+                format!("{path}.refill_per_second"),
+                format!("must be at least 0.001, got {rate}"),
+            );
             return None;
         }
         if capacity < 1.0 {
-            c.fail(format!("{path}.capacity"), format!("must be at least 1, got {capacity}"));
+            c.fail(
+                format!("{path}.capacity"),
+                format!("must be at least 1, got {capacity}"),
+            );
             return None;
         }
         let b = Bucket {
             capacity: (capacity * MICRO as f64).round() as u64,
             per_ms,
         };
-        Some(if algorithm == AlgorithmName::Gcra { Params::Gcra(b) } else { Params::TokenBucket(b) })
+        Some(if algorithm == AlgorithmName::Gcra {
+            Params::Gcra(b)
+        } else {
+            Params::TokenBucket(b)
+        })
     } else {
         let limit = c.required(path, "limit", n.limit);
         let seconds = c.required(path, "window_seconds", n.window_seconds);
-        let max = if algorithm == AlgorithmName::SlidingLog { MAX_LOG_LIMIT } else { MAX_AMOUNT };
+        let max = if algorithm == AlgorithmName::SlidingLog {
+            MAX_LOG_LIMIT
+        } else {
+            MAX_AMOUNT
+        };
         let limit = c.whole(&format!("{path}.limit"), limit?, max)?;
-        let seconds = c.amount(&format!("{path}.window_seconds"), seconds?, MAX_WINDOW_SECONDS)?;
+        let seconds = c.amount(
+            &format!("{path}.window_seconds"),
+            seconds?,
+            MAX_WINDOW_SECONDS,
+        )?;
         let window_ms = (seconds * 1000.0).round().max(1.0) as u64;
         if algorithm == AlgorithmName::SlidingWindow && limit * window_ms >= MAX_EXACT {
-            c.fail(path, format!("limit × window in ms must stay below 2^53, got {}", limit * window_ms));
+            c.fail(
+                path,
+                format!(
+                    "limit × window in ms must stay below 2^53, got {}",
+                    limit * window_ms
+                ),
+            );
             return None;
         }
         let w = Window { limit, window_ms };
@@ -318,14 +401,10 @@ fn params(c: &mut Checker, path: &str, algorithm: AlgorithmName, n: &RawOverride
     }
 }
 
-fn limits(
-    c: &mut Checker,
-    raw: BTreeMap<String, RawLimit>,
-    memory: bool,
-) -> (Vec<Limit>, HashMap<String, (LimitId, AlgorithmName)>) {
+fn limits(c: &mut Checker, raw: UniqueMap<RawLimit>, memory: bool) -> (Vec<Limit>, LimitNames) {
     let mut out = Vec::new();
     let mut ids = HashMap::new();
-    for (name, l) in raw {
+    for (name, l) in raw.0 {
         let path = format!("limits.{name}");
         c.name(&path, &name);
         let mut key = KeyDims::default();
@@ -337,11 +416,17 @@ fn limits(
                 Dimension::Route => &mut key.route,
             };
             if std::mem::replace(slot, true) {
-                c.fail(format!("{path}.key[{i}]"), format!("duplicate key dimension {dim:?}"));
+                c.fail(
+                    format!("{path}.key[{i}]"),
+                    format!("duplicate key dimension {dim:?}"),
+                );
             }
         }
         if l.scope == Scope::PreAuth && (key.credential || key.tenant) {
-            c.fail(format!("{path}.key"), "a pre_auth limit runs before authentication: its key may only use ip and route");
+            c.fail(
+                format!("{path}.key"),
+                "a pre_auth limit runs before authentication: its key may only use ip and route",
+            );
         }
         let numbers = RawOverride {
             capacity: l.capacity,
@@ -350,9 +435,11 @@ fn limits(
             window_seconds: l.window_seconds,
         };
         let Some(params) = params(c, &path, l.algorithm, &numbers) else {
+            // Known but invalid: references to it are not a second error.
+            ids.insert(name, (None, l.algorithm));
             continue;
         };
-        ids.insert(name.clone(), (out.len(), l.algorithm));
+        ids.insert(name.clone(), (Some(out.len()), l.algorithm));
         out.push(Limit {
             name: name.into(),
             scope: l.scope,
@@ -368,26 +455,30 @@ fn limits(
 
 fn plans(
     c: &mut Checker,
-    raw: BTreeMap<String, BTreeMap<String, RawOverride>>,
+    raw: UniqueMap<UniqueMap<RawOverride>>,
     limits: &[Limit],
-    limit_ids: &HashMap<String, (LimitId, AlgorithmName)>,
+    limit_ids: &LimitNames,
 ) -> (Vec<Plan>, HashMap<String, PlanId>) {
     let mut out = Vec::new();
     let mut ids = HashMap::new();
-    for (name, overrides) in raw {
+    for (name, overrides) in raw.0 {
         c.name(&format!("plans.{name}"), &name);
         let mut plan = Plan {
             name: name.clone(),
             overrides: Vec::new(),
         };
-        for (limit, numbers) in overrides {
+        for (limit, numbers) in overrides.0 {
             let path = format!("plans.{name}.{limit}");
             let Some(&(id, algorithm)) = limit_ids.get(&limit) else {
                 c.fail(path, format!("unknown limit {limit:?}"));
                 continue;
             };
+            let Some(id) = id else { continue };
             if limits[id].scope == Scope::PreAuth {
-                c.fail(&path, "a pre_auth limit runs before the plan is known and cannot be overridden");
+                c.fail(
+                    &path,
+                    "a pre_auth limit runs before the plan is known and cannot be overridden",
+                );
             }
             if let Some(p) = params(c, &path, algorithm, &numbers) {
                 plan.overrides.push((id, p));
@@ -409,7 +500,10 @@ fn auth(
     let header = match http::HeaderName::from_bytes(header_text.to_ascii_lowercase().as_bytes()) {
         Ok(h) => h,
         Err(_) => {
-            c.fail("auth.header", format!("{header_text:?} is not a header name"));
+            c.fail(
+                "auth.header",
+                format!("{header_text:?} is not a header name"),
+            );
             http::header::AUTHORIZATION
         }
     };
@@ -418,9 +512,17 @@ fn auth(
     add_keys(c, "auth.keys", raw.keys, plan_ids, &mut keys, &mut ids);
     if let Some(file) = raw.keys_file {
         let path: PathBuf = base.join(file);
-        let extra = load_keys_file(&path)?;
-        let prefix = format!("{}: keys", path.display());
-        add_keys(c, &prefix, extra.keys, plan_ids, &mut keys, &mut ids);
+        match load_keys_file(&path) {
+            Ok(extra) => {
+                let prefix = format!("{}: keys", path.display());
+                add_keys(c, &prefix, extra.keys, plan_ids, &mut keys, &mut ids);
+            }
+            // A missing file is a problem of this one; a broken one names itself.
+            Err(ConfigError::Read { file, source }) => {
+                c.fail("auth.keys_file", format!("cannot read {file}: {source}"))
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(AuthSettings { header, keys })
 }
@@ -440,7 +542,10 @@ fn add_keys(
             c.fail(format!("{path}.tenant"), "must be 1-256 characters");
         }
         if !ids.insert(k.id.clone()) {
-            c.fail(format!("{path}.id"), format!("duplicate credential id {:?}", k.id));
+            c.fail(
+                format!("{path}.id"),
+                format!("duplicate credential id {:?}", k.id),
+            );
         }
         let plan = k.plan.as_ref().and_then(|p| {
             let id = plan_ids.get(p).copied();
@@ -450,7 +555,10 @@ fn add_keys(
             id
         });
         let Some(digest) = parse_digest(&k.sha256).filter(|_| k.sha256.len() == 64) else {
-            c.fail(format!("{path}.sha256"), "must be 64 hex digits (the SHA-256 of the raw key; see `tollgate hash-key`)");
+            c.fail(
+                format!("{path}.sha256"),
+                "must be 64 hex digits (the SHA-256 of the raw key; see `tollgate hash-key`)",
+            );
             continue;
         };
         let credential = Credential {
@@ -459,15 +567,21 @@ fn add_keys(
             plan,
         };
         if !table.insert(digest, credential) {
-            c.fail(format!("{path}.sha256"), "the same key digest is listed twice");
+            c.fail(
+                format!("{path}.sha256"),
+                "the same key digest is listed twice",
+            );
         }
     }
 }
 
-fn upstreams(c: &mut Checker, raw: BTreeMap<String, RawUpstream>) -> (Vec<Upstream>, HashMap<String, PoolId>) {
+fn upstreams(
+    c: &mut Checker,
+    raw: UniqueMap<RawUpstream>,
+) -> (Vec<Upstream>, HashMap<String, PoolId>) {
     let mut out = Vec::new();
     let mut ids = HashMap::new();
-    for (name, u) in raw {
+    for (name, u) in raw.0 {
         let path = format!("upstreams.{name}");
         c.name(&path, &name);
         if u.servers.is_empty() {
@@ -476,16 +590,28 @@ fn upstreams(c: &mut Checker, raw: BTreeMap<String, RawUpstream>) -> (Vec<Upstre
         let mut servers = Vec::new();
         for (i, s) in u.servers.iter().enumerate() {
             match s.to_socket_addrs().ok().and_then(|mut a| a.next()) {
-                Some(addr) if servers.contains(&addr) => {
-                    c.fail(format!("{path}.servers[{i}]"), format!("duplicate server {s:?}"))
-                }
+                Some(addr) if servers.contains(&addr) => c.fail(
+                    format!("{path}.servers[{i}]"),
+                    format!("duplicate server {s:?}"),
+                ),
                 Some(addr) => servers.push(addr),
-                None => c.fail(format!("{path}.servers[{i}]"), format!("{s:?} is not a resolvable host:port")),
+                None => c.fail(
+                    format!("{path}.servers[{i}]"),
+                    format!("{s:?} is not a resolvable host:port"),
+                ),
             }
         }
-        let max_in_flight = c.range(&format!("{path}.max_in_flight"), u.max_in_flight.unwrap_or(256), 1, 1_000_000);
+        let max_in_flight = c.range(
+            &format!("{path}.max_in_flight"),
+            u.max_in_flight.unwrap_or(256),
+            1,
+            1_000_000,
+        );
         let (waiting, wait_ms) = match u.queue {
-            Some(q) => (q.max_waiting.unwrap_or(max_in_flight), q.timeout_ms.unwrap_or(100)),
+            Some(q) => (
+                q.max_waiting.unwrap_or(max_in_flight),
+                q.timeout_ms.unwrap_or(100),
+            ),
             None => (max_in_flight, 100),
         };
         ids.insert(name.clone(), out.len());
@@ -494,7 +620,12 @@ fn upstreams(c: &mut Checker, raw: BTreeMap<String, RawUpstream>) -> (Vec<Upstre
             servers,
             max_in_flight,
             queue_max_waiting: c.range(&format!("{path}.queue.max_waiting"), waiting, 0, 1_000_000),
-            queue_timeout: Duration::from_millis(c.range(&format!("{path}.queue.timeout_ms"), wait_ms, 0, 60_000)),
+            queue_timeout: Duration::from_millis(c.range(
+                &format!("{path}.queue.timeout_ms"),
+                wait_ms,
+                0,
+                60_000,
+            )),
             connect_timeout: Duration::from_millis(c.range(
                 &format!("{path}.connect_timeout_ms"),
                 u.connect_timeout_ms.unwrap_or(1_000),
@@ -514,7 +645,7 @@ fn upstreams(c: &mut Checker, raw: BTreeMap<String, RawUpstream>) -> (Vec<Upstre
 
 struct RouteContext<'a> {
     limits: &'a [Limit],
-    limit_ids: &'a HashMap<String, (LimitId, AlgorithmName)>,
+    limit_ids: &'a LimitNames,
     plans: &'a [Plan],
     pool_ids: &'a HashMap<String, PoolId>,
 }
@@ -529,7 +660,10 @@ fn routes(c: &mut Checker, raw: Vec<RawRoute>, ctx: &RouteContext<'_>) -> Router
         let path = format!("routes[{i}]");
         c.name(&format!("{path}.name"), &r.name);
         if !names.insert(r.name.clone()) {
-            c.fail(format!("{path}.name"), format!("duplicate route name {:?}", r.name));
+            c.fail(
+                format!("{path}.name"),
+                format!("duplicate route name {:?}", r.name),
+            );
         }
         let template = PathTemplate::parse(&r.path)
             .map_err(|e| c.fail(format!("{path}.path"), e.to_string()))
@@ -563,7 +697,10 @@ fn methods(c: &mut Checker, path: &str, raw: &[String]) -> Vec<String> {
         .map(|(i, m)| {
             let upper = m.to_ascii_uppercase();
             if http::Method::from_bytes(upper.as_bytes()).is_err() || upper.is_empty() {
-                c.fail(format!("{path}.methods[{i}]"), format!("{m:?} is not an HTTP method"));
+                c.fail(
+                    format!("{path}.methods[{i}]"),
+                    format!("{m:?} is not an HTTP method"),
+                );
             }
             upper
         })
@@ -589,7 +726,10 @@ fn target(
         (Some(name), None) => {
             let id = pool_ids.get(&name).copied();
             if id.is_none() {
-                c.fail(format!("{path}.upstream"), format!("unknown upstream {name:?}"));
+                c.fail(
+                    format!("{path}.upstream"),
+                    format!("unknown upstream {name:?}"),
+                );
             }
             id.map(Target::Upstream)
         }
@@ -598,7 +738,9 @@ fn target(
             Some(Target::Respond {
                 status: r.status,
                 body: r.body.into(),
-                content_type: r.content_type.unwrap_or_else(|| "text/plain; charset=utf-8".into()),
+                content_type: r
+                    .content_type
+                    .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
             })
         }
     }
@@ -619,6 +761,7 @@ fn route_limits(
             c.fail(at, format!("unknown limit {name:?}"));
             continue;
         };
+        let Some(id) = id else { continue };
         if pre.contains(&id) || req.contains(&id) {
             c.fail(at, format!("limit {name:?} is listed twice"));
             continue;
@@ -627,14 +770,21 @@ fn route_limits(
         if !auth_required && (limit.key.credential || limit.key.tenant) {
             c.fail(&at, format!("limit {name:?} is keyed by credential or tenant but the route has `auth: none`"));
         }
-        let plan_params = ctx.plans.iter().filter_map(|p| p.params_for(id).map(|x| (Some(&p.name), x)));
+        let plan_params = ctx
+            .plans
+            .iter()
+            .filter_map(|p| p.params_for(id).map(|x| (Some(&p.name), x)));
         for (plan, params) in std::iter::once((None, limit.params)).chain(plan_params) {
             if cost > params.quota() {
                 let whose = plan.map_or(String::new(), |p| format!(" (plan {p:?})"));
                 c.fail(&at, format!("route cost {cost} exceeds the capacity {} of limit {name:?}{whose}: it could never be admitted", params.quota()));
             }
         }
-        if limit.scope == Scope::PreAuth { pre.push(id) } else { req.push(id) }
+        if limit.scope == Scope::PreAuth {
+            pre.push(id)
+        } else {
+            req.push(id)
+        }
     }
     (pre, req)
 }

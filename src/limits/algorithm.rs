@@ -58,7 +58,11 @@ pub enum State {
     /// Counters of the window starting at `start` and of the one before it.
     Sliding { start: u64, curr: u64, prev: u64 },
     /// Admitted `(time, cost)` entries inside the window, oldest first.
-    Log { entries: VecDeque<(u64, u64)>, total: u64, last: u64 },
+    Log {
+        entries: VecDeque<(u64, u64)>,
+        total: u64,
+        last: u64,
+    },
 }
 
 /// What one limit says about one cost at one instant.
@@ -178,7 +182,14 @@ impl Params {
                     (*prev, *curr) = (*curr, 0);
                 }
             }
-            (Params::SlidingLog(w), State::Log { entries, total, last }) => {
+            (
+                Params::SlidingLog(w),
+                State::Log {
+                    entries,
+                    total,
+                    last,
+                },
+            ) => {
                 *last = now.max(*last);
                 while let Some(&(at, cost)) = entries.front() {
                     if at + w.window_ms > *last {
@@ -198,18 +209,25 @@ impl Params {
             (Params::TokenBucket(b), State::Bucket { balance, .. }) => {
                 check_bucket(b, *balance, cost)
             }
-            (Params::Gcra(b), State::Gcra { tat, frac }) => {
-                check_bucket(b, b.capacity.saturating_sub(gcra_debt(b, *tat, *frac, now)), cost)
-            }
+            (Params::Gcra(b), State::Gcra { tat, frac }) => check_bucket(
+                b,
+                b.capacity.saturating_sub(gcra_debt(b, *tat, *frac, now)),
+                cost,
+            ),
             (Params::FixedWindow(w), State::Window { start, count }) => {
                 check_counter(w, *count, cost, *start + w.window_ms - now.max(*start))
             }
             (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
                 check_sliding(w, *curr, *prev, cost, now.max(*start) - *start)
             }
-            (Params::SlidingLog(w), State::Log { entries, total, last }) => {
-                check_log(w, entries, *total, cost, *last)
-            }
+            (
+                Params::SlidingLog(w),
+                State::Log {
+                    entries,
+                    total,
+                    last,
+                },
+            ) => check_log(w, entries, *total, cost, *last),
             (params, _) => params.check(&params.fresh(now), cost, now),
         }
     }
@@ -227,7 +245,14 @@ impl Params {
             }
             (Params::FixedWindow(_), State::Window { count, .. })
             | (Params::SlidingWindow(_), State::Sliding { curr: count, .. }) => *count += cost,
-            (Params::SlidingLog(_), State::Log { entries, total, last }) => {
+            (
+                Params::SlidingLog(_),
+                State::Log {
+                    entries,
+                    total,
+                    last,
+                },
+            ) => {
                 entries.push_back((now.max(*last), cost));
                 *total += cost;
             }

@@ -5,7 +5,7 @@
 //! the traffic of the last few refill periods.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -67,9 +67,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn shard_of(&self, key: &str) -> usize {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() as usize) % SHARDS
+        (self.hasher.hash_one(key) as usize) % SHARDS
     }
 
     /// Decides all charges of one request atomically.
@@ -105,7 +103,10 @@ impl<C: Clock> MemoryStore<C> {
             checks.push(c.params.check(&slot.state, c.cost, now));
         }
 
-        let gate = charges.iter().zip(&checks).all(|(c, k)| !c.enforce || k.allowed);
+        let gate = charges
+            .iter()
+            .zip(&checks)
+            .all(|(c, k)| !c.enforce || k.allowed);
         let mut verdicts = Vec::with_capacity(charges.len());
         for ((c, &s), check) in charges.iter().zip(&shard_ids).zip(&checks) {
             let Some(slot) = locked(&mut guards, s).slots.get_mut(&c.key) else {

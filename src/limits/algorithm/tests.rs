@@ -47,14 +47,23 @@ fn token_bucket_refill_is_capped() {
     assert!(take(&p, &mut s, 10, 0).allowed);
     // A day idle refills to capacity, never beyond.
     p.refresh(&mut s, 86_400_000);
-    assert_eq!(s, State::Bucket { balance: 10 * MICRO, at: 86_400_000 });
+    assert_eq!(
+        s,
+        State::Bucket {
+            balance: 10 * MICRO,
+            at: 86_400_000
+        }
+    );
     assert!(!take(&p, &mut s, 11, 86_400_000).allowed);
 }
 
 #[test]
 fn fractional_rates_refill_without_loss() {
     // 0.5 tokens per second: 500 micro-tokens per millisecond.
-    let p = Params::TokenBucket(Bucket { capacity: MICRO, per_ms: 500 });
+    let p = Params::TokenBucket(Bucket {
+        capacity: MICRO,
+        per_ms: 500,
+    });
     let mut s = p.fresh(0);
     assert!(take(&p, &mut s, 1, 0).allowed);
     // Polling every millisecond must not starve the refill.
@@ -95,8 +104,14 @@ fn clock_moving_back_never_mints_tokens() {
     ] {
         let mut s = p.fresh(50_000);
         assert!(take(&p, &mut s, 2, 50_000).allowed);
-        assert!(!take(&p, &mut s, 1, 10_000).allowed, "{p:?} after a step back");
-        assert!(!take(&p, &mut s, 1, 50_000).allowed, "{p:?} back at the present");
+        assert!(
+            !take(&p, &mut s, 1, 10_000).allowed,
+            "{p:?} after a step back"
+        );
+        assert!(
+            !take(&p, &mut s, 1, 50_000).allowed,
+            "{p:?} back at the present"
+        );
     }
 }
 
@@ -151,7 +166,10 @@ fn sliding_log_is_exact() {
     assert!(take(&p, &mut s, 2, 4_000).allowed);
     let c = take(&p, &mut s, 1, 9_000);
     assert_eq!(c, Check::deny(0, Some(1_000)));
-    assert!(!take(&p, &mut s, 2, 10_000).allowed, "the cost-2 entry is still inside");
+    assert!(
+        !take(&p, &mut s, 2, 10_000).allowed,
+        "the cost-2 entry is still inside"
+    );
     assert!(take(&p, &mut s, 1, 10_000).allowed);
     assert_eq!(take(&p, &mut s, 2, 10_000).wait_ms, Some(4_000));
 }

@@ -26,10 +26,19 @@ fn a_denial_by_one_limit_charges_none() {
     let store = MemoryStore::new(ManualClock::new(1_000));
     let small = charge("tenant", "t", bucket(1, 1), 1, true);
     let big = charge("credential", "c", bucket(10, 1), 1, true);
-    assert_eq!(combine(&[small.clone(), big.clone()], &store.decide_now(&[small.clone(), big.clone()])), Decision::Allow);
+    assert_eq!(
+        combine(
+            &[small.clone(), big.clone()],
+            &store.decide_now(&[small.clone(), big.clone()])
+        ),
+        Decision::Allow
+    );
     let denied = store.decide_now(&[small.clone(), big.clone()]);
     assert!(!denied[0].allowed && denied[1].allowed);
-    assert_eq!(denied[1].remaining, 9, "the credential bucket was not charged");
+    assert_eq!(
+        denied[1].remaining, 9,
+        "the credential bucket was not charged"
+    );
     // Alone, the credential bucket still has its 9 tokens.
     let alone = store.decide_now(&[big]);
     assert_eq!(alone[0].remaining, 8);
@@ -42,7 +51,10 @@ fn shadow_limits_never_gate() {
     let real = charge("real", "r", bucket(5, 1), 1, true);
     for _ in 0..3 {
         let v = store.decide_now(&[shadow.clone(), real.clone()]);
-        assert_eq!(combine(&[shadow.clone(), real.clone()], &v), Decision::Allow);
+        assert_eq!(
+            combine(&[shadow.clone(), real.clone()], &v),
+            Decision::Allow
+        );
     }
     let v = store.decide_now(&[shadow.clone(), real.clone()]);
     assert!(!v[0].allowed, "the shadow limit reports what it would do");
@@ -54,7 +66,16 @@ fn retry_after_is_the_longest_wait_in_whole_seconds() {
     // At 1 s into a 10 s window the window limit waits 9 s, the bucket 1 s.
     let store = MemoryStore::new(ManualClock::new(1_000));
     let a = charge("a", "a", bucket(1, 1), 1, true);
-    let b = charge("b", "b", Params::FixedWindow(Window { limit: 1, window_ms: 10_000 }), 1, true);
+    let b = charge(
+        "b",
+        "b",
+        Params::FixedWindow(Window {
+            limit: 1,
+            window_ms: 10_000,
+        }),
+        1,
+        true,
+    );
     store.decide_now(&[a.clone(), b.clone()]);
     let both = [a, b];
     let d = combine(&both, &store.decide_now(&both));

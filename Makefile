@@ -1,0 +1,50 @@
+# tollgate — set-up, run, test.
+#
+#   make run    build and serve config/quickstart.yaml (memory store, no Redis)
+#   make test   install missing system packages, then run every test
+
+CARGO ?= cargo
+CONFIG ?= config/quickstart.yaml
+# Debian packages the build and the tests need, as command=package pairs:
+# cmake builds Pingora's zlib-ng; redis-server backs the store tests.
+SYSTEM_DEPS := cmake=cmake redis-server=redis-server
+
+.PHONY: run test build release deps check-config lint
+
+# Installs what is missing with apt-get when it can (root or sudo), and
+# otherwise says what to install.
+deps:
+	@missing=""; \
+	for pair in $(SYSTEM_DEPS); do \
+	  cmd=$${pair%%=*}; pkg=$${pair#*=}; \
+	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null 2>&1; then SUDO="sudo"; \
+	  else echo "please install:$$missing (need root for apt-get)"; exit 1; fi; \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    $$SUDO apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	  else echo "please install:$$missing"; exit 1; fi; \
+	fi
+
+build: deps
+	$(CARGO) build --bin tollgate
+
+release: deps
+	$(CARGO) build --release --bin tollgate
+
+run: release
+	./target/release/tollgate run --config $(CONFIG)
+
+check-config: build
+	./target/debug/tollgate check --config config/quickstart.yaml
+	./target/debug/tollgate check --config config/production.yaml
+
+test: deps
+	$(CARGO) test --all-targets
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings

@@ -1,0 +1,101 @@
+//! `tollgate check` on the example policies and on one fixture per failure
+//! mode, each asserting the exact message operators see.
+
+use std::process::Command;
+
+fn check(file: &str) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check", "--config", file])
+        .output()
+        .expect("run tollgate check");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn example_policies_are_valid() {
+    for file in ["config/quickstart.yaml", "config/production.yaml"] {
+        let (code, stdout, stderr) = check(file);
+        assert_eq!(code, 0, "{file}: {stderr}");
+        assert!(stdout.starts_with(&format!("{file}: policy ")), "{stdout}");
+        assert!(stdout.contains(" ok: "), "{stdout}");
+    }
+}
+
+const FIXTURES: &[(&str, &str)] = &[
+    ("unknown_field", "tests/config/unknown_field.yaml:6:5: routes[0]: unknown field `limtis`, expected one of `name`, `methods`, `path`, `auth`, `upstream`, `respond`, `cost`, `limits`"),
+    ("unknown_algorithm", "tests/config/unknown_algorithm.yaml:3:43: limits.per-tenant.algorithm: unknown variant `leaky_bucket`, expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log`"),
+    ("yaml_syntax", "tests/config/yaml_syntax.yaml:4:1: did not find expected ',' or '}' at line 4 column 1, while parsing a flow mapping at line 3 column 5"),
+    ("dangling_limit", "tests/config/dangling_limit.yaml: routes[0].limits[1]: unknown limit \"per-tenat\""),
+    ("dangling_upstream", "tests/config/dangling_upstream.yaml: routes[0].upstream: unknown upstream \"apii\""),
+    ("dangling_plan_limit", "tests/config/dangling_plan_limit.yaml: plans.pro.per-tenat: unknown limit \"per-tenat\""),
+    ("dangling_key_plan", "tests/config/dangling_key_plan.yaml: auth.keys[0].plan: unknown plan \"enterprise\""),
+    ("non_finite", "tests/config/non_finite.yaml: limits.per-tenant.capacity: must be a finite number, got inf"),
+    ("out_of_range", "tests/config/out_of_range.yaml: limits.per-tenant.capacity: must be at most 1000000000, got 2000000000"),
+    ("negative_rate", "tests/config/negative_rate.yaml: limits.per-tenant.refill_per_second: must be positive, got -1"),
+    ("sliding_log_too_large", "tests/config/sliding_log_too_large.yaml: limits.exact.limit: must be at most 10000, got 20000"),
+    ("wrong_parameters", "tests/config/wrong_parameters.yaml: limits.per-tenant: `capacity` does not apply to sliding_window; it takes `limit` and `window_seconds`\ntests/config/wrong_parameters.yaml: limits.per-tenant: missing `limit`"),
+    ("cost_exceeds_capacity", "tests/config/cost_exceeds_capacity.yaml: routes[0].limits[0]: route cost 11 exceeds the capacity 10 of limit \"per-tenant\": it could never be admitted"),
+    ("cost_exceeds_plan_capacity", "tests/config/cost_exceeds_plan_capacity.yaml: routes[0].limits[0]: route cost 5 exceeds the capacity 4 of limit \"per-tenant\" (plan \"free\"): it could never be admitted"),
+    ("duplicate_route", "tests/config/duplicate_route.yaml: routes[1].name: duplicate route name \"r\""),
+    ("duplicate_limit", "tests/config/duplicate_limit.yaml:3:3: limits: duplicate name \"per-tenant\""),
+    ("duplicate_credential", "tests/config/duplicate_credential.yaml: auth.keys[1].id: duplicate credential id \"ci\""),
+    ("bad_digest", "tests/config/bad_digest.yaml: auth.keys[0].sha256: must be 64 hex digits (the SHA-256 of the raw key; see `tollgate hash-key`)"),
+    ("bad_template", "tests/config/bad_template.yaml: routes[0].path: \"**\" may only be the last segment"),
+    ("pre_auth_by_tenant", "tests/config/pre_auth_by_tenant.yaml: limits.guard.key: a pre_auth limit runs before authentication: its key may only use ip and route"),
+    ("bad_network", "tests/config/bad_network.yaml: client_ip.trusted_proxies[0]: \"10.0.0.0/33\" is not an IP network"),
+    ("upstream_and_respond", "tests/config/upstream_and_respond.yaml: routes[0]: a route has either `upstream` or `respond`, not both"),
+    ("unsupported_version", "tests/config/unsupported_version.yaml: version: unsupported version 2 (expected 1)"),
+    ("missing_keys_file", "tests/config/missing_keys_file.yaml: auth.keys_file: cannot read tests/config/no-such-keys.yaml: No such file or directory (os error 2)"),
+    ("redis_without_urls", "tests/config/redis_without_urls.yaml: store.urls: backend redis needs at least one url"),
+    ("unauthenticated_tenant_limit", "tests/config/unauthenticated_tenant_limit.yaml: routes[0].limits[0]: limit \"per-tenant\" is keyed by credential or tenant but the route has `auth: none`"),
+];
+
+#[test]
+fn every_fixture_fails_with_its_message() {
+    let on_disk = std::fs::read_dir("tests/config")
+        .expect("fixtures")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "yaml"))
+        })
+        .count();
+    assert_eq!(
+        on_disk,
+        FIXTURES.len(),
+        "every fixture file has an expected message"
+    );
+    for (name, expected) in FIXTURES {
+        let file = format!("tests/config/{name}.yaml");
+        let (code, stdout, stderr) = check(&file);
+        assert_eq!(code, 1, "{file} must be rejected");
+        assert_eq!(stdout, "", "{file}");
+        assert_eq!(stderr.trim_end(), *expected, "{file}");
+    }
+}
+
+#[test]
+fn hash_key_prints_the_sha256_of_stdin() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("hash-key")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"tg_demo_4f1c2a\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "3b8d535cecedeba16c1775db9f30582b43ba3abd8557059f99c0340d130ff52c\n"
+    );
+}

@@ -1,0 +1,313 @@
+//! End to end: the real binary in front of a real upstream, on loopback.
+
+mod support;
+
+use std::net::IpAddr;
+
+use support::{digest, request, Gateway, Upstream};
+
+const POLICY: &str = r#"
+version: 1
+policy_version: "e2e"
+server: { listen: ["{listen}"], admin_listen: "{admin}", threads: 1 }
+store: { backend: memory }
+client_ip: { trusted_proxies: ["127.0.0.1/32"], header: x-forwarded-for }
+ip_rules: { deny: ["127.0.0.66/32"] }
+auth:
+  keys:
+    - { id: a1, tenant: acme, sha256: "DIGEST_A1" }
+    - { id: a2, tenant: acme, sha256: "DIGEST_A2" }
+    - { id: b1, tenant: beta, sha256: "DIGEST_B1" }
+limits:
+  ip-guard: { scope: pre_auth, key: [ip], capacity: 1000, refill_per_second: 0.001 }
+  strict-ip: { scope: pre_auth, key: [ip], capacity: 3, refill_per_second: 0.001 }
+  per-credential: { key: [credential], capacity: 5, refill_per_second: 0.25 }
+  per-tenant: { key: [tenant], capacity: 7, refill_per_second: 0.001 }
+  weighted: { key: [credential], capacity: 10, refill_per_second: 0.001 }
+  shadow-tight: { key: [credential], capacity: 1, refill_per_second: 0.001, mode: shadow }
+upstreams:
+  api: { servers: ["{upstream}"] }
+routes:
+  - { name: health, path: /healthz, auth: none, respond: { status: 200, body: "ok\n" } }
+  - { name: guarded, path: "/guarded/**", upstream: api, limits: [strict-ip] }
+  - { name: export, methods: [POST], path: /v1/export, cost: 3, upstream: api, limits: [weighted] }
+  - { name: cheap, path: /v1/cheap, upstream: api, limits: [weighted] }
+  - { name: shadowed, path: /v1/shadowed, upstream: api, limits: [shadow-tight] }
+  - { name: credential-only, path: /v1/mine, upstream: api, limits: [per-credential] }
+  - { name: reports, methods: [GET], path: "/v1/tenants/{tenant}/reports/{id}", upstream: api, limits: [per-credential, per-tenant] }
+  - { name: teapot, path: /teapot, respond: { status: 418, body: "short and stout", content_type: text/plain } }
+  - { name: api, path: "/v1/**", upstream: api, limits: [ip-guard] }
+responses: { ratelimit_headers: draft }
+"#;
+
+const A1: (&str, &str) = ("authorization", "Bearer key-a1");
+const A2: (&str, &str) = ("authorization", "Bearer key-a2");
+const B1: (&str, &str) = ("authorization", "Bearer key-b1");
+
+fn start() -> (Gateway, Upstream) {
+    let upstream = Upstream::start();
+    let policy = POLICY
+        .replace("DIGEST_A1", &digest("key-a1"))
+        .replace("DIGEST_A2", &digest("key-a2"))
+        .replace("DIGEST_B1", &digest("key-b1"));
+    (Gateway::start(&policy, Some(&upstream)), upstream)
+}
+
+fn ip(text: &str) -> Option<IpAddr> {
+    Some(text.parse().unwrap())
+}
+
+#[test]
+fn proxies_with_identity_headers_and_drops_spoofed_ones() {
+    let (gw, upstream) = start();
+    let r = gw.get(
+        "/v1/orders/17?full=1",
+        &[
+            A1,
+            ("x-tenant-id", "victim"),
+            ("x-credential-id", "victim-ci"),
+            ("x-route-class", "admin"),
+        ],
+    );
+    assert_eq!(r.status, 200, "{}", gw.log());
+    assert_eq!(r.json()["path"], "/v1/orders/17?full=1");
+    assert_eq!(r.upstream_saw("x-tenant-id"), ["acme"]);
+    assert_eq!(r.upstream_saw("x-credential-id"), ["a1"]);
+    assert_eq!(r.upstream_saw("x-route-class"), ["api"]);
+    assert_eq!(r.upstream_saw("x-forwarded-for"), ["127.0.0.1"]);
+    assert_eq!(r.upstream_saw("authorization"), ["Bearer key-a1"]);
+    assert_eq!(upstream.hits(), 1);
+
+    // A trusted proxy's chain is kept and the peer appended.
+    let r = gw.get("/v1/x", &[B1, ("x-forwarded-for", "198.51.100.9")]);
+    assert_eq!(
+        r.upstream_saw("x-forwarded-for"),
+        ["198.51.100.9, 127.0.0.1"]
+    );
+}
+
+#[test]
+fn missing_and_unknown_keys_get_the_same_401() {
+    let (gw, upstream) = start();
+    let missing = gw.get("/v1/x", &[]);
+    let unknown = gw.get("/v1/x", &[("authorization", "Bearer nope")]);
+    let wrong_scheme = gw.get("/v1/x", &[("authorization", "Basic a2V5LWExOg==")]);
+    for r in [&missing, &unknown, &wrong_scheme] {
+        assert_eq!(r.status, 401);
+        assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert_eq!(r.header("cache-control"), Some("no-store"));
+        assert_eq!(r.body, missing.body);
+    }
+    assert_eq!(missing.json()["status"], 401);
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[test]
+fn denied_addresses_get_403_directly_or_through_a_trusted_proxy() {
+    let (gw, upstream) = start();
+    let direct = request(gw.addr, ip("127.0.0.66"), "GET", "/v1/x", &[A1]);
+    assert_eq!(direct.status, 403);
+    assert_eq!(direct.json()["title"], "Forbidden");
+    let forwarded = request(
+        gw.addr,
+        ip("127.0.0.1"),
+        "GET",
+        "/v1/x",
+        &[A1, ("x-forwarded-for", "127.0.0.66")],
+    );
+    assert_eq!(forwarded.status, 403);
+    // An untrusted peer cannot borrow a denied (or any) address.
+    let spoof = request(
+        gw.addr,
+        ip("127.0.0.5"),
+        "GET",
+        "/v1/x",
+        &[A1, ("x-forwarded-for", "127.0.0.66")],
+    );
+    assert_eq!(spoof.status, 200);
+    assert_eq!(upstream.hits(), 1);
+}
+
+#[test]
+fn unmatched_paths_and_dot_segments_get_404() {
+    let (gw, upstream) = start();
+    for path in ["/nope", "/v1/../teapot", "/v1/%2e%2e/teapot", "/v1/./x"] {
+        let r = gw.get(path, &[A1]);
+        assert_eq!(r.status, 404, "{path}");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+    // Methods are part of the match: DELETE on the GET-only reports route
+    // falls through to the catch-all.
+    let r = request(gw.addr, None, "DELETE", "/v1/tenants/t/reports/1", &[A1]);
+    assert_eq!(r.upstream_saw("x-route-class"), ["api"]);
+    // Collapsed slashes still match.
+    assert_eq!(gw.get("//teapot", &[A1]).status, 418);
+    assert_eq!(upstream.hits(), 1);
+}
+
+#[test]
+fn the_burst_is_followed_by_429_with_an_exact_retry_after() {
+    let (gw, upstream) = start();
+    for i in 0..5 {
+        assert_eq!(gw.get("/v1/mine", &[A2]).status, 200, "request {i}");
+    }
+    let r = gw.get("/v1/mine", &[A2]);
+    assert_eq!(r.status, 429);
+    // One token at 0.25 tokens per second: four seconds.
+    assert_eq!(r.header("retry-after"), Some("4"));
+    assert_eq!(r.header("cache-control"), Some("no-store"));
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let body = r.json();
+    assert_eq!(body["status"], 429);
+    assert_eq!(
+        body["violated-policies"],
+        serde_json::json!(["per-credential"])
+    );
+    assert_eq!(upstream.hits(), 5);
+    // Another credential is unaffected.
+    assert_eq!(gw.get("/v1/mine", &[B1]).status, 200);
+}
+
+#[test]
+fn weighted_requests_spend_their_cost() {
+    let (gw, upstream) = start();
+    for _ in 0..3 {
+        assert_eq!(
+            request(gw.addr, None, "POST", "/v1/export", &[B1]).status,
+            200
+        );
+    }
+    // 9 of 10 spent: another export (3) does not fit, a cheap call (1) does.
+    let denied = request(gw.addr, None, "POST", "/v1/export", &[B1]);
+    assert_eq!(denied.status, 429);
+    assert_eq!(
+        denied.json()["violated-policies"],
+        serde_json::json!(["weighted"])
+    );
+    assert_eq!(gw.get("/v1/cheap", &[B1]).status, 200);
+    assert_eq!(gw.get("/v1/cheap", &[B1]).status, 429);
+    assert_eq!(upstream.hits(), 4);
+}
+
+#[test]
+fn a_request_denied_by_one_limit_charges_none_of_the_others() {
+    let (gw, _upstream) = start();
+    let reports = "/v1/tenants/acme/reports/1";
+    for _ in 0..5 {
+        assert_eq!(gw.get(reports, &[A1]).status, 200);
+    }
+    // a1's own limit is spent; the tenant (5 of 7 used) must not be charged
+    // for the denied attempts.
+    for _ in 0..3 {
+        let r = gw.get(reports, &[A1]);
+        assert_eq!(r.status, 429);
+        assert_eq!(
+            r.json()["violated-policies"],
+            serde_json::json!(["per-credential"])
+        );
+    }
+    assert_eq!(gw.get(reports, &[A2]).status, 200);
+    assert_eq!(gw.get(reports, &[A2]).status, 200);
+    // Now the tenant is spent: a2 is denied by it, and its own credential
+    // budget (2 of 5 used) is left as it was.
+    for _ in 0..4 {
+        let r = gw.get(reports, &[A2]);
+        assert_eq!(r.status, 429);
+        assert_eq!(
+            r.json()["violated-policies"],
+            serde_json::json!(["per-tenant"])
+        );
+    }
+    let mine: Vec<u16> = (0..4).map(|_| gw.get("/v1/mine", &[A2]).status).collect();
+    assert_eq!(mine, [200, 200, 200, 429]);
+}
+
+#[test]
+fn shadow_limits_never_deny() {
+    let (gw, upstream) = start();
+    for _ in 0..5 {
+        assert_eq!(gw.get("/v1/shadowed", &[B1]).status, 200);
+    }
+    assert_eq!(upstream.hits(), 5);
+}
+
+#[test]
+fn pre_auth_limits_key_by_the_resolved_client_ip() {
+    let (gw, _upstream) = start();
+    let untrusted = ip("127.0.0.2");
+    // Bad keys are charged to the address before they get their 401, and a
+    // spoofed x-forwarded-for from an untrusted peer changes nothing.
+    for spoof in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
+        let r = request(
+            gw.addr,
+            untrusted,
+            "GET",
+            "/guarded/a",
+            &[("authorization", "Bearer bad"), ("x-forwarded-for", spoof)],
+        );
+        assert_eq!(r.status, 401);
+    }
+    let r = request(
+        gw.addr,
+        untrusted,
+        "GET",
+        "/guarded/a",
+        &[A1, ("x-forwarded-for", "203.0.113.4")],
+    );
+    assert_eq!(r.status, 429, "the address is spent whatever the key");
+    assert_eq!(
+        r.json()["violated-policies"],
+        serde_json::json!(["strict-ip"])
+    );
+    assert_eq!(
+        request(gw.addr, ip("127.0.0.3"), "GET", "/guarded/a", &[A1]).status,
+        200
+    );
+
+    // Through the trusted proxy each forwarded client has its own budget.
+    let trusted = ip("127.0.0.1");
+    let from = |client: &str| {
+        request(
+            gw.addr,
+            trusted,
+            "GET",
+            "/guarded/a",
+            &[A1, ("x-forwarded-for", client)],
+        )
+        .status
+    };
+    let first: Vec<u16> = (0..4).map(|_| from("198.51.100.7")).collect();
+    assert_eq!(first, [200, 200, 200, 429]);
+    assert_eq!(from("198.51.100.8"), 200);
+}
+
+#[test]
+fn direct_responses_never_reach_the_upstream() {
+    let (gw, upstream) = start();
+    let r = gw.get("/teapot", &[A1]);
+    assert_eq!(r.status, 418);
+    assert_eq!(r.body, "short and stout");
+    assert_eq!(r.header("content-type"), Some("text/plain"));
+    let h = gw.get("/healthz", &[]);
+    assert_eq!((h.status, h.body.as_str()), (200, "ok\n"));
+    assert_eq!(
+        gw.get("/teapot", &[]).status,
+        401,
+        "direct routes still authenticate"
+    );
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[test]
+fn draft_ratelimit_headers_describe_the_tightest_limit() {
+    let (gw, _upstream) = start();
+    let r = gw.get("/v1/mine", &[B1]);
+    assert_eq!(r.status, 200);
+    // Capacity 5 refilling 0.25/s: a 20 s period; one token back in 4 s.
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some("\"per-credential\";q=5;w=20")
+    );
+    assert_eq!(r.header("ratelimit"), Some("\"per-credential\";r=4;t=4"));
+}

@@ -1,0 +1,297 @@
+//! Test helpers: the real `tollgate` binary on free loopback ports, a real
+//! upstream HTTP server that echoes what it received, and a minimal HTTP/1.1
+//! client that can connect from a chosen loopback address.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// An upstream that answers every request with 200 and a JSON echo of the
+/// method, path and headers it received, counting requests.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub hits: Arc<AtomicUsize>,
+}
+
+impl Upstream {
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let counter = counter.clone();
+                thread::spawn(move || serve(conn, &counter));
+            }
+        });
+        Self { addr, hits }
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+fn serve(conn: TcpStream, hits: &AtomicUsize) {
+    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+    let mut conn = conn;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = line.split_whitespace();
+        let (method, path) = (
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+        );
+        let mut headers = serde_json::Map::new();
+        let mut length = 0usize;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
+                if k == "content-length" {
+                    length = v.parse().unwrap_or(0);
+                }
+                let slot = headers
+                    .entry(k)
+                    .or_insert_with(|| serde_json::Value::Array(vec![]));
+                slot.as_array_mut().unwrap().push(v.into());
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        hits.fetch_add(1, Ordering::SeqCst);
+        let echo =
+            serde_json::json!({ "method": method, "path": path, "headers": headers }).to_string();
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{echo}",
+            echo.len()
+        );
+        if conn.write_all(reply.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// A response as the client saw it.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// Values of a request header as the upstream echo saw them.
+    pub fn upstream_saw(&self, header: &str) -> Vec<String> {
+        self.json()["headers"][header]
+            .as_array()
+            .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// One request on a fresh connection, optionally from a chosen local address.
+pub fn request(
+    to: SocketAddr,
+    from: Option<IpAddr>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let mut stream = connect(to, from);
+    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    stream.write_all(req.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    parse(&raw)
+}
+
+pub fn get(to: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    request(to, None, "GET", path, headers)
+}
+
+fn connect(to: SocketAddr, from: Option<IpAddr>) -> TcpStream {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    if let Some(ip) = from {
+        socket
+            .bind(&SocketAddr::new(ip, 0).into())
+            .expect("bind client");
+    }
+    socket
+        .connect_timeout(&to.into(), Duration::from_secs(5))
+        .expect("connect");
+    let stream: TcpStream = socket.into();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+}
+
+fn parse(raw: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end: {text}"));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    out
+}
+
+/// The real binary serving a policy; stopped on drop.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub config: PathBuf,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Gateway {
+    /// Starts `tollgate run` on a policy; `{listen}`, `{admin}` and
+    /// `{upstream}` in the text are replaced by the chosen addresses.
+    pub fn start(policy: &str, upstream: Option<&Upstream>) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let upstream = upstream.map_or("127.0.0.1:9".to_string(), |u| u.addr.to_string());
+        let text = policy
+            .replace("{listen}", &addr.to_string())
+            .replace("{admin}", &admin.to_string())
+            .replace("{upstream}", &upstream);
+        let config = dir.path().join("policy.yaml");
+        std::fs::write(&config, text).expect("write policy");
+        let log = std::fs::File::create(dir.path().join("gateway.log")).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn tollgate");
+        let mut gw = Gateway {
+            addr,
+            admin,
+            config,
+            child,
+            _dir: dir,
+        };
+        gw.wait_ready();
+        gw
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("tollgate exited with {status}: {}", self.log());
+            }
+            let up =
+                TcpStream::connect(self.addr).is_ok() && TcpStream::connect(self.admin).is_ok();
+            if up && get(self.admin, "/healthz", &[]).status == 200 {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!("tollgate did not become ready: {}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("gateway.log")).unwrap_or_default()
+    }
+
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        get(self.addr, path, headers)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The SHA-256 hex of a raw key, as the policy lists it.
+pub fn digest(raw: &str) -> String {
+    hex::encode(tollgate::auth::digest(raw.as_bytes()))
+}
