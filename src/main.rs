@@ -116,8 +116,11 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
 
     let conf = ServerConf {
         threads: server_settings.threads,
-        grace_period_seconds: Some(0),
-        graceful_shutdown_timeout_seconds: Some(server_settings.shutdown_grace.as_secs()),
+        // After SIGTERM the listeners close at once and requests in flight
+        // have the grace period to finish; then the runtimes get a last
+        // second before they are torn down.
+        grace_period_seconds: Some(server_settings.shutdown_grace.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);

@@ -285,10 +285,8 @@ impl ProxyHttp for Gateway {
                 ErrorSource::Internal | ErrorSource::Unset => 500,
             },
         };
-        if code == 502 {
-            let _ = reject(session, &Rejection::BadGateway, ctx).await;
-        } else if code > 0 {
-            let _ = session.respond_error(code).await;
+        if code > 0 {
+            let _ = reject(session, &Rejection::ProxyFailed { status: code }, ctx).await;
         }
         FailToProxy {
             error_code: code,

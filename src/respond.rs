@@ -27,8 +27,9 @@ pub enum Rejection {
     StoreUnavailable { retry_after: u64 },
     /// The upstream pool has no room within its queue bound.
     Overloaded { retry_after: u64 },
-    /// The upstream could not be reached or failed mid-response.
-    BadGateway,
+    /// The upstream could not be reached or failed (502), or the request
+    /// could not be proxied for another reason (its own status: 400, 500…).
+    ProxyFailed { status: u16 },
 }
 
 impl Rejection {
@@ -38,7 +39,7 @@ impl Rejection {
             Rejection::Forbidden => 403,
             Rejection::NotFound => 404,
             Rejection::RateLimited { .. } => 429,
-            Rejection::BadGateway => 502,
+            Rejection::ProxyFailed { status } => *status,
             Rejection::StoreUnavailable { .. } | Rejection::Overloaded { .. } => 503,
         }
     }
@@ -52,11 +53,14 @@ impl Rejection {
             Rejection::RateLimited { .. } => "limited",
             Rejection::StoreUnavailable { .. } => "store_unavailable",
             Rejection::Overloaded { .. } => "overloaded",
-            Rejection::BadGateway => "upstream_error",
+            Rejection::ProxyFailed { .. } => "upstream_error",
         }
     }
 
     fn problem(&self) -> (&'static str, &'static str, String) {
+        if let Rejection::ProxyFailed { status } = self {
+            return proxy_failure(*status);
+        }
         match self {
             Rejection::Unauthorized => (
                 "unauthorized",
@@ -91,11 +95,7 @@ impl Rejection {
                 "Service Unavailable",
                 "The service is at capacity.".into(),
             ),
-            Rejection::BadGateway => (
-                "bad-gateway",
-                "Bad Gateway",
-                "The upstream service did not answer.".into(),
-            ),
+            Rejection::ProxyFailed { .. } => proxy_failure(500),
         }
     }
 
@@ -141,6 +141,26 @@ impl Rejection {
             extra.apply(&mut h)?;
         }
         Ok(h)
+    }
+}
+
+fn proxy_failure(status: u16) -> (&'static str, &'static str, String) {
+    match status {
+        502 => (
+            "bad-gateway",
+            "Bad Gateway",
+            "The upstream service did not answer.".into(),
+        ),
+        400..=499 => (
+            "bad-request",
+            "Bad Request",
+            "The request could not be read.".into(),
+        ),
+        _ => (
+            "internal-error",
+            "Internal Server Error",
+            "The gateway could not process the request.".into(),
+        ),
     }
 }
 

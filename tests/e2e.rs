@@ -311,3 +311,32 @@ fn draft_ratelimit_headers_describe_the_tightest_limit() {
     );
     assert_eq!(r.header("ratelimit"), Some("\"per-credential\";r=4;t=4"));
 }
+
+#[test]
+fn servers_of_a_pool_take_turns_and_a_dead_pool_gets_a_502_problem() {
+    let (one, two) = (Upstream::start(), Upstream::start());
+    let dead = support::free_port();
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+upstreams:
+  pair: {{ servers: ["{}", "{}"] }}
+  dead: {{ servers: ["127.0.0.1:{dead}"], connect_timeout_ms: 500 }}
+routes:
+  - {{ name: dead, path: /dead, auth: none, upstream: dead }}
+  - {{ name: pair, path: "/**", auth: none, upstream: pair }}
+"#,
+        one.addr, two.addr
+    );
+    let gw = Gateway::start(&policy, None);
+    for _ in 0..6 {
+        assert_eq!(gw.get("/x", &[]).status, 200);
+    }
+    assert_eq!((one.hits(), two.hits()), (3, 3));
+    let r = gw.get("/dead", &[]);
+    assert_eq!(r.status, 502);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(r.header("cache-control"), Some("no-store"));
+    assert_eq!(r.json()["title"], "Bad Gateway");
+}

@@ -1,0 +1,60 @@
+# tollgate container image.
+#
+#   docker build -t tollgate .
+#   docker run --rm -p 8080:8080 -v "$PWD/my-policy:/etc/tollgate:ro" tollgate
+#
+# The mounted directory holds tollgate.yaml (and its keys file, if any). The
+# policy must listen on 0.0.0.0:8080 to be reachable through the published
+# port, and set admin_listen to 127.0.0.1:9091 or 0.0.0.0:9091 for the health
+# check below.
+
+# --- build ------------------------------------------------------------------
+FROM rust:1-bookworm AS build
+
+# Same system packages as the Makefile's build: cmake builds Pingora's zlib-ng.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends cmake \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /src
+
+# Fetch dependencies in their own layer, so that source edits do not
+# download them again. The stub sources only satisfy the manifest.
+COPY Cargo.toml Cargo.lock ./
+RUN mkdir src \
+ && touch src/lib.rs \
+ && echo 'fn main() {}' > src/main.rs \
+ && cargo fetch --locked \
+ && rm -rf src
+
+COPY src ./src
+RUN cargo build --release --locked --bin tollgate \
+ && install -D -m 0755 target/release/tollgate /out/tollgate
+
+# --- runtime ----------------------------------------------------------------
+FROM debian:bookworm-slim
+
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system tollgate \
+ && useradd --system --gid tollgate --home-dir /nonexistent --no-create-home \
+      --shell /usr/sbin/nologin tollgate \
+ && mkdir -p /etc/tollgate
+
+COPY --from=build /out/tollgate /usr/local/bin/tollgate
+
+VOLUME ["/etc/tollgate"]
+# 8080: client traffic; 9091: admin (/healthz, /readyz).
+EXPOSE 8080 9091
+
+USER tollgate
+
+# Liveness from the admin listener, with bash's /dev/tcp: no HTTP client
+# needs to be installed in the image.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+  CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9091 && printf 'GET /healthz HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n' >&3 && head -n 1 <&3 | grep -q ' 200 '"]
+
+# SIGTERM (docker stop) shuts down gracefully.
+ENTRYPOINT ["tollgate"]
+CMD ["run", "--config", "/etc/tollgate/tollgate.yaml"]
