@@ -8,10 +8,11 @@ use http::Response;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
+use crate::config::OnStoreError;
 use crate::runtime::Runtime;
 
-/// Serves `/healthz` (the process is alive) and `/readyz` (a policy is
-/// loaded and the gateway can decide limits).
+/// Serves `/healthz` (the process is alive), `/readyz` (a policy is loaded
+/// and the store answers, or no limit needs it) and `/metrics`.
 pub struct Admin {
     live: Arc<ArcSwap<Runtime>>,
 }
@@ -33,6 +34,14 @@ fn text(status: u16, body: String) -> Response<Vec<u8>> {
         .unwrap_or_default()
 }
 
+/// Whether every shared limit can decide without the store.
+fn every_limit_has_a_fallback(rt: &Runtime) -> bool {
+    rt.policy
+        .limits
+        .iter()
+        .all(|l| l.local || l.on_store_error != OnStoreError::Closed)
+}
+
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
@@ -40,7 +49,21 @@ impl ServeHttp for Admin {
             "/healthz" => text(200, "ok\n".into()),
             "/readyz" => {
                 let rt = self.live.load();
-                text(200, format!("ready: policy {}\n", rt.policy.policy_version))
+                if rt.limiter.store_healthy() || every_limit_has_a_fallback(&rt) {
+                    text(200, format!("ready: policy {}\n", rt.policy.policy_version))
+                } else {
+                    text(503, "not ready: the limit store is unreachable\n".into())
+                }
+            }
+            "/metrics" => {
+                let rt = self.live.load();
+                let body = rt.metrics.render();
+                Response::builder()
+                    .status(200)
+                    .header("content-type", "text/plain; version=0.0.4")
+                    .header("content-length", body.len())
+                    .body(body)
+                    .unwrap_or_default()
             }
             _ => text(404, "not found\n".into()),
         }

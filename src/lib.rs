@@ -7,6 +7,7 @@ pub mod client_ip;
 pub mod clock;
 pub mod config;
 pub mod limits;
+pub mod metrics;
 pub mod pools;
 pub mod proxy;
 pub mod respond;

@@ -14,8 +14,13 @@ use pingora::server::Server;
 use pingora::services::listening::Service;
 
 use tollgate::admin::Admin;
-use tollgate::config;
+use tollgate::config::{self, Backend, StoreSettings};
+use tollgate::limits::breaker::Breaker;
+use tollgate::limits::keys::KeyHasher;
+use tollgate::limits::limiter::{Limiter, Shared};
 use tollgate::limits::memory::MemoryStore;
+use tollgate::limits::redis::RedisStore;
+use tollgate::metrics::Metrics;
 use tollgate::proxy::Gateway;
 use tollgate::runtime::Runtime;
 
@@ -126,8 +131,20 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
-    let local = Arc::new(MemoryStore::default());
-    let live = Arc::new(ArcSwap::from_pointee(Runtime::new(policy, local)));
+    let metrics = Arc::new(Metrics::new());
+    metrics
+        .config_info
+        .with_label_values(&[policy.policy_version.as_str()])
+        .set(1);
+    let shared = shared_store(&policy.store)?;
+    let limiter = Arc::new(Limiter::new(
+        Arc::new(MemoryStore::default()),
+        shared,
+        metrics.clone(),
+    ));
+    let live = Arc::new(ArcSwap::from_pointee(Runtime::new(
+        policy, limiter, metrics,
+    )));
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
@@ -145,4 +162,37 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         server.add_service(admin);
     }
     server.run_forever()
+}
+
+/// The shared store the policy asks for, with its guards.
+fn shared_store(settings: &StoreSettings) -> anyhow::Result<Option<Shared>> {
+    match settings.backend {
+        Backend::Memory => Ok(None),
+        Backend::RedisCluster => {
+            anyhow::bail!(
+                "store.backend: redis_cluster is not supported by this build yet; use redis"
+            )
+        }
+        Backend::Redis => {
+            let secret = std::env::var(&settings.key_secret_env)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .with_context(|| {
+                    format!(
+                        "store.key_secret_env: environment variable {} is not set; \
+                         the redis backend needs it to hash identities in store keys",
+                        settings.key_secret_env
+                    )
+                })?;
+            let keys = KeyHasher::new(&settings.key_prefix, secret.as_bytes());
+            let store = RedisStore::new(&settings.urls[0], keys, settings.timeout)
+                .map_err(|e| anyhow::anyhow!("store.urls[0]: {e}"))?;
+            Ok(Some(Shared {
+                store: Arc::new(store),
+                breaker: Breaker::new(settings.failure_threshold, settings.open_for),
+                timeout: settings.timeout,
+                instances: settings.expected_instances,
+            }))
+        }
+    }
 }

@@ -15,8 +15,8 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::auth::{self, Credential};
 use crate::client_ip;
-use crate::config::{LimitId, PlanId, PoolId, Target};
-use crate::limits::{combine, Charge, Decision, Identity};
+use crate::config::{LimitId, Mode, PlanId, PoolId, Target};
+use crate::limits::{combine, Charge, Decision, Identity, Source, Verdict};
 use crate::respond::{RateHeaders, Rejection};
 use crate::routes::normalize_path;
 use crate::runtime::Runtime;
@@ -33,6 +33,9 @@ pub struct RequestCtx {
     credential: Option<Arc<Credential>>,
     pool: Option<PoolId>,
     rate_headers: Option<RateHeaders>,
+    /// The `outcome` label of `tollgate_requests_total`.
+    outcome: &'static str,
+    upstream_started: Option<std::time::Instant>,
 }
 
 /// What an admitted request does next.
@@ -64,7 +67,13 @@ fn peer_ip(addr: Option<&PeerAddr>) -> IpAddr {
 
 /// Runs the request path up to (not including) pool admission: client IP,
 /// IP rules, route, pre-auth limits, authentication, request limits.
-pub fn admit(
+///
+/// Authentication is a local table lookup, so it runs before the limits and
+/// both limit groups go to the store in one call; its result is acted on
+/// only after the pre-auth limits, so callers observe the design's order: a
+/// request denied by its IP limit gets 429 whatever its key, and a bad key
+/// is charged to its IP before it gets 401.
+pub async fn admit(
     rt: &Runtime,
     peer: IpAddr,
     req: &RequestHeader,
@@ -83,27 +92,46 @@ pub fn admit(
         .ok_or(Rejection::NotFound)?;
     ctx.route = Some(route.name.clone());
 
-    let mut who = Identity {
-        ip: Some(client_ip::key_network(ip, policy.client_ip.ipv6_prefix)),
-        credential: None,
-        tenant: None,
-        route: &route.name,
-    };
-    limit(rt, &route.pre_auth, &who, None, route.cost, ctx)?;
-
     let credential = if route.auth_required {
-        let found = auth::presented_key(&req.headers, &policy.auth.header)
-            .and_then(|key| policy.auth.keys.verify(key));
-        Some(found.ok_or(Rejection::Unauthorized)?)
+        auth::presented_key(&req.headers, &policy.auth.header)
+            .and_then(|key| policy.auth.keys.verify(key))
     } else {
         None
     };
+    let authenticated = !route.auth_required || credential.is_some();
+    let who = Identity {
+        ip: Some(client_ip::key_network(ip, policy.client_ip.ipv6_prefix)),
+        credential: credential.as_deref().map(|c| c.id.as_ref()),
+        tenant: credential.as_deref().map(|c| c.tenant.as_ref()),
+        route: &route.name,
+    };
     let plan = credential.as_ref().and_then(|c| c.plan);
-    if let Some(c) = &credential {
-        who.credential = Some(&c.id);
-        who.tenant = Some(&c.tenant);
+    let mut charges = build_charges(rt, &route.pre_auth, &who, None, route.cost, PRE_AUTH);
+    if authenticated {
+        charges.extend(build_charges(
+            rt,
+            &route.request,
+            &who,
+            plan,
+            route.cost,
+            REQUEST,
+        ));
     }
-    limit(rt, &route.request, &who, plan, route.cost, ctx)?;
+    let verdicts = if charges.is_empty() {
+        Vec::new()
+    } else {
+        rt.limiter.decide(&charges).await
+    };
+    record_decisions(rt, &charges, &verdicts);
+    if policy.ratelimit_headers {
+        ctx.rate_headers = RateHeaders::most_constrained(&charges, &verdicts);
+    }
+
+    check_group(rt, &charges, &verdicts, PRE_AUTH)?;
+    if !authenticated {
+        return Err(Rejection::Unauthorized);
+    }
+    check_group(rt, &charges, &verdicts, REQUEST)?;
     ctx.credential = credential;
 
     Ok(match &route.target {
@@ -123,39 +151,46 @@ pub fn admit(
     })
 }
 
-/// Decides one set of limits all-or-nothing.
-fn limit(
+/// Limit groups: pre-authentication limits are decided (and charged) first.
+const PRE_AUTH: u8 = 0;
+const REQUEST: u8 = 1;
+
+fn build_charges(
     rt: &Runtime,
     ids: &[LimitId],
     who: &Identity<'_>,
     plan: Option<PlanId>,
     cost: u64,
-    ctx: &mut RequestCtx,
-) -> Result<(), Rejection> {
-    if ids.is_empty() {
-        return Ok(());
-    }
+    group: u8,
+) -> Vec<Charge> {
     let policy = &rt.policy;
-    let charges: Vec<Charge> = ids
-        .iter()
+    ids.iter()
         .map(|&id| {
             let l = &policy.limits[id];
+            let tenant_scoped = l.key.tenant || l.key.credential;
             Charge {
                 limit: id,
                 name: l.name.clone(),
                 params: policy.params(id, plan),
                 key: who.key(&l.name, l.key),
+                tenant: who.tenant.filter(|_| tenant_scoped).map(Arc::from),
                 cost,
-                enforce: l.mode == crate::config::Mode::Enforce,
+                enforce: l.mode == Mode::Enforce,
+                group,
+                local: l.local,
+                on_store_error: l.on_store_error,
             }
         })
-        .collect();
-    let verdicts = rt.local.decide_now(&charges);
-    if policy.ratelimit_headers {
-        ctx.rate_headers =
-            RateHeaders::most_constrained(&charges, &verdicts).or(ctx.rate_headers.take());
-    }
-    match combine(&charges, &verdicts) {
+        .collect()
+}
+
+fn check_group(
+    rt: &Runtime,
+    charges: &[Charge],
+    verdicts: &[Verdict],
+    group: u8,
+) -> Result<(), Rejection> {
+    match combine(charges, verdicts, group) {
         Decision::Allow => Ok(()),
         Decision::Deny {
             violated,
@@ -164,6 +199,27 @@ fn limit(
             violated,
             retry_after,
         }),
+        Decision::Unavailable => Err(Rejection::StoreUnavailable {
+            retry_after: rt.limiter.unavailable_retry_after(),
+        }),
+    }
+}
+
+/// Counts every limit decision by limit and outcome.
+fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
+    for (c, v) in charges.iter().zip(verdicts) {
+        let outcome = match (v.source, v.allowed, c.enforce) {
+            (Source::FailOpen, ..) => "fail_open",
+            (Source::FailClosed, ..) => "fail_closed",
+            (Source::Fallback, ..) => "local_fallback",
+            (Source::Store, true, _) => "allowed",
+            (Source::Store, false, true) => "limited",
+            (Source::Store, false, false) => "shadow_limited",
+        };
+        rt.metrics
+            .limit_decisions
+            .with_label_values(&[c.name.as_ref(), outcome])
+            .inc();
     }
 }
 
@@ -193,7 +249,12 @@ impl ProxyHttp for Gateway {
         let rt = self.live.load_full();
         ctx.runtime = Some(rt.clone());
         let peer = peer_ip(session.client_addr());
-        match admit(&rt, peer, session.req_header(), ctx) {
+        let admitted = admit(&rt, peer, session.req_header(), ctx).await;
+        ctx.outcome = match &admitted {
+            Ok(_) => "allowed",
+            Err(rejection) => rejection.outcome(),
+        };
+        match admitted {
             Ok(Admitted::Forward(_)) => Ok(false),
             Ok(Admitted::Respond {
                 status,
@@ -228,6 +289,7 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::ConnectNoRoute, "pool has no servers");
         };
         let upstream = &rt.policy.upstreams[pool];
+        ctx.upstream_started = Some(std::time::Instant::now());
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(upstream.connect_timeout);
         peer.options.read_timeout = Some(upstream.read_timeout);
@@ -296,6 +358,21 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        if let Some(rt) = &ctx.runtime {
+            let route = ctx.route.as_deref().unwrap_or("unmatched");
+            if !ctx.outcome.is_empty() {
+                rt.metrics
+                    .requests
+                    .with_label_values(&[route, ctx.outcome])
+                    .inc();
+            }
+            if let Some(started) = ctx.upstream_started {
+                rt.metrics
+                    .upstream_seconds
+                    .with_label_values(&[route])
+                    .observe(started.elapsed().as_secs_f64());
+            }
+        }
         tracing::debug!(
             route = ctx.route.as_deref().unwrap_or("-"),
             status,

@@ -4,23 +4,27 @@
 use std::sync::Arc;
 
 use crate::config::Policy;
-use crate::limits::memory::MemoryStore;
+use crate::limits::limiter::Limiter;
+use crate::metrics::Metrics;
 use crate::pools::Pool;
 
 /// One live policy with its state. Requests hold an `Arc` of it from start
 /// to finish, so a request always completes under the policy it began with.
+/// The limiter and metrics outlive policies: limit state survives a reload.
 pub struct Runtime {
     pub policy: Policy,
-    pub local: Arc<MemoryStore>,
+    pub limiter: Arc<Limiter>,
+    pub metrics: Arc<Metrics>,
     pub pools: Vec<Pool>,
 }
 
 impl Runtime {
-    pub fn new(policy: Policy, local: Arc<MemoryStore>) -> Self {
+    pub fn new(policy: Policy, limiter: Arc<Limiter>, metrics: Arc<Metrics>) -> Self {
         let pools = policy.upstreams.iter().map(Pool::new).collect();
         Self {
             policy,
-            local,
+            limiter,
+            metrics,
             pools,
         }
     }

@@ -37,6 +37,15 @@ pub struct Bucket {
     pub per_ms: u64,
 }
 
+impl Bucket {
+    fn share(self, n: u64) -> Self {
+        Self {
+            capacity: (self.capacity / n).max(MICRO),
+            per_ms: (self.per_ms / n).max(1),
+        }
+    }
+}
+
 /// Limit and length of a window-based limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Window {
@@ -44,6 +53,15 @@ pub struct Window {
     pub limit: u64,
     /// Window length in milliseconds.
     pub window_ms: u64,
+}
+
+impl Window {
+    fn share(self, n: u64) -> Self {
+        Self {
+            limit: (self.limit / n).max(1),
+            ..self
+        }
+    }
 }
 
 /// Per-key state. Each variant belongs to the algorithm of the same name.
@@ -61,7 +79,6 @@ pub enum State {
     Log {
         entries: VecDeque<(u64, u64)>,
         total: u64,
-        last: u64,
     },
 }
 
@@ -108,6 +125,20 @@ impl Params {
         }
     }
 
+    /// This instance's share of the budget when `instances` gateways each
+    /// enforce it alone (the local fallback while the store is failing).
+    /// Never less than one token, one request per window.
+    pub fn share(&self, instances: u32) -> Params {
+        let n = u64::from(instances.max(1));
+        match *self {
+            Params::TokenBucket(b) => Params::TokenBucket(b.share(n)),
+            Params::Gcra(b) => Params::Gcra(b.share(n)),
+            Params::FixedWindow(w) => Params::FixedWindow(w.share(n)),
+            Params::SlidingWindow(w) => Params::SlidingWindow(w.share(n)),
+            Params::SlidingLog(w) => Params::SlidingLog(w.share(n)),
+        }
+    }
+
     /// A key that was never seen (or has expired): buckets full, windows empty.
     pub fn fresh(&self, now: u64) -> State {
         match self {
@@ -128,7 +159,6 @@ impl Params {
             Params::SlidingLog(_) => State::Log {
                 entries: VecDeque::new(),
                 total: 0,
-                last: now,
             },
         }
     }
@@ -182,17 +212,10 @@ impl Params {
                     (*prev, *curr) = (*curr, 0);
                 }
             }
-            (
-                Params::SlidingLog(w),
-                State::Log {
-                    entries,
-                    total,
-                    last,
-                },
-            ) => {
-                *last = now.max(*last);
+            (Params::SlidingLog(w), State::Log { entries, total }) => {
+                let now = log_now(entries, now);
                 while let Some(&(at, cost)) = entries.front() {
-                    if at + w.window_ms > *last {
+                    if at + w.window_ms > now {
                         break;
                     }
                     entries.pop_front();
@@ -220,14 +243,9 @@ impl Params {
             (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
                 check_sliding(w, *curr, *prev, cost, now.max(*start) - *start)
             }
-            (
-                Params::SlidingLog(w),
-                State::Log {
-                    entries,
-                    total,
-                    last,
-                },
-            ) => check_log(w, entries, *total, cost, *last),
+            (Params::SlidingLog(w), State::Log { entries, total }) => {
+                check_log(w, entries, *total, cost, log_now(entries, now))
+            }
             (params, _) => params.check(&params.fresh(now), cost, now),
         }
     }
@@ -245,16 +263,46 @@ impl Params {
             }
             (Params::FixedWindow(_), State::Window { count, .. })
             | (Params::SlidingWindow(_), State::Sliding { curr: count, .. }) => *count += cost,
-            (
-                Params::SlidingLog(_),
-                State::Log {
-                    entries,
-                    total,
-                    last,
-                },
-            ) => {
-                entries.push_back((now.max(*last), cost));
+            (Params::SlidingLog(_), State::Log { entries, total }) => {
+                entries.push_back((log_now(entries, now), cost));
                 *total += cost;
+            }
+            _ => {}
+        }
+    }
+
+    /// Gives back `cost` charged at `spent_at` by a decision that was then
+    /// undone (another part of the same all-or-nothing decision denied).
+    /// Nothing grows beyond its initial state; a window that has rolled
+    /// since the charge is left alone.
+    pub fn refund(&self, state: &mut State, cost: u64, spent_at: u64, now: u64) {
+        self.refresh(state, now);
+        match (self, state) {
+            (Params::TokenBucket(b), State::Bucket { balance, .. }) => {
+                *balance = (*balance + cost * MICRO).min(b.capacity);
+            }
+            (Params::Gcra(b), State::Gcra { tat, frac }) => {
+                let debt = gcra_debt(b, *tat, *frac, now).saturating_sub(cost * MICRO);
+                *tat = now + debt / b.per_ms;
+                *frac = debt % b.per_ms;
+            }
+            (Params::FixedWindow(w), State::Window { start, count })
+                if (*start..*start + w.window_ms).contains(&spent_at) =>
+            {
+                *count = count.saturating_sub(cost);
+            }
+            (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
+                if spent_at >= *start {
+                    *curr = curr.saturating_sub(cost);
+                } else if spent_at + w.window_ms >= *start {
+                    *prev = prev.saturating_sub(cost);
+                }
+            }
+            (Params::SlidingLog(_), State::Log { entries, total }) => {
+                if let Some(i) = entries.iter().rposition(|&e| e == (spent_at, cost)) {
+                    entries.remove(i);
+                    *total -= cost;
+                }
             }
             _ => {}
         }
@@ -373,6 +421,11 @@ fn check_log(w: &Window, entries: &VecDeque<(u64, u64)>, total: u64, cost: u64, 
         }
     }
     Check::deny(left, Some(w.window_ms))
+}
+
+/// A log's clock: never earlier than its newest entry.
+fn log_now(entries: &VecDeque<(u64, u64)>, now: u64) -> u64 {
+    entries.back().map_or(now, |&(at, _)| now.max(at))
 }
 
 fn align(now: u64, window_ms: u64) -> u64 {

@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::algorithm::{Params, State};
-use super::{Charge, LimitStore, StoreError, Verdict};
+use super::{Charge, LimitStore, Source, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
 
 const SHARDS: usize = 16;
@@ -70,75 +70,97 @@ impl<C: Clock> MemoryStore<C> {
         (self.hasher.hash_one(key) as usize) % SHARDS
     }
 
-    /// Decides all charges of one request atomically.
-    pub fn decide_now(&self, charges: &[Charge]) -> Vec<Verdict> {
+    /// Decides one request's charges atomically (see [`LimitStore`]) and
+    /// returns the verdicts with the time they were decided at, which a
+    /// later [`MemoryStore::refund`] needs.
+    pub fn decide_now(&self, charges: &[Charge], blocked_from: u8) -> (Vec<Verdict>, u64) {
         let now = self.clock.now_ms();
         let shard_ids: Vec<usize> = charges.iter().map(|c| self.shard_of(&c.key)).collect();
-        let mut order = shard_ids.clone();
-        order.sort_unstable();
-        order.dedup();
-        // Lock in ascending shard order: no two requests can deadlock.
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
-            .iter()
-            .map(|&i| (i, self.shards[i].lock().unwrap_or_else(|e| e.into_inner())))
-            .collect();
+        let mut guards = self.lock(&shard_ids);
+
         let mut checks = Vec::with_capacity(charges.len());
         for (c, &s) in charges.iter().zip(&shard_ids) {
-            let slots = &mut locked(&mut guards, s).slots;
-            let slot = slots.entry(c.key.clone()).or_insert_with(|| {
-                self.keys.fetch_add(1, Ordering::Relaxed);
-                Slot {
-                    params: c.params,
-                    state: c.params.fresh(now),
-                    expires_at: 0,
-                }
-            });
-            if slot.params != c.params {
-                // A reload or a plan changed the numbers: keep what still fits.
-                let old = std::mem::replace(&mut slot.state, c.params.fresh(now));
-                slot.state = c.params.adopt(old, now);
-                slot.params = c.params;
-            }
+            let slot = self.slot(locked(&mut guards, s), c, now);
             c.params.refresh(&mut slot.state, now);
             checks.push(c.params.check(&slot.state, c.cost, now));
         }
 
-        let gate = charges
-            .iter()
-            .zip(&checks)
-            .all(|(c, k)| !c.enforce || k.allowed);
+        let gate = super::gate(charges, |i| checks[i].allowed, blocked_from);
         let mut verdicts = Vec::with_capacity(charges.len());
         for ((c, &s), check) in charges.iter().zip(&shard_ids).zip(&checks) {
-            let Some(slot) = locked(&mut guards, s).slots.get_mut(&c.key) else {
-                continue;
-            };
-            if gate && check.allowed {
+            let slot = self.slot(locked(&mut guards, s), c, now);
+            let spend = check.allowed && c.group < gate;
+            if spend {
                 c.params.spend(&mut slot.state, c.cost, now);
             }
             let reset_ms = c.params.reset_ms(&slot.state, now);
             slot.expires_at = now + reset_ms + EXPIRY_SLACK_MS;
             verdicts.push(Verdict {
                 allowed: check.allowed,
-                remaining: if gate || !check.allowed {
-                    check.remaining
-                } else {
-                    // Admissible but not charged: what is left is untouched.
-                    check.remaining + c.cost
-                },
+                // Admissible but not charged: what is left is untouched.
+                remaining: check.remaining + if check.allowed && !spend { c.cost } else { 0 },
                 wait_ms: check.wait_ms,
                 reset_ms,
+                source: Source::Store,
             });
         }
         for (_, guard) in guards.iter_mut() {
             guard.decisions += 1;
             if guard.decisions % SWEEP_EVERY == 0 {
-                let before = guard.slots.len();
-                guard.slots.retain(|_, slot| slot.expires_at > now);
-                let removed = (before - guard.slots.len()) as u64;
-                self.keys.fetch_sub(removed, Ordering::Relaxed);
+                self.sweep_shard(guard, now);
             }
         }
-        verdicts
+        (verdicts, now)
+    }
+
+    /// Gives back what [`MemoryStore::decide_now`] charged at `spent_at` for
+    /// these charges (a later part of the same decision denied).
+    pub fn refund(&self, charges: &[Charge], spent_at: u64) {
+        let now = self.clock.now_ms();
+        let shard_ids: Vec<usize> = charges.iter().map(|c| self.shard_of(&c.key)).collect();
+        let mut guards = self.lock(&shard_ids);
+        for (c, &s) in charges.iter().zip(&shard_ids) {
+            if let Some(slot) = locked(&mut guards, s).slots.get_mut(&c.key) {
+                c.params.refund(&mut slot.state, c.cost, spent_at, now);
+            }
+        }
+    }
+
+    /// Locks the given shards in ascending order: no two requests deadlock.
+    fn lock(&self, shard_ids: &[usize]) -> Vec<(usize, MutexGuard<'_, Shard>)> {
+        let mut order = shard_ids.to_vec();
+        order.sort_unstable();
+        order.dedup();
+        order
+            .into_iter()
+            .map(|i| (i, self.shards[i].lock().unwrap_or_else(|e| e.into_inner())))
+            .collect()
+    }
+
+    /// The slot of a charge's key, created fresh or adapted to new numbers.
+    fn slot<'a>(&self, shard: &'a mut Shard, c: &Charge, now: u64) -> &'a mut Slot {
+        let slot = shard.slots.entry(c.key.clone()).or_insert_with(|| {
+            self.keys.fetch_add(1, Ordering::Relaxed);
+            Slot {
+                params: c.params,
+                state: c.params.fresh(now),
+                expires_at: 0,
+            }
+        });
+        if slot.params != c.params {
+            // A reload or a plan changed the numbers: keep what still applies.
+            let old = std::mem::replace(&mut slot.state, c.params.fresh(now));
+            slot.state = c.params.adopt(old, now);
+            slot.params = c.params;
+        }
+        slot
+    }
+
+    fn sweep_shard(&self, shard: &mut Shard, now: u64) {
+        let before = shard.slots.len();
+        shard.slots.retain(|_, slot| slot.expires_at > now);
+        self.keys
+            .fetch_sub((before - shard.slots.len()) as u64, Ordering::Relaxed);
     }
 
     /// Removes every expired key now (tests and memory benchmarks).
@@ -146,10 +168,7 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now_ms();
         for shard in &self.shards {
             let mut guard = shard.lock().unwrap_or_else(|e| e.into_inner());
-            let before = guard.slots.len();
-            guard.slots.retain(|_, slot| slot.expires_at > now);
-            self.keys
-                .fetch_sub((before - guard.slots.len()) as u64, Ordering::Relaxed);
+            self.sweep_shard(&mut guard, now);
         }
     }
 }
@@ -162,8 +181,12 @@ fn locked<'a>(guards: &'a mut [(usize, MutexGuard<'_, Shard>)], i: usize) -> &'a
 
 #[async_trait]
 impl<C: Clock> LimitStore for MemoryStore<C> {
-    async fn decide(&self, charges: &[Charge]) -> Result<Vec<Verdict>, StoreError> {
-        Ok(self.decide_now(charges))
+    async fn decide(
+        &self,
+        charges: &[Charge],
+        blocked_from: u8,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        Ok(self.decide_now(charges, blocked_from).0)
     }
 }
 

@@ -5,15 +5,22 @@
 //! here; stores only hold state and apply [`algorithm`] to it.
 
 pub mod algorithm;
+pub mod breaker;
+pub mod keys;
+pub mod limiter;
 pub mod memory;
+pub mod redis;
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::config::{KeyDims, LimitId};
+use crate::config::{KeyDims, LimitId, OnStoreError};
 use algorithm::Params;
+
+/// No group is blocked: every group may be charged.
+pub const NONE_BLOCKED: u8 = u8::MAX;
 
 /// One request's charge against one limit.
 #[derive(Debug, Clone)]
@@ -21,11 +28,35 @@ pub struct Charge {
     pub limit: LimitId,
     pub name: Arc<str>,
     pub params: Params,
-    /// The limit's key for this caller: the identity dimensions joined.
+    /// The limit's key material for this caller: the identity dimensions
+    /// joined. Shared stores never see it in the clear.
     pub key: String,
+    /// The tenant, when the key is tenant-scoped (tenant or credential):
+    /// shared stores derive a hash tag from it so the keys share a slot.
+    pub tenant: Option<Arc<str>>,
     pub cost: u64,
     /// `false` for shadow limits: decided and counted, never denying.
     pub enforce: bool,
+    /// Decision order: group `g` is charged only if every enforced limit of
+    /// groups `0..=g` admits (pre-auth limits are group 0, the rest 1).
+    pub group: u8,
+    /// Decided in this process rather than in the shared store.
+    pub local: bool,
+    /// What a shared limit does while the store is failing.
+    pub on_store_error: OnStoreError,
+}
+
+/// How a verdict was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// By the store that holds the limit.
+    Store,
+    /// The store failed and the limit admits (`on_store_error: open`).
+    FailOpen,
+    /// The store failed and the limit refuses (`on_store_error: closed`).
+    FailClosed,
+    /// The store failed; decided by this instance's share of the budget.
+    Fallback,
 }
 
 /// What a store says about one charge.
@@ -39,9 +70,10 @@ pub struct Verdict {
     pub wait_ms: Option<u64>,
     /// Milliseconds until the key is back to its initial state.
     pub reset_ms: u64,
+    pub source: Source,
 }
 
-/// The decision for a request over all its charges.
+/// The decision for one group of a request's charges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     Allow,
@@ -52,6 +84,8 @@ pub enum Decision {
         /// when the cost can never fit one of the limits.
         retry_after: Option<u64>,
     },
+    /// The store is failing and an enforced limit says `closed`.
+    Unavailable,
 }
 
 /// Why a store could not decide.
@@ -65,14 +99,40 @@ pub enum StoreError {
     Backend(String),
 }
 
+impl StoreError {
+    /// The `reason` label of `tollgate_store_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StoreError::Timeout => "timeout",
+            StoreError::CircuitOpen => "circuit_open",
+            StoreError::Backend(_) => "backend",
+        }
+    }
+}
+
 /// The seam between the decision logic and where limit state lives.
 ///
-/// `decide` refreshes every charge's key, checks every one without spending,
-/// and spends on all enforced charges only if all of them admit (shadow
-/// charges are spent when they themselves admit and the gate passed).
+/// `decide` refreshes every charge's key and checks every one without
+/// spending; then it charges the admitted charges of every group below the
+/// gate: the lowest group holding an enforced denial, or `blocked_from` when
+/// that is lower (an earlier part of the decision already denied it).
 #[async_trait]
 pub trait LimitStore: Send + Sync {
-    async fn decide(&self, charges: &[Charge]) -> Result<Vec<Verdict>, StoreError>;
+    async fn decide(
+        &self,
+        charges: &[Charge],
+        blocked_from: u8,
+    ) -> Result<Vec<Verdict>, StoreError>;
+}
+
+/// The lowest group that may not be charged.
+pub fn gate(charges: &[Charge], allowed: impl Fn(usize) -> bool, blocked_from: u8) -> u8 {
+    charges
+        .iter()
+        .enumerate()
+        .filter(|(i, c)| c.enforce && !allowed(*i))
+        .map(|(_, c)| c.group)
+        .fold(blocked_from, u8::min)
 }
 
 /// The identity a request presents to its limits.
@@ -108,22 +168,34 @@ impl Identity<'_> {
     }
 }
 
-/// Combines per-charge verdicts into the request's decision.
-pub fn combine(charges: &[Charge], verdicts: &[Verdict]) -> Decision {
+/// Combines the verdicts of one group into its decision: a caller over its
+/// limit gets 429 (with the longest wait among the denials) before a failing
+/// store's 503 is considered.
+pub fn combine(charges: &[Charge], verdicts: &[Verdict], group: u8) -> Decision {
     let mut violated = Vec::new();
     let mut wait = Some(0u64);
+    let mut unavailable = false;
     for (c, v) in charges.iter().zip(verdicts) {
-        if c.enforce && !v.allowed {
+        if c.group != group || !c.enforce || v.allowed {
+            continue;
+        }
+        if v.source == Source::FailClosed {
+            unavailable = true;
+        } else {
             violated.push(c.name.clone());
             wait = wait.zip(v.wait_ms).map(|(a, b)| a.max(b));
         }
     }
-    if violated.is_empty() {
-        return Decision::Allow;
+    if !violated.is_empty() {
+        return Decision::Deny {
+            violated,
+            retry_after: wait.map(|ms| ms.div_ceil(1000).max(1)),
+        };
     }
-    Decision::Deny {
-        violated,
-        retry_after: wait.map(|ms| ms.div_ceil(1000).max(1)),
+    if unavailable {
+        Decision::Unavailable
+    } else {
+        Decision::Allow
     }
 }
 

@@ -1,16 +1,21 @@
 use super::*;
 use crate::clock::ManualClock;
+use crate::config::OnStoreError;
 use crate::limits::algorithm::{Bucket, Window, MICRO};
-use crate::limits::{combine, Decision};
+use crate::limits::{combine, Decision, NONE_BLOCKED};
 
-fn charge(name: &str, key: &str, params: Params, cost: u64, enforce: bool) -> Charge {
+pub(crate) fn charge(name: &str, key: &str, params: Params, cost: u64, enforce: bool) -> Charge {
     Charge {
         limit: 0,
         name: name.into(),
         params,
         key: key.into(),
+        tenant: None,
         cost,
         enforce,
+        group: 1,
+        local: true,
+        on_store_error: OnStoreError::Closed,
     }
 }
 
@@ -21,66 +26,135 @@ fn bucket(capacity: u64, per_second: u64) -> Params {
     })
 }
 
+fn decide(store: &MemoryStore<ManualClock>, charges: &[Charge]) -> Vec<Verdict> {
+    store.decide_now(charges, NONE_BLOCKED).0
+}
+
 #[test]
 fn a_denial_by_one_limit_charges_none() {
     let store = MemoryStore::new(ManualClock::new(1_000));
-    let small = charge("tenant", "t", bucket(1, 1), 1, true);
-    let big = charge("credential", "c", bucket(10, 1), 1, true);
-    assert_eq!(
-        combine(
-            &[small.clone(), big.clone()],
-            &store.decide_now(&[small.clone(), big.clone()])
-        ),
-        Decision::Allow
-    );
-    let denied = store.decide_now(&[small.clone(), big.clone()]);
+    let both = [
+        charge("tenant", "t", bucket(1, 1), 1, true),
+        charge("credential", "c", bucket(10, 1), 1, true),
+    ];
+    assert_eq!(combine(&both, &decide(&store, &both), 1), Decision::Allow);
+    let denied = decide(&store, &both);
     assert!(!denied[0].allowed && denied[1].allowed);
     assert_eq!(
         denied[1].remaining, 9,
         "the credential bucket was not charged"
     );
-    // Alone, the credential bucket still has its 9 tokens.
-    let alone = store.decide_now(&[big]);
+    let alone = decide(&store, &both[1..]);
     assert_eq!(alone[0].remaining, 8);
 }
 
 #[test]
 fn shadow_limits_never_gate() {
     let store = MemoryStore::new(ManualClock::new(1_000));
-    let shadow = charge("shadow", "s", bucket(1, 1), 1, false);
-    let real = charge("real", "r", bucket(5, 1), 1, true);
+    let pair = [
+        charge("shadow", "s", bucket(1, 1), 1, false),
+        charge("real", "r", bucket(5, 1), 1, true),
+    ];
     for _ in 0..3 {
-        let v = store.decide_now(&[shadow.clone(), real.clone()]);
-        assert_eq!(
-            combine(&[shadow.clone(), real.clone()], &v),
-            Decision::Allow
-        );
+        assert_eq!(combine(&pair, &decide(&store, &pair), 1), Decision::Allow);
     }
-    let v = store.decide_now(&[shadow.clone(), real.clone()]);
+    let v = decide(&store, &pair);
     assert!(!v[0].allowed, "the shadow limit reports what it would do");
     assert_eq!(v[1].remaining, 1);
+}
+
+#[test]
+fn a_failed_earlier_group_blocks_later_ones_but_keeps_its_own_charges() {
+    let store = MemoryStore::new(ManualClock::new(1_000));
+    let mut ip = charge("ip", "ip", bucket(2, 1), 1, true);
+    ip.group = 0;
+    let tenant = charge("tenant", "t", bucket(5, 1), 1, true);
+    let spent = [charge("spent", "x", bucket(1, 1), 1, true)];
+    decide(&store, &spent);
+    // Group 1 fails on `spent`: the ip limit (group 0) is still charged.
+    let v = decide(&store, &[ip.clone(), tenant.clone(), spent[0].clone()]);
+    assert_eq!((v[0].remaining, v[1].remaining), (1, 5));
+    // Group 0 fails: nothing in group 1 is charged either.
+    let blocked = store.decide_now(&[ip.clone(), tenant.clone()], 0).0;
+    assert_eq!((blocked[0].remaining, blocked[1].remaining), (1, 5));
+}
+
+#[test]
+fn refunds_give_back_exactly_what_was_spent() {
+    let clock = ManualClock::new(5_000);
+    let store = MemoryStore::new(clock.clone());
+    let charges = [
+        charge("b", "b", bucket(5, 1), 2, true),
+        charge(
+            "g",
+            "g",
+            Params::Gcra(Bucket {
+                capacity: 5 * MICRO,
+                per_ms: 1_000,
+            }),
+            2,
+            true,
+        ),
+        charge(
+            "f",
+            "f",
+            Params::FixedWindow(Window {
+                limit: 5,
+                window_ms: 10_000,
+            }),
+            2,
+            true,
+        ),
+        charge(
+            "s",
+            "s",
+            Params::SlidingWindow(Window {
+                limit: 5,
+                window_ms: 10_000,
+            }),
+            2,
+            true,
+        ),
+        charge(
+            "l",
+            "l",
+            Params::SlidingLog(Window {
+                limit: 5,
+                window_ms: 10_000,
+            }),
+            2,
+            true,
+        ),
+    ];
+    let (_, at) = store.decide_now(&charges, NONE_BLOCKED);
+    clock.advance(1);
+    store.refund(&charges, at);
+    for v in decide(&store, &charges) {
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 3, "{v:?}");
+    }
 }
 
 #[test]
 fn retry_after_is_the_longest_wait_in_whole_seconds() {
     // At 1 s into a 10 s window the window limit waits 9 s, the bucket 1 s.
     let store = MemoryStore::new(ManualClock::new(1_000));
-    let a = charge("a", "a", bucket(1, 1), 1, true);
-    let b = charge(
-        "b",
-        "b",
-        Params::FixedWindow(Window {
-            limit: 1,
-            window_ms: 10_000,
-        }),
-        1,
-        true,
-    );
-    store.decide_now(&[a.clone(), b.clone()]);
-    let both = [a, b];
-    let d = combine(&both, &store.decide_now(&both));
+    let both = [
+        charge("a", "a", bucket(1, 1), 1, true),
+        charge(
+            "b",
+            "b",
+            Params::FixedWindow(Window {
+                limit: 1,
+                window_ms: 10_000,
+            }),
+            1,
+            true,
+        ),
+    ];
+    decide(&store, &both);
     assert_eq!(
-        d,
+        combine(&both, &decide(&store, &both), 1),
         Decision::Deny {
             violated: vec!["a".into(), "b".into()],
             retry_after: Some(9)
@@ -93,7 +167,10 @@ fn expired_keys_are_swept() {
     let clock = ManualClock::new(1_000);
     let store = MemoryStore::new(clock.clone());
     for i in 0..100 {
-        store.decide_now(&[charge("ip", &format!("k{i}"), bucket(10, 10), 1, true)]);
+        decide(
+            &store,
+            &[charge("ip", &format!("k{i}"), bucket(10, 10), 1, true)],
+        );
     }
     assert_eq!(store.len(), 100);
     clock.advance(500);
@@ -107,8 +184,8 @@ fn expired_keys_are_swept() {
 #[test]
 fn changed_parameters_keep_the_spent_budget() {
     let store = MemoryStore::new(ManualClock::new(1_000));
-    store.decide_now(&[charge("l", "k", bucket(10, 1), 8, true)]);
-    let v = store.decide_now(&[charge("l", "k", bucket(5, 1), 1, true)]);
+    decide(&store, &[charge("l", "k", bucket(10, 1), 8, true)]);
+    let v = decide(&store, &[charge("l", "k", bucket(5, 1), 1, true)]);
     assert!(v[0].allowed);
     assert_eq!(v[0].remaining, 1, "2 left of the old bucket, minus 1");
 }

@@ -1,0 +1,126 @@
+//! A circuit breaker for the shared store: after `failure_threshold`
+//! consecutive failures no calls are made for `open_for`, then exactly one
+//! probe is let through; its success closes the circuit, its failure opens
+//! it again. Time is passed in, so the state machine is tested without
+//! sleeping.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Whether a call may go to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permit {
+    /// The circuit is closed: call.
+    Call,
+    /// The circuit was open long enough: this call is the one probe.
+    Probe,
+    /// The circuit is open: do not call.
+    Refuse,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Closed {
+        failures: u32,
+    },
+    Open {
+        since_ms: u64,
+    },
+    /// The probe is out; everyone else is refused until it reports.
+    Probing,
+}
+
+#[derive(Debug)]
+pub struct Breaker {
+    threshold: u32,
+    open_ms: u64,
+    state: Mutex<State>,
+}
+
+impl Breaker {
+    pub fn new(threshold: u32, open_for: Duration) -> Self {
+        Self {
+            threshold: threshold.max(1),
+            open_ms: open_for.as_millis() as u64,
+            state: Mutex::new(State::Closed { failures: 0 }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn permit(&self, now_ms: u64) -> Permit {
+        let mut state = self.state();
+        match *state {
+            State::Closed { .. } => Permit::Call,
+            State::Open { since_ms } if now_ms >= since_ms + self.open_ms => {
+                *state = State::Probing;
+                Permit::Probe
+            }
+            State::Open { .. } | State::Probing => Permit::Refuse,
+        }
+    }
+
+    /// Reports how a permitted call went.
+    pub fn record(&self, permit: Permit, ok: bool, now_ms: u64) {
+        let mut state = self.state();
+        *state = match (permit, ok, *state) {
+            (_, true, _) => State::Closed { failures: 0 },
+            (Permit::Probe, false, _) => State::Open { since_ms: now_ms },
+            (_, false, State::Closed { failures }) if failures + 1 >= self.threshold => {
+                State::Open { since_ms: now_ms }
+            }
+            (_, false, State::Closed { failures }) => State::Closed {
+                failures: failures + 1,
+            },
+            // A late failure of a call made before the circuit opened.
+            (_, false, other) => other,
+        };
+    }
+
+    /// How long the circuit stays open before a probe.
+    pub fn open_for(&self) -> Duration {
+        Duration::from_millis(self.open_ms)
+    }
+
+    /// Whether calls are currently refused (open or probing).
+    pub fn is_open(&self) -> bool {
+        !matches!(*self.state(), State::Closed { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_consecutive_failures_and_probes_once() {
+        let b = Breaker::new(3, Duration::from_millis(1_000));
+        for t in 0..2 {
+            assert_eq!(b.permit(t), Permit::Call);
+            b.record(Permit::Call, false, t);
+        }
+        assert!(!b.is_open(), "two failures are below the threshold");
+        b.record(Permit::Call, false, 2);
+        assert!(b.is_open());
+        assert_eq!(b.permit(500), Permit::Refuse);
+        assert_eq!(b.permit(1_002), Permit::Probe);
+        assert_eq!(b.permit(1_003), Permit::Refuse, "only one probe at a time");
+        b.record(Permit::Probe, false, 1_010);
+        assert_eq!(b.permit(2_000), Permit::Refuse, "a failed probe reopens");
+        assert_eq!(b.permit(2_010), Permit::Probe);
+        b.record(Permit::Probe, true, 2_011);
+        assert!(!b.is_open());
+        assert_eq!(b.permit(2_012), Permit::Call);
+    }
+
+    #[test]
+    fn a_success_resets_the_failure_count() {
+        let b = Breaker::new(2, Duration::from_millis(10));
+        b.record(Permit::Call, false, 0);
+        b.record(Permit::Call, true, 1);
+        b.record(Permit::Call, false, 2);
+        assert!(!b.is_open());
+    }
+}

@@ -1,0 +1,111 @@
+//! Store keys: `{prefix}{limit}:{h}` where `h` is a truncated HMAC-SHA-256
+//! of the limit's key material under the operator's secret, so no tenant,
+//! credential, key or address appears in the store. Tenant-scoped keys
+//! carry a hash tag derived from the tenant (`{prefix}{limit}:{t}:{h}` with
+//! `t` in braces), so one request's tenant keys share a cluster slot.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use super::Charge;
+
+/// Hex digits of the identity hash (128 bits) and of the tenant tag (64 bits).
+const HASH_HEX: usize = 32;
+const TAG_HEX: usize = 16;
+
+/// Builds store keys; holds the keyed HMAC state so each key costs one
+/// clone and one hash, not a re-keying.
+#[derive(Clone)]
+pub struct KeyHasher {
+    prefix: String,
+    mac: Hmac<Sha256>,
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret-derived state.
+        f.debug_struct("KeyHasher")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyHasher {
+    pub fn new(prefix: &str, secret: &[u8]) -> Self {
+        Self {
+            prefix: prefix.to_string(),
+            mac: Hmac::new_from_slice(secret).expect("HMAC accepts any key length"),
+        }
+    }
+
+    fn hex(&self, domain: &[u8], material: &[u8], digits: usize, out: &mut String) {
+        let mut mac = self.mac.clone();
+        mac.update(domain);
+        mac.update(material);
+        let digest = mac.finalize().into_bytes();
+        out.push_str(&hex::encode(&digest[..digits / 2]));
+    }
+
+    /// The store key of one charge.
+    pub fn key(&self, charge: &Charge) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + charge.name.len() + 56);
+        key.push_str(&self.prefix);
+        key.push_str(&charge.name);
+        key.push(':');
+        if let Some(tenant) = &charge.tenant {
+            key.push('{');
+            self.hex(b"tenant\x1f", tenant.as_bytes(), TAG_HEX, &mut key);
+            key.push_str("}:");
+        }
+        self.hex(b"key\x1f", charge.key.as_bytes(), HASH_HEX, &mut key);
+        key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OnStoreError;
+    use crate::limits::algorithm::{Bucket, Params};
+
+    fn charge(key: &str, tenant: Option<&str>) -> Charge {
+        Charge {
+            limit: 0,
+            name: "per-tenant".into(),
+            params: Params::TokenBucket(Bucket {
+                capacity: 1,
+                per_ms: 1,
+            }),
+            key: key.into(),
+            tenant: tenant.map(Into::into),
+            cost: 1,
+            enforce: true,
+            group: 1,
+            local: false,
+            on_store_error: OnStoreError::Closed,
+        }
+    }
+
+    #[test]
+    fn keys_hide_identities_and_tag_tenants() {
+        let h = KeyHasher::new("tg:", b"secret");
+        let k = h.key(&charge("per-tenant\x1facme", Some("acme")));
+        assert!(k.starts_with("tg:per-tenant:{"), "{k}");
+        assert!(!k.contains("acme"));
+        assert_eq!(
+            k.len(),
+            "tg:per-tenant:{".len() + TAG_HEX + "}:".len() + HASH_HEX
+        );
+        // Same tenant, other credential: same tag, other hash.
+        let other = h.key(&charge("per-credential\x1fci\x1facme", Some("acme")));
+        assert_eq!(k[14..32], other[14..32]);
+        assert_ne!(k, other);
+        // Another secret gives other keys.
+        assert_ne!(
+            KeyHasher::new("tg:", b"other").key(&charge("per-tenant\x1facme", Some("acme"))),
+            k
+        );
+        // Untagged keys have no braces at all.
+        assert!(!h.key(&charge("global", None)).contains('{'));
+    }
+}

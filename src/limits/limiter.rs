@@ -1,0 +1,215 @@
+//! The decision over all of a request's limits, wherever they live: local
+//! limits in this process, shared ones in the store, and each shared limit's
+//! failure mode when the store cannot answer in time.
+//!
+//! Local charges are decided first and spent provisionally; the shared
+//! charges follow in one store call that is told which groups already
+//! failed locally; local charges of groups the store then denied are
+//! refunded. So the decision stays all-or-nothing across both, and nothing
+//! is ever admitted beyond a budget.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::breaker::{Breaker, Permit};
+use super::memory::MemoryStore;
+use super::{gate, Charge, LimitStore, Source, StoreError, Verdict, NONE_BLOCKED};
+use crate::clock::{Clock, MonotonicClock};
+use crate::config::OnStoreError;
+use crate::metrics::Metrics;
+
+/// The shared store with its guards: a bound on every call and a breaker.
+pub struct Shared {
+    pub store: Arc<dyn LimitStore>,
+    pub breaker: Breaker,
+    pub timeout: Duration,
+    /// The local fallback enforces `1/instances` of each budget.
+    pub instances: u32,
+}
+
+/// Decides requests' charges.
+pub struct Limiter {
+    local: Arc<MemoryStore>,
+    shared: Option<Shared>,
+    clock: MonotonicClock,
+    metrics: Arc<Metrics>,
+}
+
+impl Limiter {
+    pub fn new(local: Arc<MemoryStore>, shared: Option<Shared>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            local,
+            shared,
+            clock: MonotonicClock::new(),
+            metrics,
+        }
+    }
+
+    /// Seconds a caller should wait when a `closed` limit refuses because
+    /// the store is failing: until the breaker tries the store again.
+    pub fn unavailable_retry_after(&self) -> u64 {
+        self.shared.as_ref().map_or(1, |s| s.breaker_open_secs())
+    }
+
+    /// Whether the shared store is answering (or there is none).
+    pub fn store_healthy(&self) -> bool {
+        self.shared.as_ref().is_none_or(|s| !s.breaker.is_open())
+    }
+
+    /// Decides all charges; one verdict per charge, in order.
+    pub async fn decide(&self, charges: &[Charge]) -> Vec<Verdict> {
+        let Some(shared) = &self.shared else {
+            return self.local.decide_now(charges, NONE_BLOCKED).0;
+        };
+        let (local, remote): (Vec<usize>, Vec<usize>) =
+            (0..charges.len()).partition(|&i| charges[i].local);
+        if remote.is_empty() {
+            return self.local.decide_now(charges, NONE_BLOCKED).0;
+        }
+        let pick = |idx: &[usize]| idx.iter().map(|&i| charges[i].clone()).collect::<Vec<_>>();
+        let (local_charges, remote_charges) = (pick(&local), pick(&remote));
+
+        let (local_verdicts, spent_at) = self.local.decide_now(&local_charges, NONE_BLOCKED);
+        let local_gate = gate(&local_charges, |i| local_verdicts[i].allowed, NONE_BLOCKED);
+
+        let remote_verdicts = match self.call(shared, &remote_charges, local_gate).await {
+            Ok(v) => v,
+            Err(_) => {
+                // Undo the provisional local charges and decide everything
+                // again with each shared limit's failure mode.
+                self.refund_spent(&local_charges, &local_verdicts, local_gate, 0, spent_at);
+                return self.degraded(charges, shared.instances);
+            }
+        };
+        let mut verdicts = vec![None; charges.len()];
+        for (&i, v) in local
+            .iter()
+            .zip(&local_verdicts)
+            .chain(remote.iter().zip(&remote_verdicts))
+        {
+            verdicts[i] = Some(*v);
+        }
+        let verdicts: Vec<Verdict> = verdicts.into_iter().flatten().collect();
+        let final_gate = gate(charges, |i| verdicts[i].allowed, local_gate);
+        self.refund_spent(
+            &local_charges,
+            &local_verdicts,
+            local_gate,
+            final_gate,
+            spent_at,
+        );
+        verdicts
+    }
+
+    /// One bounded, breaker-guarded store call, measured.
+    async fn call(
+        &self,
+        shared: &Shared,
+        charges: &[Charge],
+        blocked_from: u8,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let permit = shared.breaker.permit(self.clock.now_ms());
+        if permit == Permit::Refuse {
+            self.metrics.store_error(&StoreError::CircuitOpen);
+            return Err(StoreError::CircuitOpen);
+        }
+        let started = Instant::now();
+        let result =
+            match tokio::time::timeout(shared.timeout, shared.store.decide(charges, blocked_from))
+                .await
+            {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Timeout),
+            };
+        self.metrics
+            .store_call_seconds
+            .observe(started.elapsed().as_secs_f64());
+        shared
+            .breaker
+            .record(permit, result.is_ok(), self.clock.now_ms());
+        self.metrics
+            .store_circuit_open
+            .set(i64::from(shared.breaker.is_open()));
+        if let Err(e) = &result {
+            tracing::warn!(error = %e, "limit store call failed");
+            self.metrics.store_error(e);
+        }
+        result
+    }
+
+    /// Refunds local charges that were spent (their group was below
+    /// `spent_below`) but whose group ended at or above `final_gate`.
+    fn refund_spent(
+        &self,
+        charges: &[Charge],
+        verdicts: &[Verdict],
+        spent_below: u8,
+        final_gate: u8,
+        at: u64,
+    ) {
+        let undo: Vec<Charge> = charges
+            .iter()
+            .zip(verdicts)
+            .filter(|(c, v)| v.allowed && c.group < spent_below && c.group >= final_gate)
+            .map(|(c, _)| c.clone())
+            .collect();
+        if !undo.is_empty() {
+            self.local.refund(&undo, at);
+        }
+    }
+
+    /// The store is failing: local limits as usual, and each shared limit
+    /// by its `on_store_error`.
+    fn degraded(&self, charges: &[Charge], instances: u32) -> Vec<Verdict> {
+        let mut fixed = vec![None; charges.len()];
+        let mut run = Vec::new();
+        let mut index = Vec::new();
+        let mut blocked = NONE_BLOCKED;
+        for (i, c) in charges.iter().enumerate() {
+            match (c.local, c.on_store_error) {
+                (true, _) => {
+                    run.push(c.clone());
+                    index.push(i);
+                }
+                (false, OnStoreError::Local) => {
+                    let mut fallback = c.clone();
+                    fallback.params = c.params.share(instances);
+                    fallback.key = format!("\u{1e}fallback\u{1f}{}", c.key);
+                    run.push(fallback);
+                    index.push(i);
+                }
+                (false, OnStoreError::Open) => fixed[i] = Some(failed(true, Source::FailOpen)),
+                (false, OnStoreError::Closed) => {
+                    fixed[i] = Some(failed(false, Source::FailClosed));
+                    if c.enforce {
+                        blocked = blocked.min(c.group);
+                    }
+                }
+            }
+        }
+        let (decided, _) = self.local.decide_now(&run, blocked);
+        for (&i, mut v) in index.iter().zip(decided) {
+            if !charges[i].local {
+                v.source = Source::Fallback;
+            }
+            fixed[i] = Some(v);
+        }
+        fixed.into_iter().flatten().collect()
+    }
+}
+
+impl Shared {
+    fn breaker_open_secs(&self) -> u64 {
+        self.breaker.open_for().as_millis().div_ceil(1000).max(1) as u64
+    }
+}
+
+fn failed(allowed: bool, source: Source) -> Verdict {
+    Verdict {
+        allowed,
+        remaining: 0,
+        wait_ms: None,
+        reset_ms: 0,
+        source,
+    }
+}
