@@ -3,6 +3,8 @@
 //! client that can connect from a chosen loopback address.
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -226,6 +228,11 @@ impl Gateway {
     /// Starts `tollgate run` on a policy; `{listen}`, `{admin}` and
     /// `{upstream}` in the text are replaced by the chosen addresses.
     pub fn start(policy: &str, upstream: Option<&Upstream>) -> Self {
+        Self::start_with_env(policy, upstream, &[])
+    }
+
+    /// As [`Gateway::start`], with extra environment variables.
+    pub fn start_with_env(policy: &str, upstream: Option<&Upstream>, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -240,6 +247,7 @@ impl Gateway {
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["run", "--config"])
             .arg(&config)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -281,6 +289,19 @@ impl Gateway {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The admin listener's `/metrics` text.
+    pub fn metrics(&self) -> String {
+        get(self.admin, "/metrics", &[]).body
+    }
+
+    /// The value of one series in `/metrics` (0 when absent).
+    pub fn metric(&self, series: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
     }
 }
 

@@ -1,0 +1,341 @@
+//! Several gateway instances sharing limits in a real Redis, and what each
+//! limit does when that Redis is killed, paused or restarted empty.
+
+mod support;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::redis_server::RedisServer;
+use support::{digest, get, Gateway};
+
+const SECRET: (&str, &str) = ("TOLLGATE_KEY_SECRET", "e2e-secret-3f9a");
+
+fn gateways(n: usize, policy: &str) -> Vec<Gateway> {
+    (0..n)
+        .map(|_| Gateway::start_with_env(policy, None, &[SECRET]))
+        .collect()
+}
+
+/// Sends `per_client` requests from each client, spreading them over the
+/// gateways round robin; returns how many got 200 and how long it took.
+fn blast(
+    gws: &[Gateway],
+    clients: &[(&str, usize)],
+    path: &str,
+    deadline: Option<Duration>,
+) -> (Vec<usize>, Duration) {
+    let addrs: Arc<Vec<_>> = Arc::new(gws.iter().map(|g| g.addr).collect());
+    let started = Instant::now();
+    let handles: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(n, &(key, per_client))| {
+            let (addrs, key, path) = (addrs.clone(), format!("Bearer {key}"), path.to_string());
+            thread::spawn(move || {
+                let mut ok = 0;
+                for i in 0..per_client {
+                    if deadline.is_some_and(|d| started.elapsed() >= d) {
+                        break;
+                    }
+                    let addr = addrs[(n + i) % addrs.len()];
+                    if get(addr, &path, &[("authorization", key.as_str())]).status == 200 {
+                        ok += 1;
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let admitted = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    (admitted, started.elapsed())
+}
+
+fn shared_budget_policy(backend: &str, redis: &RedisServer) -> String {
+    format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store: {{ backend: {backend}, urls: ["{}"], timeout_ms: 500 }}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  per-tenant: {{ key: [tenant], capacity: 40, refill_per_second: 20 }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200, body: "ok" }}, limits: [per-tenant] }}
+"#,
+        redis.url(),
+        digest("key-c1")
+    )
+}
+
+#[test]
+fn instances_share_one_budget_in_redis_and_not_in_memory() {
+    let redis = RedisServer::start();
+    let clients = vec![("key-c1", usize::MAX); 9];
+    let window = Duration::from_secs(2);
+
+    let shared = gateways(3, &shared_budget_policy("redis", &redis));
+    let (admitted, elapsed) = blast(&shared, &clients, "/x", Some(window));
+    let admitted: usize = admitted.iter().sum();
+    let ideal = 40.0 + 20.0 * elapsed.as_secs_f64();
+    assert!(
+        admitted as f64 <= ideal,
+        "shared: {admitted} admitted, ideal {ideal:.1}"
+    );
+    assert!(
+        admitted as f64 >= 0.9 * ideal,
+        "shared: {admitted} admitted, ideal {ideal:.1}"
+    );
+    drop(shared);
+
+    let local = gateways(3, &shared_budget_policy("memory", &redis));
+    let (admitted_local, elapsed) = blast(&local, &clients, "/x", Some(window));
+    let admitted_local: usize = admitted_local.iter().sum();
+    let ideal_local = 40.0 + 20.0 * elapsed.as_secs_f64();
+    assert!(
+        admitted_local as f64 >= 2.5 * ideal_local,
+        "per-instance memory stores admit about 3x: {admitted_local} vs ideal {ideal_local:.1}"
+    );
+    println!("shared: {admitted} admitted (ideal {ideal:.1}); per-instance: {admitted_local} (ideal for one {ideal_local:.1})");
+}
+
+#[test]
+fn all_or_nothing_holds_under_concurrency_and_keys_hide_identities() {
+    let redis = RedisServer::start();
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store: {{ backend: redis, urls: ["{}"], timeout_ms: 500, key_prefix: "tg:" }}
+auth:
+  keys:
+    - {{ id: cred-a1, tenant: tenant-acme, sha256: "{}" }}
+    - {{ id: cred-a2, tenant: tenant-acme, sha256: "{}" }}
+    - {{ id: cred-b1, tenant: tenant-beta, sha256: "{}" }}
+    - {{ id: cred-b2, tenant: tenant-beta, sha256: "{}" }}
+limits:
+  ip-guard: {{ scope: pre_auth, key: [ip], capacity: 100000, refill_per_second: 1 }}
+  per-credential: {{ key: [credential], capacity: 30, refill_per_second: 0.001 }}
+  per-tenant: {{ key: [tenant], capacity: 40, refill_per_second: 0.001 }}
+  global: {{ key: [], capacity: 60, refill_per_second: 0.001 }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200, body: "ok" }}, limits: [ip-guard, per-credential, per-tenant, global] }}
+"#,
+        redis.url(),
+        digest("raw-key-a1"),
+        digest("raw-key-a2"),
+        digest("raw-key-b1"),
+        digest("raw-key-b2"),
+    );
+    let gws = gateways(3, &policy);
+    let clients = [
+        ("raw-key-a1", 60),
+        ("raw-key-a1", 60),
+        ("raw-key-a2", 60),
+        ("raw-key-a2", 60),
+        ("raw-key-b1", 60),
+        ("raw-key-b1", 60),
+        ("raw-key-b2", 60),
+        ("raw-key-b2", 60),
+    ];
+    let (admitted, _) = blast(&gws, &clients, "/x", None);
+    let per_credential: Vec<usize> = admitted.chunks(2).map(|c| c.iter().sum()).collect();
+    for (i, n) in per_credential.iter().enumerate() {
+        assert!(*n <= 30, "credential {i}: {n}");
+    }
+    assert!(per_credential[0] + per_credential[1] <= 40);
+    assert!(per_credential[2] + per_credential[3] <= 40);
+    // Demand far exceeds every budget: if no denied request was ever
+    // charged to the limits that admitted it, the global budget is used
+    // exactly.
+    assert_eq!(
+        per_credential.iter().sum::<usize>(),
+        60,
+        "{per_credential:?}"
+    );
+
+    let keys = redis.keys();
+    assert_eq!(keys.len(), 1 + 4 + 2 + 1, "{keys:?}");
+    for key in &keys {
+        for secret in [
+            "tenant-acme",
+            "tenant-beta",
+            "cred-",
+            "raw-key",
+            "127.0.0.1",
+            "acme",
+            "beta",
+        ] {
+            assert!(!key.contains(secret), "{key} reveals {secret}");
+        }
+        assert!(key.starts_with("tg:"), "{key}");
+    }
+}
+
+fn failure_policy(redis: &RedisServer) -> String {
+    format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store:
+  backend: redis
+  urls: ["{}"]
+  timeout_ms: 50
+  circuit_breaker: {{ failure_threshold: 3, open_ms: 400 }}
+  expected_instances: 2
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  open-limit: {{ key: [credential], capacity: 1, refill_per_second: 0.001, on_store_error: open }}
+  closed-limit: {{ key: [credential], capacity: 100, refill_per_second: 0.001, on_store_error: closed }}
+  local-limit: {{ key: [credential], capacity: 10, refill_per_second: 0.001, on_store_error: local }}
+routes:
+  - {{ name: open, path: /open, respond: {{ status: 200 }}, limits: [open-limit] }}
+  - {{ name: closed, path: /closed, respond: {{ status: 200 }}, limits: [closed-limit] }}
+  - {{ name: local, path: /local, respond: {{ status: 200 }}, limits: [local-limit] }}
+"#,
+        redis.url(),
+        digest("key-c1")
+    )
+}
+
+const KEY: (&str, &str) = ("authorization", "Bearer key-c1");
+
+/// A request, asserting it was answered within the store timeout plus a
+/// generous margin (a store that hangs must never hang the request).
+fn timed(gw: &Gateway, path: &str) -> support::Reply {
+    let started = Instant::now();
+    let r = gw.get(path, &[KEY]);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{path} took {:?}",
+        started.elapsed()
+    );
+    r
+}
+
+fn statuses(gw: &Gateway, path: &str, n: usize) -> Vec<u16> {
+    (0..n).map(|_| timed(gw, path).status).collect()
+}
+
+fn assert_failure_modes(gw: &Gateway) {
+    assert_eq!(
+        statuses(gw, "/open", 4),
+        [200; 4],
+        "open admits while the store fails"
+    );
+    let closed = timed(gw, "/closed");
+    assert_eq!(closed.status, 503);
+    assert_eq!(closed.header("retry-after"), Some("1"));
+    assert_eq!(closed.json()["status"], 503);
+    // The local fallback enforces 10 / 2 instances = 5.
+    assert_eq!(statuses(gw, "/local", 6), [200, 200, 200, 200, 200, 429]);
+    for (limit, outcome) in [
+        ("open-limit", "fail_open"),
+        ("closed-limit", "fail_closed"),
+        ("local-limit", "local_fallback"),
+    ] {
+        let series =
+            format!("tollgate_limit_decisions_total{{limit=\"{limit}\",outcome=\"{outcome}\"}}");
+        assert!(gw.metric(&series) >= 1.0, "{series} in\n{}", gw.metrics());
+    }
+}
+
+/// Polls until `f` holds, for at most `limit`.
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn killed_redis_follows_each_limits_failure_mode() {
+    let mut redis = RedisServer::start();
+    let gw = Gateway::start_with_env(&failure_policy(&redis), None, &[SECRET]);
+    assert_eq!(
+        statuses(&gw, "/open", 2),
+        [200, 429],
+        "decided by Redis while it is up"
+    );
+    assert_eq!(
+        gw.get("/readyz", &[]).status,
+        404,
+        "readiness lives on the admin port"
+    );
+    redis.kill();
+    assert_failure_modes(&gw);
+    assert!(
+        gw.metric("tollgate_store_errors_total{reason=\"backend\"}")
+            + gw.metric("tollgate_store_errors_total{reason=\"timeout\"}")
+            >= 1.0
+    );
+    assert!(eventually(Duration::from_secs(2), || get(
+        gw.admin,
+        "/readyz",
+        &[]
+    )
+    .status
+        == 503));
+}
+
+#[test]
+fn paused_redis_opens_the_circuit_and_it_closes_again() {
+    let redis = RedisServer::start();
+    let gw = Gateway::start_with_env(&failure_policy(&redis), None, &[SECRET]);
+    assert_eq!(timed(&gw, "/closed").status, 200);
+    redis.pause();
+    assert_failure_modes(&gw);
+    assert_eq!(gw.metric("tollgate_store_circuit_open"), 1.0);
+    assert!(gw.metric("tollgate_store_errors_total{reason=\"circuit_open\"}") >= 1.0);
+    redis.resume();
+    // After open_ms one probe goes through and closes the circuit.
+    assert!(eventually(Duration::from_secs(5), || timed(&gw, "/closed")
+        .status
+        == 200));
+    assert_eq!(gw.metric("tollgate_store_circuit_open"), 0.0);
+}
+
+#[test]
+fn redis_restarted_empty_is_used_again_without_operator_action() {
+    let mut redis = RedisServer::start();
+    let gw = Gateway::start_with_env(&failure_policy(&redis), None, &[SECRET]);
+    assert_eq!(statuses(&gw, "/open", 2), [200, 429]);
+    redis.restart();
+    // The connection is remade and the script reloaded; the new server
+    // starts with a fresh budget.
+    assert!(eventually(Duration::from_secs(5), || timed(&gw, "/closed")
+        .status
+        == 200));
+    assert_eq!(statuses(&gw, "/open", 2), [200, 429]);
+    assert_eq!(get(gw.admin, "/readyz", &[]).status, 200);
+}
+
+#[test]
+fn the_redis_backend_needs_its_key_secret() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("policy.yaml");
+    let policy = failure_policy(&redis)
+        .replace("{listen}", "127.0.0.1:1")
+        .replace("{admin}", "127.0.0.1:2");
+    std::fs::write(&config, policy).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env_remove("TOLLGATE_KEY_SECRET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("environment variable TOLLGATE_KEY_SECRET is not set"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,338 @@
+//! The Redis store against real `redis-server` processes: the Lua script
+//! agrees with the Rust algorithms decision for decision, each algorithm's
+//! boundary behaviour holds through Redis, and the script survives a lost
+//! script cache.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use support::redis_server::RedisServer;
+use tollgate::clock::ManualClock;
+use tollgate::config::OnStoreError;
+use tollgate::limits::algorithm::{Bucket, Params, Window, MICRO};
+use tollgate::limits::keys::KeyHasher;
+use tollgate::limits::memory::MemoryStore;
+use tollgate::limits::redis::RedisStore;
+use tollgate::limits::{Charge, LimitStore, Verdict, NONE_BLOCKED};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn store(server: &RedisServer, clock: &ManualClock) -> RedisStore {
+    RedisStore::new(
+        &server.url(),
+        KeyHasher::new("t:", b"test-secret"),
+        Duration::from_secs(2),
+    )
+    .unwrap()
+    .with_test_clock(clock.clone())
+}
+
+fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
+    Charge {
+        limit: 0,
+        name: name.into(),
+        params,
+        key: key.into(),
+        tenant: None,
+        cost,
+        enforce: true,
+        group: 1,
+        local: false,
+        on_store_error: OnStoreError::Closed,
+    }
+}
+
+fn bucket(capacity: u64, per_second: u64) -> Params {
+    Params::TokenBucket(Bucket {
+        capacity: capacity * MICRO,
+        per_ms: per_second * 1000,
+    })
+}
+
+fn window(limit: u64, secs: u64) -> Window {
+    Window {
+        limit,
+        window_ms: secs * 1000,
+    }
+}
+
+/// Decides one charge at a time through Redis, moving the test clock.
+struct Probe {
+    rt: tokio::runtime::Runtime,
+    store: RedisStore,
+    clock: ManualClock,
+    _server: RedisServer,
+}
+
+impl Probe {
+    fn new() -> Self {
+        let server = RedisServer::start();
+        let clock = ManualClock::new(1_000_000);
+        Probe {
+            rt: runtime(),
+            store: store(&server, &clock),
+            clock,
+            _server: server,
+        }
+    }
+
+    fn at(&self, ms: u64, params: Params, cost: u64) -> Verdict {
+        self.clock.set(1_000_000 + ms);
+        let c = charge("l", "k", params, cost);
+        self.rt
+            .block_on(self.store.decide(&[c], NONE_BLOCKED))
+            .unwrap()[0]
+    }
+}
+
+#[test]
+fn token_bucket_refills_and_caps_through_redis() {
+    let p = Probe::new();
+    let b = bucket(20, 5);
+    for _ in 0..20 {
+        assert!(p.at(0, b, 1).allowed);
+    }
+    let denied = p.at(0, b, 1);
+    assert_eq!((denied.allowed, denied.wait_ms), (false, Some(200)));
+    assert!(!p.at(199, b, 1).allowed);
+    assert!(p.at(200, b, 1).allowed);
+    // A long idle time refills to capacity and no further.
+    assert_eq!(p.at(3_600_000, b, 1).remaining, 19);
+    // Weighted: a cost of 4 takes 4; a cost beyond capacity never fits.
+    assert_eq!(p.at(3_600_000, b, 4).remaining, 15);
+    let never = p.at(3_600_000, b, 21);
+    assert_eq!((never.allowed, never.wait_ms), (false, None));
+    assert_eq!(
+        p.at(3_600_000, b, 1).remaining,
+        14,
+        "the impossible cost spent nothing"
+    );
+}
+
+#[test]
+fn clock_moving_back_mints_nothing_through_redis() {
+    let p = Probe::new();
+    let b = bucket(2, 1);
+    assert!(p.at(50_000, b, 2).allowed);
+    assert!(
+        !p.at(10_000, b, 1).allowed,
+        "the stored time does not move back"
+    );
+    assert!(!p.at(50_000, b, 1).allowed);
+    assert!(p.at(51_000, b, 1).allowed);
+}
+
+#[test]
+fn gcra_spaces_requests_through_redis() {
+    let p = Probe::new();
+    let g = Params::Gcra(Bucket {
+        capacity: 3 * MICRO,
+        per_ms: 10_000,
+    });
+    for _ in 0..3 {
+        assert!(p.at(0, g, 1).allowed);
+    }
+    assert_eq!(p.at(0, g, 1).wait_ms, Some(100));
+    for k in 1..5 {
+        assert!(p.at(k * 100, g, 1).allowed);
+        assert!(!p.at(k * 100 + 99, g, 1).allowed);
+    }
+}
+
+#[test]
+fn fixed_window_edge_burst_through_redis() {
+    let p = Probe::new();
+    let f = Params::FixedWindow(window(100, 60));
+    // The probe's clock starts at 1 000 000 ms: window edges fall on
+    // multiples of 60 000, so 1 019 999 is the last millisecond of one.
+    assert!(p.at(19_999, f, 100).allowed);
+    assert_eq!(p.at(19_999, f, 1).wait_ms, Some(1));
+    assert!(
+        p.at(20_000, f, 100).allowed,
+        "a second full burst right after the edge"
+    );
+    assert_eq!(p.at(20_000, f, 1).wait_ms, Some(60_000));
+}
+
+#[test]
+fn sliding_window_weights_the_previous_window_through_redis() {
+    let p = Probe::new();
+    let s = Params::SlidingWindow(window(100, 60));
+    // Window starts at 960 000; the probe's zero is 1 000 000 (40 s in).
+    assert!(p.at(0, s, 100).allowed);
+    // 35 s into the next window (t = 55 s): 100·(25/60) ≈ 41.7 still count.
+    let v = p.at(55_000, s, 58);
+    assert!(v.allowed, "{v:?}");
+    let denied = p.at(55_000, s, 1);
+    assert!(!denied.allowed);
+    // 100·(60000−e)/60000 + 58 + 1 ≤ 100 once e ≥ 35 400: 400 ms later.
+    assert_eq!(denied.wait_ms, Some(400));
+    assert!(!p.at(55_399, s, 1).allowed);
+    assert!(p.at(55_400, s, 1).allowed);
+}
+
+#[test]
+fn sliding_log_is_exact_through_redis() {
+    let p = Probe::new();
+    let l = Params::SlidingLog(window(3, 10));
+    assert!(p.at(0, l, 1).allowed);
+    assert!(p.at(4_000, l, 2).allowed);
+    let v = p.at(9_000, l, 1);
+    assert_eq!((v.allowed, v.wait_ms), (false, Some(1_000)));
+    assert!(!p.at(10_000, l, 2).allowed);
+    assert!(p.at(10_000, l, 1).allowed);
+    assert_eq!(p.at(10_000, l, 2).wait_ms, Some(4_000));
+}
+
+#[test]
+fn keys_expire_once_back_to_their_initial_state() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(5_000_000);
+    let s = store(&server, &clock);
+    let rt = runtime();
+    // Spend 4 of 10 at 2/s: full again in 2 s, so the key lives 3 s.
+    rt.block_on(s.decide(&[charge("b", "k", bucket(10, 2), 4)], NONE_BLOCKED))
+        .unwrap();
+    let keys = server.keys();
+    assert_eq!(keys.len(), 1);
+    let ttl: i64 = server.cmd(&["PTTL", &keys[0]]).unwrap();
+    assert!((2_900..=3_000).contains(&ttl), "{ttl}");
+}
+
+#[test]
+fn a_lost_script_cache_is_reloaded() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(5_000_000);
+    let s = store(&server, &clock);
+    let rt = runtime();
+    let c = [charge("b", "k", bucket(10, 1), 1)];
+    assert!(rt.block_on(s.decide(&c, NONE_BLOCKED)).unwrap()[0].allowed);
+    let _: String = server.cmd(&["SCRIPT", "FLUSH"]).unwrap();
+    let v = rt.block_on(s.decide(&c, NONE_BLOCKED)).unwrap();
+    assert_eq!(v[0].remaining, 8);
+}
+
+#[test]
+fn server_time_drives_the_script_by_default() {
+    let server = RedisServer::start();
+    let s = RedisStore::new(
+        &server.url(),
+        KeyHasher::new("t:", b"x"),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let rt = runtime();
+    let c = [charge("b", "k", bucket(2, 1), 1)];
+    let v: Vec<bool> = (0..3)
+        .map(|_| rt.block_on(s.decide(&c, NONE_BLOCKED)).unwrap()[0].allowed)
+        .collect();
+    assert_eq!(v, [true, true, false]);
+}
+
+// ---- The script and the Rust algorithms agree on every decision. ----
+
+#[derive(Debug, Clone)]
+struct Step {
+    advance_ms: u64,
+    /// Indexes into the limit set, with a cost and a group each.
+    charges: Vec<(usize, u64, u8)>,
+    blocked_from: u8,
+}
+
+fn limit_set() -> impl Strategy<Value = Vec<(Params, bool)>> {
+    let bucket = (1u64..30, 1u64..4_000).prop_map(|(c, per_ms)| Bucket {
+        capacity: c * MICRO + per_ms % 7,
+        per_ms,
+    });
+    let win = (1u64..30, 1u64..4_000).prop_map(|(limit, window_ms)| Window { limit, window_ms });
+    let params = prop_oneof![
+        bucket.clone().prop_map(Params::TokenBucket),
+        bucket.prop_map(Params::Gcra),
+        win.clone().prop_map(Params::FixedWindow),
+        win.clone().prop_map(Params::SlidingWindow),
+        win.prop_map(Params::SlidingLog),
+    ];
+    prop::collection::vec((params, prop::bool::weighted(0.8)), 1..5)
+}
+
+fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
+    let step = (
+        0u64..2_500,
+        prop::collection::vec((0..limits, 1u64..8, 0u8..2), 1..=limits),
+        prop_oneof![4 => Just(NONE_BLOCKED), 1 => Just(1u8), 1 => Just(0u8)],
+    )
+        .prop_map(|(advance_ms, mut charges, blocked_from)| {
+            // One charge per limit in a request.
+            charges.sort_by_key(|c| c.0);
+            charges.dedup_by_key(|c| c.0);
+            Step {
+                advance_ms,
+                charges,
+                blocked_from,
+            }
+        });
+    prop::collection::vec(step, 1..25)
+}
+
+#[test]
+fn lua_and_rust_agree_on_random_sequences() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let strategy = limit_set().prop_flat_map(|limits| {
+        let n = limits.len();
+        (Just(limits), steps(n))
+    });
+    runner
+        .run(&strategy, |(limits, steps)| {
+            // Fresh keys per case; a clock far from zero like real time.
+            let id = case.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let clock = ManualClock::new(1_764_000_000_000 + id * 1_000_000_000);
+            let memory = MemoryStore::new(clock.clone());
+            let redis = store(&server, &clock);
+            for step in steps {
+                clock.advance(step.advance_ms);
+                let charges: Vec<Charge> = step
+                    .charges
+                    .iter()
+                    .map(|&(i, cost, group)| {
+                        let (params, enforce) = limits[i];
+                        let mut c =
+                            charge(&format!("l{i}"), &format!("case{id}-l{i}"), params, cost);
+                        c.enforce = enforce;
+                        c.group = group;
+                        c
+                    })
+                    .collect();
+                let expected = memory.decide_now(&charges, step.blocked_from).0;
+                let got = rt
+                    .block_on(redis.decide(&charges, step.blocked_from))
+                    .unwrap();
+                prop_assert_eq!(&got, &expected, "charges {:?}", charges);
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn stores_are_shareable_between_tasks() {
+    // The store is used from many request tasks at once.
+    fn assert_shareable<T: Send + Sync>(_: &T) {}
+    let server = RedisServer::start();
+    let s = Arc::new(store(&server, &ManualClock::new(1)));
+    assert_shareable(&s);
+}
