@@ -2,14 +2,18 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod client_ip;
 pub mod clock;
 pub mod config;
+pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod pools;
 pub mod proxy;
+pub mod reload;
 pub mod respond;
 pub mod routes;
 pub mod runtime;
+pub mod top;

@@ -11,18 +11,23 @@ use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand};
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
+use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use tollgate::admin::Admin;
 use tollgate::config::{self, Backend, StoreSettings};
+use tollgate::health::HealthChecker;
 use tollgate::limits::breaker::Breaker;
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::limiter::{Limiter, Shared};
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::RedisStore;
 use tollgate::metrics::Metrics;
+use tollgate::pools::Pools;
 use tollgate::proxy::Gateway;
-use tollgate::runtime::Runtime;
+use tollgate::reload::{HangupListener, Reloader};
+use tollgate::runtime::{Runtime, Services};
+use tollgate::top::{Redactor, Top};
 
 #[derive(Parser)]
 #[command(
@@ -117,14 +122,21 @@ fn init_logs(json: bool) {
 fn run(path: PathBuf) -> anyhow::Result<()> {
     let policy = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!("{}", policy.summary());
-    let server_settings = policy.server.clone();
+    let settings = policy.server.clone();
+    let admin_token = match &settings.admin_token_env {
+        Some(var) => std::env::var(var).ok().filter(|t| !t.is_empty()),
+        None => None,
+    };
+    if settings.admin_token_env.is_some() && admin_token.is_none() {
+        tracing::warn!("server.admin_token_env names an unset variable: /admin/* is unguarded");
+    }
 
     let conf = ServerConf {
-        threads: server_settings.threads,
+        threads: settings.threads,
         // After SIGTERM the listeners close at once and requests in flight
         // have the grace period to finish; then the runtimes get a last
         // second before they are torn down.
-        grace_period_seconds: Some(server_settings.shutdown_grace.as_secs()),
+        grace_period_seconds: Some(settings.shutdown_grace.as_secs()),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
@@ -137,27 +149,45 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         .with_label_values(&[policy.policy_version.as_str()])
         .set(1);
     let shared = shared_store(&policy.store)?;
-    let limiter = Arc::new(Limiter::new(
-        Arc::new(MemoryStore::default()),
-        shared,
-        metrics.clone(),
-    ));
+    let services = Arc::new(Services {
+        limiter: Arc::new(Limiter::new(
+            Arc::new(MemoryStore::default()),
+            shared,
+            metrics.clone(),
+        )),
+        pools: Pools::new(metrics.clone()),
+        metrics,
+        top: Top::new(),
+        redactor: Redactor::new(),
+    });
     let live = Arc::new(ArcSwap::from_pointee(Runtime::new(
-        policy, limiter, metrics,
+        policy,
+        services.clone(),
     )));
+    let reloader = Arc::new(Reloader::new(path, live.clone(), services));
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         Gateway::new(live.clone()),
         "tollgate proxy",
     );
-    for addr in &server_settings.listen {
+    for addr in &settings.listen {
         proxy.add_tcp(&addr.to_string());
     }
     server.add_service(proxy);
-
-    if let Some(addr) = server_settings.admin_listen {
-        let mut admin = Service::new("tollgate admin".into(), Admin::new(live));
+    server.add_service(background_service(
+        "health checks",
+        HealthChecker::new(live.clone()),
+    ));
+    server.add_service(background_service(
+        "reload on SIGHUP",
+        HangupListener::new(reloader.clone()),
+    ));
+    if let Some(addr) = settings.admin_listen {
+        let mut admin = Service::new(
+            "tollgate admin".into(),
+            Admin::new(live, reloader, admin_token.as_deref()),
+        );
         admin.add_tcp(&addr.to_string());
         server.add_service(admin);
     }

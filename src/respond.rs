@@ -27,6 +27,8 @@ pub enum Rejection {
     StoreUnavailable { retry_after: u64 },
     /// The upstream pool has no room within its queue bound.
     Overloaded { retry_after: u64 },
+    /// Every server of the upstream pool fails its health checks.
+    NoHealthyUpstream { retry_after: u64 },
     /// The upstream could not be reached or failed (502), or the request
     /// could not be proxied for another reason (its own status: 400, 500…).
     ProxyFailed { status: u16 },
@@ -40,7 +42,9 @@ impl Rejection {
             Rejection::NotFound => 404,
             Rejection::RateLimited { .. } => 429,
             Rejection::ProxyFailed { status } => *status,
-            Rejection::StoreUnavailable { .. } | Rejection::Overloaded { .. } => 503,
+            Rejection::StoreUnavailable { .. }
+            | Rejection::Overloaded { .. }
+            | Rejection::NoHealthyUpstream { .. } => 503,
         }
     }
 
@@ -52,7 +56,7 @@ impl Rejection {
             Rejection::NotFound => "not_found",
             Rejection::RateLimited { .. } => "limited",
             Rejection::StoreUnavailable { .. } => "store_unavailable",
-            Rejection::Overloaded { .. } => "overloaded",
+            Rejection::Overloaded { .. } | Rejection::NoHealthyUpstream { .. } => "overloaded",
             Rejection::ProxyFailed { .. } => "upstream_error",
         }
     }
@@ -95,6 +99,11 @@ impl Rejection {
                 "Service Unavailable",
                 "The service is at capacity.".into(),
             ),
+            Rejection::NoHealthyUpstream { .. } => (
+                "no-healthy-upstream",
+                "Service Unavailable",
+                "No healthy upstream server is available.".into(),
+            ),
             Rejection::ProxyFailed { .. } => proxy_failure(500),
         }
     }
@@ -102,9 +111,9 @@ impl Rejection {
     fn retry_after(&self) -> Option<u64> {
         match self {
             Rejection::RateLimited { retry_after, .. } => *retry_after,
-            Rejection::StoreUnavailable { retry_after } | Rejection::Overloaded { retry_after } => {
-                Some(*retry_after)
-            }
+            Rejection::StoreUnavailable { retry_after }
+            | Rejection::Overloaded { retry_after }
+            | Rejection::NoHealthyUpstream { retry_after } => Some(*retry_after),
             _ => None,
         }
     }

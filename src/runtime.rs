@@ -1,31 +1,48 @@
-//! What a running gateway holds for one policy: the validated policy, the
-//! in-process limit store and the pools' run-time state.
+//! What a running gateway holds: the parts that live as long as the process
+//! (limit state, metrics, pools, heavy hitters) and, per policy, a
+//! [`Runtime`] that requests use from start to finish.
 
 use std::sync::Arc;
 
 use crate::config::Policy;
 use crate::limits::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::pools::Pool;
+use crate::pools::{Pool, Pools};
+use crate::top::{Redactor, Top};
 
-/// One live policy with its state. Requests hold an `Arc` of it from start
-/// to finish, so a request always completes under the policy it began with.
-/// The limiter and metrics outlive policies: limit state survives a reload.
-pub struct Runtime {
-    pub policy: Policy,
+/// The process-long parts, shared by every policy that goes live.
+pub struct Services {
     pub limiter: Arc<Limiter>,
     pub metrics: Arc<Metrics>,
-    pub pools: Vec<Pool>,
+    pub pools: Pools,
+    pub top: Top,
+    pub redactor: Redactor,
+}
+
+/// One live policy with its pools. Requests hold an `Arc` of it from start
+/// to finish, so a request always completes under the policy it began with.
+pub struct Runtime {
+    pub policy: Policy,
+    /// The policy's pools, indexed by [`crate::config::PoolId`].
+    pub pools: Vec<Arc<Pool>>,
+    pub services: Arc<Services>,
 }
 
 impl Runtime {
-    pub fn new(policy: Policy, limiter: Arc<Limiter>, metrics: Arc<Metrics>) -> Self {
-        let pools = policy.upstreams.iter().map(Pool::new).collect();
+    pub fn new(policy: Policy, services: Arc<Services>) -> Self {
+        let pools = services.pools.reconcile(&policy.upstreams);
         Self {
             policy,
-            limiter,
-            metrics,
             pools,
+            services,
         }
+    }
+
+    pub fn limiter(&self) -> &Limiter {
+        &self.services.limiter
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.services.metrics
     }
 }

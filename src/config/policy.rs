@@ -48,7 +48,7 @@ pub struct ServerSettings {
     pub shutdown_grace: Duration,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreSettings {
     pub backend: Backend,
     pub urls: Vec<String>,
@@ -129,6 +129,20 @@ pub struct Upstream {
     pub queue_timeout: Duration,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
+    /// Active health checks; without them every server counts as healthy.
+    pub health: Option<HealthCheck>,
+}
+
+/// How a pool's servers are checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// `GET` this path and expect a 2xx or 3xx; without it, a TCP connect.
+    pub path: Option<String>,
+    /// Consecutive results needed to change a server's state.
+    pub healthy_after: u32,
+    pub unhealthy_after: u32,
 }
 
 /// Where a route's admitted requests go.

@@ -277,6 +277,17 @@ pub struct RawUpstream {
     pub queue: Option<RawQueue>,
     pub connect_timeout_ms: Option<u64>,
     pub read_timeout_ms: Option<u64>,
+    pub health_check: Option<RawHealthCheck>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealthCheck {
+    pub interval_ms: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub path: Option<String>,
+    pub healthy_after: Option<u32>,
+    pub unhealthy_after: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]

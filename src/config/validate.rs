@@ -638,9 +638,52 @@ fn upstreams(
                 1,
                 3_600_000,
             )),
+            health: u
+                .health_check
+                .map(|h| health_check(c, &format!("{path}.health_check"), h)),
         });
     }
     (out, ids)
+}
+
+fn health_check(c: &mut Checker, path: &str, h: RawHealthCheck) -> HealthCheck {
+    if let Some(p) = &h.path {
+        if !p.starts_with('/') || p.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+            c.fail(
+                format!("{path}.path"),
+                format!("{p:?} is not an absolute request path"),
+            );
+        }
+    }
+    let interval = c.range(
+        &format!("{path}.interval_ms"),
+        h.interval_ms.unwrap_or(2_000),
+        10,
+        3_600_000,
+    );
+    let timeout = c.range(
+        &format!("{path}.timeout_ms"),
+        h.timeout_ms.unwrap_or(1_000),
+        1,
+        60_000,
+    );
+    HealthCheck {
+        interval: Duration::from_millis(interval),
+        timeout: Duration::from_millis(timeout),
+        path: h.path,
+        healthy_after: c.range(
+            &format!("{path}.healthy_after"),
+            h.healthy_after.unwrap_or(1),
+            1,
+            100,
+        ),
+        unhealthy_after: c.range(
+            &format!("{path}.unhealthy_after"),
+            h.unhealthy_after.unwrap_or(2),
+            1,
+            100,
+        ),
+    }
 }
 
 struct RouteContext<'a> {

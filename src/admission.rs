@@ -1,0 +1,216 @@
+//! The request path up to pool admission, as plain functions over the
+//! live policy: client IP, IP rules, route, pre-auth limits, API key and
+//! request limits. What it learns goes into [`Facts`] for the later phases.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pingora::http::RequestHeader;
+
+use crate::auth::{self, Credential};
+use crate::client_ip;
+use crate::config::{LimitId, Mode, PlanId, PoolId, Target};
+use crate::limits::{combine, Charge, Decision, Identity, Source, Verdict};
+use crate::respond::{RateHeaders, Rejection};
+use crate::routes::normalize_path;
+use crate::runtime::Runtime;
+
+/// What the request path learned about one request.
+#[derive(Debug, Default)]
+pub struct Facts {
+    pub client_ip: Option<IpAddr>,
+    /// The route class, once a route matched.
+    pub route: Option<Arc<str>>,
+    pub credential: Option<Arc<Credential>>,
+    pub rate_headers: Option<RateHeaders>,
+    pub cost: u64,
+    /// The limits that denied the request, if any did.
+    pub violated: Vec<Arc<str>>,
+}
+
+impl Facts {
+    /// Who the request counts against in reports: the credential, or the
+    /// client network before authentication.
+    pub fn caller(&self, ipv6_prefix: u8) -> Option<String> {
+        match (&self.credential, self.client_ip) {
+            (Some(c), _) => Some(format!("credential:{}", c.id)),
+            (None, Some(ip)) => Some(format!("ip:{}", client_ip::key_network(ip, ipv6_prefix))),
+            _ => None,
+        }
+    }
+}
+
+/// What an admitted request does next.
+#[derive(Debug)]
+pub enum Admitted {
+    Forward(PoolId),
+    Respond {
+        status: u16,
+        body: Bytes,
+        content_type: String,
+    },
+}
+
+/// Runs the request path up to (not including) pool admission: client IP,
+/// IP rules, route, pre-auth limits, authentication, request limits.
+///
+/// Authentication is a local table lookup, so it runs before the limits and
+/// both limit groups go to the store in one call; its result is acted on
+/// only after the pre-auth limits, so callers observe the design's order: a
+/// request denied by its IP limit gets 429 whatever its key, and a bad key
+/// is charged to its IP before it gets 401.
+pub async fn admit(
+    rt: &Runtime,
+    peer: IpAddr,
+    req: &RequestHeader,
+    facts: &mut Facts,
+) -> Result<Admitted, Rejection> {
+    let policy = &rt.policy;
+    let ip = client_ip::resolve(peer, &req.headers, &policy.client_ip);
+    facts.client_ip = Some(ip);
+    if !policy.ip_rules.admits(ip) {
+        return Err(Rejection::Forbidden);
+    }
+    let path = normalize_path(req.uri.path()).map_err(|_| Rejection::NotFound)?;
+    let route = policy
+        .routes
+        .find(req.method.as_str(), &path)
+        .ok_or(Rejection::NotFound)?;
+    facts.route = Some(route.name.clone());
+
+    let credential = if route.auth_required {
+        auth::presented_key(&req.headers, &policy.auth.header)
+            .and_then(|key| policy.auth.keys.verify(key))
+    } else {
+        None
+    };
+    let authenticated = !route.auth_required || credential.is_some();
+    let who = Identity {
+        ip: Some(client_ip::key_network(ip, policy.client_ip.ipv6_prefix)),
+        credential: credential.as_deref().map(|c| c.id.as_ref()),
+        tenant: credential.as_deref().map(|c| c.tenant.as_ref()),
+        route: &route.name,
+    };
+    let plan = credential.as_ref().and_then(|c| c.plan);
+    let mut charges = build_charges(rt, &route.pre_auth, &who, None, route.cost, PRE_AUTH);
+    if authenticated {
+        charges.extend(build_charges(
+            rt,
+            &route.request,
+            &who,
+            plan,
+            route.cost,
+            REQUEST,
+        ));
+    }
+    let verdicts = if charges.is_empty() {
+        Vec::new()
+    } else {
+        rt.limiter().decide(&charges).await
+    };
+    record_decisions(rt, &charges, &verdicts);
+    if policy.ratelimit_headers {
+        facts.rate_headers = RateHeaders::most_constrained(&charges, &verdicts);
+    }
+
+    check_group(rt, &charges, &verdicts, PRE_AUTH).inspect_err(|r| facts.note(r))?;
+    if !authenticated {
+        return Err(Rejection::Unauthorized);
+    }
+    check_group(rt, &charges, &verdicts, REQUEST).inspect_err(|r| facts.note(r))?;
+    facts.credential = credential;
+
+    Ok(match &route.target {
+        Target::Upstream(pool) => Admitted::Forward(*pool),
+        Target::Respond {
+            status,
+            body,
+            content_type,
+        } => Admitted::Respond {
+            status: *status,
+            body: body.clone(),
+            content_type: content_type.clone(),
+        },
+    })
+}
+
+impl Facts {
+    fn note(&mut self, rejection: &Rejection) {
+        if let Rejection::RateLimited { violated, .. } = rejection {
+            self.violated.clone_from(violated);
+        }
+    }
+}
+
+/// Limit groups: pre-authentication limits are decided (and charged) first.
+const PRE_AUTH: u8 = 0;
+const REQUEST: u8 = 1;
+
+fn build_charges(
+    rt: &Runtime,
+    ids: &[LimitId],
+    who: &Identity<'_>,
+    plan: Option<PlanId>,
+    cost: u64,
+    group: u8,
+) -> Vec<Charge> {
+    let policy = &rt.policy;
+    ids.iter()
+        .map(|&id| {
+            let l = &policy.limits[id];
+            let tenant_scoped = l.key.tenant || l.key.credential;
+            Charge {
+                limit: id,
+                name: l.name.clone(),
+                params: policy.params(id, plan),
+                key: who.key(&l.name, l.key),
+                tenant: who.tenant.filter(|_| tenant_scoped).map(Arc::from),
+                cost,
+                enforce: l.mode == Mode::Enforce,
+                group,
+                local: l.local,
+                on_store_error: l.on_store_error,
+            }
+        })
+        .collect()
+}
+
+fn check_group(
+    rt: &Runtime,
+    charges: &[Charge],
+    verdicts: &[Verdict],
+    group: u8,
+) -> Result<(), Rejection> {
+    match combine(charges, verdicts, group) {
+        Decision::Allow => Ok(()),
+        Decision::Deny {
+            violated,
+            retry_after,
+        } => Err(Rejection::RateLimited {
+            violated,
+            retry_after,
+        }),
+        Decision::Unavailable => Err(Rejection::StoreUnavailable {
+            retry_after: rt.limiter().unavailable_retry_after(),
+        }),
+    }
+}
+
+/// Counts every limit decision by limit and outcome.
+fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
+    for (c, v) in charges.iter().zip(verdicts) {
+        let outcome = match (v.source, v.allowed, c.enforce) {
+            (Source::FailOpen, ..) => "fail_open",
+            (Source::FailClosed, ..) => "fail_closed",
+            (Source::Fallback, ..) => "local_fallback",
+            (Source::Store, true, _) => "allowed",
+            (Source::Store, false, true) => "limited",
+            (Source::Store, false, false) => "shadow_limited",
+        };
+        rt.metrics()
+            .limit_decisions
+            .with_label_values(&[c.name.as_ref(), outcome])
+            .inc();
+    }
+}

@@ -1,0 +1,105 @@
+use super::*;
+use std::time::Duration;
+
+fn upstream(servers: &[&str], max_in_flight: u32, max_waiting: u32, wait_ms: u64) -> Upstream {
+    Upstream {
+        name: "api".into(),
+        servers: servers.iter().map(|s| s.parse().unwrap()).collect(),
+        max_in_flight,
+        queue_max_waiting: max_waiting,
+        queue_timeout: Duration::from_millis(wait_ms),
+        connect_timeout: Duration::from_secs(1),
+        read_timeout: Duration::from_secs(1),
+        health: None,
+    }
+}
+
+fn pool(def: &Upstream) -> (Arc<Pool>, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new());
+    let pools = Pools::new(metrics.clone());
+    (
+        pools.reconcile(std::slice::from_ref(def)).remove(0),
+        metrics,
+    )
+}
+
+#[test]
+fn healthy_servers_take_turns() {
+    let (p, _) = pool(&upstream(
+        &["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"],
+        1,
+        0,
+        0,
+    ));
+    let picks: Vec<u16> = (0..3).map(|_| p.pick().unwrap().port()).collect();
+    assert_eq!(picks, [1, 2, 3]);
+    let servers = p.servers();
+    // Two failed checks take server 2 out; one good check brings it back.
+    assert_eq!(servers[1].record_check(false, 1, 2), None);
+    assert_eq!(servers[1].record_check(false, 1, 2), Some(false));
+    let picks: Vec<u16> = (0..4).map(|_| p.pick().unwrap().port()).collect();
+    assert!(!picks.contains(&2), "{picks:?}");
+    assert_eq!(servers[1].record_check(true, 1, 2), Some(true));
+    for s in servers.iter() {
+        s.record_check(false, 1, 1);
+    }
+    assert_eq!(p.pick(), Err(PoolRefusal::NoHealthyServer));
+}
+
+#[tokio::test]
+async fn permits_are_bounded_queued_and_released_by_drop() {
+    let (p, metrics) = pool(&upstream(&["127.0.0.1:1"], 2, 1, 50));
+    let a = p.admit().await.unwrap();
+    let _b = p.admit().await.unwrap();
+    assert_eq!(metrics.pool_in_flight.with_label_values(&["api"]).get(), 2);
+    // The third waits in the queue and gets a permit when one is dropped.
+    let waiter = {
+        let p = p.clone();
+        tokio::spawn(async move { p.admit().await.map(drop) })
+    };
+    tokio::task::yield_now().await;
+    // The queue holds one: a fourth is refused at once.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(p.admit().await.err(), Some(PoolRefusal::Saturated));
+    drop(a);
+    assert_eq!(waiter.await.unwrap().err(), None);
+    // With nothing released, a waiter times out.
+    let _c = p.admit().await.unwrap();
+    assert_eq!(p.admit().await.err(), Some(PoolRefusal::Saturated));
+    assert_eq!(metrics.pool_rejections.with_label_values(&["api"]).get(), 2);
+    drop(_c);
+    drop(_b);
+    assert_eq!(metrics.pool_in_flight.with_label_values(&["api"]).get(), 0);
+    assert_eq!(metrics.pool_waiting.with_label_values(&["api"]).get(), 0);
+}
+
+#[tokio::test]
+async fn a_reload_resizes_the_pool_in_place() {
+    let metrics = Arc::new(Metrics::new());
+    let pools = Pools::new(metrics);
+    let first = pools
+        .reconcile(&[upstream(&["127.0.0.1:1"], 1, 0, 0)])
+        .remove(0);
+    let held = first.admit().await.unwrap();
+    let bigger = pools
+        .reconcile(&[upstream(&["127.0.0.1:1"], 3, 0, 0)])
+        .remove(0);
+    assert!(Arc::ptr_eq(&first, &bigger), "the same pool, resized");
+    let more = [bigger.admit().await.unwrap(), bigger.admit().await.unwrap()];
+    assert!(
+        bigger.admit().await.is_err(),
+        "3 in flight, including the one from before"
+    );
+    // Shrinking to 1 while 3 are in flight: nothing new until two finish.
+    let smaller = pools
+        .reconcile(&[upstream(&["127.0.0.1:1"], 1, 0, 0)])
+        .remove(0);
+    drop(held);
+    tokio::task::yield_now().await;
+    assert!(smaller.admit().await.is_err());
+    drop(more);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let only = smaller.admit().await.unwrap();
+    assert!(smaller.admit().await.is_err());
+    drop(only);
+}

@@ -1,0 +1,104 @@
+//! Live policy reload, on SIGHUP or `POST /admin/reload`: the whole file is
+//! parsed and validated first, then swapped in atomically. Requests in
+//! flight finish under the policy they started with; a broken file is
+//! rejected, logged and counted, and the old policy keeps serving.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+use crate::config;
+use crate::runtime::{Runtime, Services};
+
+pub struct Reloader {
+    path: PathBuf,
+    live: Arc<ArcSwap<Runtime>>,
+    services: Arc<Services>,
+    /// One reload at a time: two racing swaps could go live out of order.
+    busy: Mutex<()>,
+}
+
+impl Reloader {
+    pub fn new(path: PathBuf, live: Arc<ArcSwap<Runtime>>, services: Arc<Services>) -> Self {
+        Self {
+            path,
+            live,
+            services,
+            busy: Mutex::new(()),
+        }
+    }
+
+    /// Loads the file again; returns the new policy version, or the error
+    /// that kept the old policy in place.
+    pub fn reload(&self) -> Result<String, String> {
+        let _one_at_a_time = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        let metrics = &self.services.metrics;
+        let policy = match config::load(&self.path) {
+            Ok(policy) => policy,
+            Err(e) => {
+                tracing::error!(error = %e, "policy reload rejected; the previous policy stays live");
+                metrics.config_reloads.with_label_values(&["error"]).inc();
+                return Err(e.to_string());
+            }
+        };
+        let old = self.live.load();
+        if policy.store != old.policy.store {
+            tracing::warn!("store settings changed; they take effect at the next restart");
+        }
+        if policy.server.listen != old.policy.server.listen
+            || policy.server.admin_listen != old.policy.server.admin_listen
+        {
+            tracing::warn!("listen addresses changed; they take effect at the next restart");
+        }
+        let version = policy.policy_version.clone();
+        self.live
+            .store(Arc::new(Runtime::new(policy, self.services.clone())));
+        metrics.config_reloads.with_label_values(&["ok"]).inc();
+        metrics.config_info.reset();
+        metrics
+            .config_info
+            .with_label_values(&[version.as_str()])
+            .set(1);
+        tracing::info!(policy_version = %version, "policy reloaded");
+        Ok(version)
+    }
+}
+
+/// Reloads on SIGHUP.
+pub struct HangupListener {
+    reloader: Arc<Reloader>,
+}
+
+impl HangupListener {
+    pub fn new(reloader: Arc<Reloader>) -> Self {
+        Self { reloader }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for HangupListener {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGHUP; reload with POST /admin/reload");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                Some(()) = hangups.recv() => {
+                    let reloader = self.reloader.clone();
+                    // Reading and resolving the file may block.
+                    let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
