@@ -78,6 +78,7 @@ pub async fn admit(
         .find(req.method.as_str(), &path)
         .ok_or(Rejection::NotFound)?;
     facts.route = Some(route.name.clone());
+    facts.cost = route.cost;
 
     let credential = if route.auth_required {
         auth::presented_key(&req.headers, &policy.auth.header)

@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::redis_server::RedisServer;
-use support::{digest, get, Gateway};
+use support::{digest, eventually, get, Gateway};
 
 const SECRET: (&str, &str) = ("TOLLGATE_KEY_SECRET", "e2e-secret-3f9a");
 
@@ -241,18 +241,6 @@ fn assert_failure_modes(gw: &Gateway) {
             format!("tollgate_limit_decisions_total{{limit=\"{limit}\",outcome=\"{outcome}\"}}");
         assert!(gw.metric(&series) >= 1.0, "{series} in\n{}", gw.metrics());
     }
-}
-
-/// Polls until `f` holds, for at most `limit`.
-fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    false
 }
 
 #[test]

@@ -22,34 +22,60 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
-/// An upstream that answers every request with 200 and a JSON echo of the
-/// method, path and headers it received, counting requests.
+/// What an upstream has seen, shared with its connection threads.
+#[derive(Default)]
+pub struct UpstreamState {
+    pub hits: AtomicUsize,
+    pub in_flight: AtomicUsize,
+    pub max_in_flight: AtomicUsize,
+    /// Milliseconds to wait before answering paths under `/slow`.
+    pub delay_ms: AtomicUsize,
+    /// What `/health` answers: 200 while true, 500 otherwise.
+    pub unhealthy: std::sync::atomic::AtomicBool,
+}
+
+/// An upstream that answers with 200 and a JSON echo of the method, path
+/// and headers it received. `/slow…` waits `delay_ms` first, `/fail…`
+/// closes the connection without an answer, `/health` reports the
+/// `unhealthy` flag. It counts requests and the most it had at once.
 pub struct Upstream {
     pub addr: SocketAddr,
-    pub hits: Arc<AtomicUsize>,
+    pub state: Arc<UpstreamState>,
 }
 
 impl Upstream {
     pub fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
         let addr = listener.local_addr().unwrap();
-        let hits = Arc::new(AtomicUsize::new(0));
-        let counter = hits.clone();
+        let state = Arc::new(UpstreamState::default());
+        let shared = state.clone();
         thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let counter = counter.clone();
-                thread::spawn(move || serve(conn, &counter));
+                let state = shared.clone();
+                thread::spawn(move || serve(conn, &state));
             }
         });
-        Self { addr, hits }
+        Self { addr, state }
+    }
+
+    pub fn slow(delay: Duration) -> Self {
+        let u = Self::start();
+        u.state
+            .delay_ms
+            .store(delay.as_millis() as usize, Ordering::SeqCst);
+        u
     }
 
     pub fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
+        self.state.hits.load(Ordering::SeqCst)
+    }
+
+    pub fn max_in_flight(&self) -> usize {
+        self.state.max_in_flight.load(Ordering::SeqCst)
     }
 }
 
-fn serve(conn: TcpStream, hits: &AtomicUsize) {
+fn serve(conn: TcpStream, state: &UpstreamState) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone"));
     let mut conn = conn;
     loop {
@@ -88,7 +114,30 @@ fn serve(conn: TcpStream, hits: &AtomicUsize) {
         if reader.read_exact(&mut body).is_err() {
             return;
         }
-        hits.fetch_add(1, Ordering::SeqCst);
+        if path == "/health" {
+            let status = if state.unhealthy.load(Ordering::SeqCst) {
+                "500 Oops"
+            } else {
+                "200 OK"
+            };
+            let _ = conn.write_all(
+                format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+            return;
+        }
+        state.hits.fetch_add(1, Ordering::SeqCst);
+        let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        if path.starts_with("/slow") {
+            thread::sleep(Duration::from_millis(
+                state.delay_ms.load(Ordering::SeqCst) as u64
+            ));
+        }
+        state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if path.starts_with("/fail") {
+            return;
+        }
         let echo =
             serde_json::json!({ "method": method, "path": path, "headers": headers }).to_string();
         let reply = format!(
@@ -291,6 +340,37 @@ impl Gateway {
         self.child.id()
     }
 
+    /// Sends a signal (`-HUP`, `-TERM`…) to the gateway process.
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Replaces the policy file (placeholders as in [`Gateway::start`]).
+    pub fn rewrite(&self, policy: &str, upstream: Option<&Upstream>) {
+        let upstream = upstream.map_or("127.0.0.1:9".to_string(), |u| u.addr.to_string());
+        let text = policy
+            .replace("{listen}", &self.addr.to_string())
+            .replace("{admin}", &self.admin.to_string())
+            .replace("{upstream}", &upstream);
+        std::fs::write(&self.config, text).expect("write policy");
+    }
+
     /// The admin listener's `/metrics` text.
     pub fn metrics(&self) -> String {
         get(self.admin, "/metrics", &[]).body
@@ -310,6 +390,19 @@ impl Drop for Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Polls until `f` holds, for at most `limit`: waiting for a condition with
+/// a bound, never for a guessed amount of time.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    false
 }
 
 /// The SHA-256 hex of a raw key, as the policy lists it.
