@@ -21,13 +21,18 @@ WORKDIR /src
 # Fetch dependencies in their own layer, so that source edits do not
 # download them again. The stub sources only satisfy the manifest.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src \
- && touch src/lib.rs \
+RUN mkdir -p src bench benches \
+ && touch src/lib.rs bench/plain_proxy.rs benches/hot_paths.rs \
  && echo 'fn main() {}' > src/main.rs \
  && cargo fetch --locked \
- && rm -rf src
+ && rm -rf src bench benches
 
+# The sources, the Lua scripts embedded at build time, and the other
+# targets the manifest declares.
 COPY src ./src
+COPY lua ./lua
+COPY bench ./bench
+COPY benches ./benches
 RUN cargo build --release --locked --bin tollgate \
  && install -D -m 0755 target/release/tollgate /out/tollgate
 

@@ -2,22 +2,31 @@
 #
 #   make run    build and serve config/quickstart.yaml (memory store, no Redis)
 #   make test   install missing system packages, then run every test
+#   make bench  benchmark against the peers (see bench/README.md)
 
 CARGO ?= cargo
 CONFIG ?= config/quickstart.yaml
 # Debian packages the build and the tests need, as command=package pairs:
 # cmake builds Pingora's zlib-ng; redis-server backs the store tests.
 SYSTEM_DEPS := cmake=cmake redis-server=redis-server
+# The benchmark's contenders and load generator.
+BENCH_DEPS := nginx=nginx-light wrk=wrk /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
 
-.PHONY: run test build release deps check-config lint
+.PHONY: run test build release deps bench-deps install bench check-config lint
 
 # Installs what is missing with apt-get when it can (root or sudo), and
 # otherwise says what to install.
 deps:
+	@$(MAKE) --no-print-directory install PAIRS="$(SYSTEM_DEPS)"
+
+bench-deps: deps
+	@$(MAKE) --no-print-directory install PAIRS="$(BENCH_DEPS)"
+
+install:
 	@missing=""; \
-	for pair in $(SYSTEM_DEPS); do \
+	for pair in $(PAIRS); do \
 	  cmd=$${pair%%=*}; pkg=$${pair#*=}; \
-	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	  command -v $$cmd >/dev/null 2>&1 || [ -e "$$cmd" ] || missing="$$missing $$pkg"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
@@ -44,6 +53,10 @@ check-config: build
 
 test: deps
 	$(CARGO) test --all-targets
+
+bench: bench-deps
+	$(CARGO) build --release --bin tollgate --example plain_proxy
+	python3 bench/run.py $(BENCH_ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -1,0 +1,464 @@
+#!/usr/bin/env python3
+"""tollgate's benchmark harness: every contender on one machine, in one run.
+
+Starts an upstream (NGINX returning a small 200), Redis, and each
+contender with one worker thread, then drives them with wrk, alternating
+the contenders across rounds. Also measures Redis work per request,
+accuracy of shared against per-instance limits, and memory after 100 000
+distinct tenants and IPs. Writes bench/RESULTS.md.
+
+    make bench                      # builds, then runs this
+    python3 bench/run.py --duration 10 --rounds 3 --connections 32
+
+Only loopback addresses are used; every process started here is stopped
+here, by its pid.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+RELEASE = ROOT / "target" / "release"
+API_KEY = "bench-key"
+SECRET = "bench-secret-not-for-production"
+MAX = 1_000_000_000
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def http_get(port, path="/", headers=None, timeout=5):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class Procs:
+    """Processes started by this run, stopped by pid at the end."""
+
+    def __init__(self, work):
+        self.work = work
+        self.procs = {}
+
+    def start(self, name, args, env=None):
+        log = open(self.work / f"{name}.log", "wb")
+        full_env = dict(os.environ, **(env or {}))
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        self.procs[name] = p
+        return p
+
+    def stop(self, name):
+        p = self.procs.pop(name, None)
+        if p and p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def stop_all(self):
+        for name in list(self.procs):
+            self.stop(name)
+
+
+def render(template, **values):
+    text = Path(template).read_text()
+    for k, v in values.items():
+        text = text.replace("{" + k + "}", str(v))
+    return text
+
+
+def wrk(port, duration, connections, path="/v1/bench", script=None):
+    args = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
+            "-H", f"Authorization: Bearer {API_KEY}", "-H", "X-Forwarded-For: 203.0.113.7"]
+    if script:
+        args += ["-s", str(script)]
+    args.append(f"http://127.0.0.1:{port}{path}")
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return parse_wrk(out)
+
+
+def to_ms(value):
+    m = re.match(r"([\d.]+)(us|ms|s)", value)
+    n, unit = float(m.group(1)), m.group(2)
+    return n / 1000 if unit == "us" else n * 1000 if unit == "s" else n
+
+
+def parse_wrk(out):
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p50 = to_ms(re.search(r"50%\s+(\S+)", out).group(1))
+    p99 = to_ms(re.search(r"99%\s+(\S+)", out).group(1))
+    total = int(re.search(r"(\d+) requests in", out).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sockerr = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = (int(non2xx.group(1)) if non2xx else 0) + (sum(map(int, sockerr.groups())) if sockerr else 0)
+    return {"rps": rps, "p50": p50, "p99": p99, "errors": errors, "requests": total}
+
+
+def redis_cli(port, *args):
+    return subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], capture_output=True, text=True, check=True).stdout
+
+
+def commandstats(port):
+    stats = {}
+    for line in redis_cli(port, "INFO", "commandstats").splitlines():
+        m = re.match(r"cmdstat_(\w+):calls=(\d+),usec=(\d+),usec_per_call=([\d.]+)", line)
+        if m:
+            stats[m.group(1)] = (int(m.group(2)), int(m.group(3)), float(m.group(4)))
+    return stats
+
+
+def rss_kib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def machine():
+    cpu = "unknown cpu"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 // 1024
+    def version(cmd):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            return (r.stdout + r.stderr).strip().splitlines()[0]
+        except (OSError, IndexError):
+            return "?"
+    return {
+        "cpu": f"{os.cpu_count()} cores, {cpu}", "memory": f"{mem} GiB", "os": platform.platform(),
+        "nginx": version(["nginx", "-v"]), "redis": version(["redis-server", "--version"]),
+        "wrk": version(["wrk", "--version"]), "rustc": version(["rustc", "--version"]),
+    }
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(tempfile.mkdtemp(prefix="tollgate-bench-"))
+        self.procs = Procs(self.work)
+        self.ports = {}
+
+    # ---- set-up -------------------------------------------------------
+
+    def keys_file(self, count):
+        path = self.work / f"keys-{count}.yaml"
+        if not path.exists():
+            lines = ["keys:"]
+            digest = hashlib.sha256(API_KEY.encode()).hexdigest()
+            lines.append(f'  - {{ id: bench, tenant: bench-tenant, sha256: "{digest}" }}')
+            for i in range(count):
+                d = hashlib.sha256(f"k{i}".encode()).hexdigest()
+                lines.append(f'  - {{ id: c{i}, tenant: t{i}, sha256: "{d}" }}')
+            path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start_redis(self, name="redis"):
+        port = free_port()
+        self.procs.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--dir", str(self.work)])
+        wait_port(port)
+        self.ports[name] = port
+        return port
+
+    def start_nginx(self, name, conf, env=None, **values):
+        port = free_port()
+        text = render(BENCH / "nginx" / conf, work=self.work, bench=BENCH, port=port,
+                      upstream_port=self.ports.get("upstream", port), **values)
+        path = self.work / f"{name}.conf"
+        path.write_text(text)
+        self.procs.start(name, ["nginx", "-p", str(self.work), "-c", str(path)], env=env)
+        wait_port(port)
+        self.ports[name] = port
+        return port
+
+    def start_tollgate(self, name, backend, capacity=MAX, rate=MAX, keys=0, redis=None):
+        port, admin = free_port(), free_port()
+        text = render(BENCH / "tollgate-full.yaml", port=port, admin_port=admin, backend=backend,
+                      redis_port=redis or self.ports["redis"], upstream_port=self.ports["upstream"],
+                      keys_file=self.keys_file(keys), capacity=capacity, rate=rate)
+        path = self.work / f"{name}.yaml"
+        path.write_text(text)
+        p = self.procs.start(name, [str(RELEASE / "tollgate"), "run", "--config", str(path)],
+                             env={"TOLLGATE_KEY_SECRET": SECRET, "RUST_LOG": "warn"})
+        wait_port(port)
+        wait_port(admin)
+        self.ports[name] = port
+        return port, p
+
+    def start_plain(self):
+        port = free_port()
+        self.procs.start("plain_pingora", [str(RELEASE / "examples" / "plain_proxy"),
+                                           f"127.0.0.1:{port}", f"127.0.0.1:{self.ports['upstream']}", "1"])
+        wait_port(port)
+        self.ports["plain_pingora"] = port
+        return port
+
+    # ---- measurements -------------------------------------------------
+
+    def throughput(self):
+        a = self.args
+        self.start_redis()
+        self.start_nginx("upstream", "upstream.conf")
+        self.ports["direct"] = self.ports["upstream"]
+        self.start_plain()
+        self.start_nginx("nginx_limit_req", "limit_req.conf")
+        self.start_nginx("nginx_lua_redis", "lua_redis.conf", env={"BENCH_REDIS_PORT": str(self.ports["redis"])})
+        self.start_tollgate("tollgate_full", "redis")
+        self.start_tollgate("tollgate_memory", "memory")
+        contenders = ["direct", "plain_pingora", "nginx_limit_req", "nginx_lua_redis", "tollgate_full", "tollgate_memory"]
+        headers = {"Authorization": f"Bearer {API_KEY}", "X-Forwarded-For": "203.0.113.7"}
+        for c in contenders:
+            status, _ = http_get(self.ports[c], "/v1/bench", headers)
+            assert status == 200, f"{c} answered {status}"
+            wrk(self.ports[c], 2, a.connections)  # warm-up
+        results = {c: [] for c in contenders}
+        for r in range(a.rounds):
+            order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
+            for c in order:
+                results[c].append(wrk(self.ports[c], a.duration, a.connections))
+                print(f"round {r + 1} {c}: {results[c][-1]}", flush=True)
+        return contenders, results
+
+    def redis_work(self):
+        """Commands and script calls per admitted and per denied request."""
+        port = self.ports["redis"]
+        out = {}
+        for label, path in [("3 shared limits, admitted", "/v1/bench"), ("1 shared limit, admitted", "/one/bench")]:
+            redis_cli(port, "CONFIG", "RESETSTAT")
+            w = wrk(self.ports["tollgate_full"], 3, self.args.connections, path=path)
+            out[label] = (w["requests"], commandstats(port))
+        # Denied: a gateway whose shared budgets are spent after one request.
+        dport, _ = self.start_tollgate("tollgate_denied", "redis", capacity=1, rate=0.001)
+        http_get(dport, "/v1/bench", {"Authorization": f"Bearer {API_KEY}", "X-Forwarded-For": "203.0.113.7"})
+        redis_cli(port, "CONFIG", "RESETSTAT")
+        w = wrk(dport, 3, self.args.connections)
+        out["3 shared limits, denied"] = (w["requests"], commandstats(port))
+        self.procs.stop("tollgate_denied")
+        return out
+
+    def accuracy(self, instances=4, seconds=5.0, capacity=100, rate=50):
+        """Admitted requests against capacity + rate × elapsed."""
+        out = {}
+        for backend in ["redis", "memory"]:
+            redis = self.start_redis(f"redis_acc_{backend}")
+            gws = [self.start_tollgate(f"acc_{backend}_{i}", backend, capacity=capacity, rate=rate, redis=redis)[0]
+                   for i in range(instances)]
+            admitted, lock = [0], threading.Lock()
+            start = time.time()
+
+            def client(n):
+                i = n
+                while time.time() - start < seconds:
+                    status, _ = http_get(gws[i % len(gws)], "/v1/acc",
+                                         {"Authorization": f"Bearer {API_KEY}", "X-Forwarded-For": f"198.51.100.{n}"})
+                    i += 1
+                    if status == 200:
+                        with lock:
+                            admitted[0] += 1
+
+            threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            elapsed = time.time() - start
+            out[backend] = (admitted[0], capacity + rate * elapsed, elapsed)
+            for i in range(instances):
+                self.procs.stop(f"acc_{backend}_{i}")
+            self.procs.stop(f"redis_acc_{backend}")
+        return out
+
+    def memory(self, identities=100_000):
+        """RSS and Redis memory after many distinct tenants and IPs."""
+        redis = self.start_redis("redis_mem")
+        port, proc = self.start_tollgate("tollgate_mem", "redis", capacity=10, rate=5, keys=identities, redis=redis)
+        script = self.work / "distinct.lua"
+        script.write_text(f"""
+local n = 0
+request = function()
+  n = n + 1
+  local i = n % {identities}
+  return wrk.format("GET", "/v1/mem", {{
+    ["Authorization"] = "Bearer k" .. i,
+    ["X-Forwarded-For"] = string.format("10.%d.%d.%d", math.floor(i / 65536) % 256, math.floor(i / 256) % 256, i % 256),
+  }})
+end
+""")
+        rss_start = rss_kib(proc.pid)
+        # Enough requests for every identity to be seen at least once.
+        w = wrk(port, max(10, identities // 8000), self.args.connections, path="/v1/mem", script=script)
+        seen_rss = rss_kib(proc.pid)
+        used = int(re.search(r"used_memory:(\d+)", redis_cli(redis, "INFO", "memory")).group(1))
+        keys = int(redis_cli(redis, "DBSIZE").strip())
+        # Keys expire once back to their initial state (2 s here) plus 1 s.
+        time.sleep(4)
+        keys_after = int(redis_cli(redis, "DBSIZE").strip())
+        used_after = int(re.search(r"used_memory:(\d+)", redis_cli(redis, "INFO", "memory")).group(1))
+        # The in-process tables sweep as traffic continues.
+        http_get(port, "/v1/mem", {"Authorization": f"Bearer {API_KEY}"})
+        rss_after = rss_kib(proc.pid)
+        self.procs.stop("tollgate_mem")
+        self.procs.stop("redis_mem")
+        return {"requests": w["requests"], "rss_start": rss_start, "rss_seen": seen_rss, "rss_after": rss_after,
+                "redis_used": used, "redis_keys": keys, "redis_keys_after": keys_after, "redis_used_after": used_after}
+
+    def micro(self):
+        """Criterion micro-benchmarks of the hot pure functions."""
+        subprocess.run(["cargo", "bench", "--bench", "hot_paths", "--", "--warm-up-time", "1",
+                        "--measurement-time", "2"], cwd=ROOT, check=True, capture_output=True)
+        rows = []
+        for est in sorted((ROOT / "target" / "criterion").glob("*/new/estimates.json")):
+            data = json.loads(est.read_text())
+            rows.append((est.parent.parent.name, data["median"]["point_estimate"]))
+        return rows
+
+
+def write_results(args, info, contenders, results, redis_work, accuracy, memory, micro):
+    med = {c: {k: statistics.median(r[k] for r in results[c]) for k in ("rps", "p50", "p99")} for c in contenders}
+    errors = {c: sum(r["errors"] for r in results[c]) for c in contenders}
+    full, plain, lua = med["tollgate_full"], med["plain_pingora"], med["nginx_lua_redis"]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:",
+        "",
+        "```",
+        "make bench   # = python3 bench/run.py " + " ".join(sys.argv[1:]),
+        "```",
+        "",
+        f"Machine: {info['cpu']}, {info['memory']}, {info['os']}. {info['nginx']}; {info['redis']}; "
+        f"{info['wrk']}; {info['rustc']}.",
+        "",
+        f"Load: `wrk -t1 -c{args.connections} -d{args.duration}s` per contender, {args.rounds} rounds with the "
+        "order rotated each round; medians shown. Every contender runs one worker thread; the upstream is one "
+        "NGINX worker returning a small 200; everything shares the machine's cores (wrk, contender, upstream, Redis).",
+        "",
+        "| contender | req/s | p50 ms | p99 ms | errors |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    names = {
+        "direct": "upstream directly", "plain_pingora": "plain Pingora proxy (no limits)",
+        "nginx_limit_req": "NGINX proxy_pass + limit_req", "nginx_lua_redis": "NGINX + Lua + Redis token bucket",
+        "tollgate_full": "tollgate, full path (Redis)", "tollgate_memory": "tollgate, memory store",
+    }
+    for c in contenders:
+        m = med[c]
+        lines.append(f"| {names[c]} | {m['rps']:.0f} | {m['p50']:.2f} | {m['p99']:.2f} | {errors[c]} |")
+    r1 = full["rps"] / plain["rps"]
+    r2 = full["rps"] / lua["rps"]
+    lines += [
+        "",
+        "## Targets",
+        "",
+        "| target | measured | met |",
+        "|---|---|---|",
+        f"| full path ≥ 0.85 × plain Pingora throughput | {r1:.2f} × | {'yes' if r1 >= 0.85 else 'no'} |",
+        f"| full path p99 within +1 ms of plain Pingora | {full['p99'] - plain['p99']:+.2f} ms | "
+        f"{'yes' if full['p99'] - plain['p99'] <= 1 else 'no'} |",
+        f"| full path ≥ 1.5 × NGINX + Lua + Redis throughput | {r2:.2f} × | {'yes' if r2 >= 1.5 else 'no'} |",
+        f"| full path p99 below NGINX + Lua + Redis | {full['p99']:.2f} vs {lua['p99']:.2f} ms | "
+        f"{'yes' if full['p99'] < lua['p99'] else 'no'} |",
+        "",
+        "## Redis work per request",
+        "",
+        "From `INFO commandstats` after `CONFIG RESETSTAT`, over a 3 s wrk run each. Commands run inside the "
+        "script are counted by Redis too.",
+        "",
+        "| route | requests | EVALSHA per request | all commands per request | µs per EVALSHA |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, (requests, stats) in redis_work.items():
+        ev = stats.get("evalsha", (0, 0, 0.0))
+        total = sum(s[0] for s in stats.values())
+        lines.append(f"| {label} | {requests} | {ev[0] / max(requests, 1):.3f} | {total / max(requests, 1):.2f} | {ev[2]:.2f} |")
+    lines += ["", "## Accuracy", "", "4 instances, one credential, token bucket capacity 100 refilling 50/s, "
+              "8 clients spread over the instances for 5 s.", "",
+              "| store | admitted | ideal (capacity + rate × elapsed) | ratio |", "|---|---:|---:|---:|"]
+    for backend, (admitted, ideal, _) in accuracy.items():
+        lines.append(f"| {backend} | {admitted} | {ideal:.1f} | {admitted / ideal:.3f} |")
+    m = memory
+    lines += [
+        "", "## Memory", "",
+        f"One tollgate (Redis store) after {m['requests']} requests from 100 000 distinct credentials/tenants and "
+        "IPs (limits: capacity 10, refill 5/s, so keys return to their initial state after 2 s).", "",
+        "| measure | value |", "|---|---:|",
+        f"| gateway RSS at start | {m['rss_start'] / 1024:.1f} MiB |",
+        f"| gateway RSS after the traffic | {m['rss_seen'] / 1024:.1f} MiB |",
+        f"| gateway RSS 4 s later | {m['rss_after'] / 1024:.1f} MiB |",
+        f"| Redis keys / used memory after the traffic | {m['redis_keys']} / {m['redis_used'] / 1048576:.1f} MiB |",
+        f"| Redis keys / used memory 4 s later | {m['redis_keys_after']} / {m['redis_used_after'] / 1048576:.1f} MiB |",
+    ]
+    if micro:
+        lines += ["", "## Micro-benchmarks (criterion, median)", "", "| function | time |", "|---|---:|"]
+        for name, ns in micro:
+            lines.append(f"| {name} | {ns:.0f} ns |")
+    (BENCH / "RESULTS.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--skip-micro", action="store_true")
+    args = p.parse_args()
+    for tool in ["nginx", "wrk", "redis-server", "redis-cli"]:
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is missing: run `make bench-deps`")
+    bench = Bench(args)
+    try:
+        info = machine()
+        contenders, results = bench.throughput()
+        redis_work = bench.redis_work()
+        for c in ["tollgate_full", "tollgate_memory", "nginx_lua_redis", "nginx_limit_req", "plain_pingora"]:
+            bench.procs.stop(c)
+        accuracy = bench.accuracy()
+        memory = bench.memory()
+        bench.procs.stop_all()
+        micro = [] if args.skip_micro else bench.micro()
+        write_results(args, info, contenders, results, redis_work, accuracy, memory, micro)
+    finally:
+        bench.procs.stop_all()
+
+
+if __name__ == "__main__":
+    main()
