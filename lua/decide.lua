@@ -134,6 +134,8 @@ for i = 1, n do
     l.x, l.y, l.z = start, curr, prev
     l.ok, l.rem, l.wait = check_sliding(l.a, l.b, curr, prev, l.cost, math.max(now, start) - start)
   else
+    -- MGET saw a string here: the limit used another algorithm before.
+    if raw[i] then redis.call('DEL', KEYS[i]) end
     local flat = redis.call('ZRANGE', KEYS[i], 0, -1, 'WITHSCORES')
     local entries, total = {}, 0
     for j = 1, #flat, 2 do

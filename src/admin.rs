@@ -9,7 +9,7 @@ use http::{Method, Response};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
-use crate::config::OnStoreError;
+use crate::config::{Mode, OnStoreError};
 use crate::reload::Reloader;
 use crate::runtime::Runtime;
 
@@ -22,34 +22,64 @@ const TOP_ROWS: usize = 20;
 pub struct Admin {
     live: Arc<ArcSwap<Runtime>>,
     reloader: Arc<Reloader>,
-    /// SHA-256 of the admin token, when one is configured.
-    token: Option<[u8; 32]>,
+    access: AdminAccess,
+}
+
+/// Who may use `/admin/*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAccess {
+    /// No token configured: the listener's address is the only guard, and
+    /// identities in reports stay hashed.
+    Open,
+    /// A token is configured but its variable is empty or unset: nobody.
+    Closed,
+    /// Holders of the token whose SHA-256 this is.
+    Token([u8; 32]),
+}
+
+impl AdminAccess {
+    /// From `server.admin_token_env` and the environment.
+    pub fn from_env(var: Option<&str>) -> Self {
+        match var.map(std::env::var) {
+            None => AdminAccess::Open,
+            Some(Ok(token)) if !token.is_empty() => {
+                AdminAccess::Token(crate::auth::digest(token.as_bytes()))
+            }
+            Some(_) => AdminAccess::Closed,
+        }
+    }
 }
 
 impl Admin {
-    pub fn new(live: Arc<ArcSwap<Runtime>>, reloader: Arc<Reloader>, token: Option<&str>) -> Self {
+    pub fn new(live: Arc<ArcSwap<Runtime>>, reloader: Arc<Reloader>, access: AdminAccess) -> Self {
         Self {
             live,
             reloader,
-            token: token.map(|t| crate::auth::digest(t.as_bytes())),
+            access,
         }
     }
 
     /// Whether the request carries the configured admin token. Digests are
     /// compared, so the time taken says nothing about the token.
     fn has_token(&self, session: &ServerSession) -> bool {
-        let presented =
-            crate::auth::presented_key(&session.req_header().headers, &http::header::AUTHORIZATION);
-        match (self.token, presented) {
-            (Some(token), Some(key)) => crate::auth::digest(key) == token,
+        let headers = &session.req_header().headers;
+        let presented = crate::auth::presented_key(headers, &http::header::AUTHORIZATION);
+        match (self.access, presented) {
+            (AdminAccess::Token(token), Some(key)) => crate::auth::digest(key) == token,
             _ => false,
         }
     }
 
     async fn admin(&self, session: &ServerSession, path: &str) -> Response<Vec<u8>> {
         let authorized = self.has_token(session);
-        if self.token.is_some() && !authorized {
-            return text(401, "admin token required\n".into());
+        match self.access {
+            AdminAccess::Closed => {
+                return text(403, "the admin token variable is not set\n".into())
+            }
+            AdminAccess::Token(_) if !authorized => {
+                return text(401, "admin token required\n".into())
+            }
+            AdminAccess::Open | AdminAccess::Token(_) => {}
         }
         let method = &session.req_header().method;
         match (method, path) {
@@ -94,11 +124,16 @@ fn text(status: u16, body: String) -> Response<Vec<u8>> {
 }
 
 /// Whether every shared limit can decide without the store.
+///
+/// Only enforced limits that some route uses count.
 fn every_limit_has_a_fallback(rt: &Runtime) -> bool {
-    rt.policy
-        .limits
+    let policy = &rt.policy;
+    policy
+        .routes
         .iter()
-        .all(|l| l.local || l.on_store_error != OnStoreError::Closed)
+        .flat_map(|r| r.pre_auth.iter().chain(&r.request))
+        .map(|&id| &policy.limits[id])
+        .all(|l| l.local || l.mode == Mode::Shadow || l.on_store_error != OnStoreError::Closed)
 }
 
 #[async_trait]
@@ -109,7 +144,7 @@ impl ServeHttp for Admin {
             "/healthz" => text(200, "ok\n".into()),
             "/readyz" => {
                 let rt = self.live.load();
-                if rt.limiter().store_healthy() || every_limit_has_a_fallback(&rt) {
+                if every_limit_has_a_fallback(&rt) || rt.limiter().store_ready().await {
                     text(200, format!("ready: policy {}\n", rt.policy.policy_version))
                 } else {
                     text(503, "not ready: the limit store is unreachable\n".into())

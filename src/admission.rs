@@ -94,6 +94,7 @@ pub async fn admit(
         route: &route.name,
     };
     let plan = credential.as_ref().and_then(|c| c.plan);
+    facts.credential.clone_from(&credential);
     let mut charges = build_charges(rt, &route.pre_auth, &who, None, route.cost, PRE_AUTH);
     if authenticated {
         charges.extend(build_charges(
@@ -120,7 +121,6 @@ pub async fn admit(
         return Err(Rejection::Unauthorized);
     }
     check_group(rt, &charges, &verdicts, REQUEST).inspect_err(|r| facts.note(r))?;
-    facts.credential = credential;
 
     Ok(match &route.target {
         Target::Upstream(pool) => Admitted::Forward(*pool),

@@ -30,11 +30,17 @@ pub async fn probe(addr: SocketAddr, check: Arc<HealthCheck>) -> bool {
         };
         let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nuser-agent: tollgate-health\r\nconnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
-        let mut head = [0u8; 16];
-        let n = stream.read(&mut head).await.ok()?;
-        // "HTTP/1.1 200 ..." → the status class is the tenth byte.
-        let status = head.get(..n).and_then(|h| h.get(9)).copied();
-        Some(matches!(status, Some(b'2' | b'3')))
+        // "HTTP/1.1 200 ..." → the status class is the tenth byte; the
+        // status line may arrive in pieces.
+        let mut head = [0u8; 12];
+        let mut filled = 0;
+        while filled < head.len() {
+            match stream.read(&mut head[filled..]).await.ok()? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        Some(filled >= 10 && head.starts_with(b"HTTP/1.") && matches!(head[9], b'2' | b'3'))
     };
     matches!(
         tokio::time::timeout(check.timeout, attempt).await,

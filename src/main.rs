@@ -14,7 +14,7 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
-use tollgate::admin::Admin;
+use tollgate::admin::{Admin, AdminAccess};
 use tollgate::config::{self, Backend, StoreSettings};
 use tollgate::health::HealthChecker;
 use tollgate::limits::breaker::Breaker;
@@ -123,12 +123,9 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
     let policy = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!("{}", policy.summary());
     let settings = policy.server.clone();
-    let admin_token = match &settings.admin_token_env {
-        Some(var) => std::env::var(var).ok().filter(|t| !t.is_empty()),
-        None => None,
-    };
-    if settings.admin_token_env.is_some() && admin_token.is_none() {
-        tracing::warn!("server.admin_token_env names an unset variable: /admin/* is unguarded");
+    let admin_access = AdminAccess::from_env(settings.admin_token_env.as_deref());
+    if admin_access == AdminAccess::Closed {
+        tracing::warn!("server.admin_token_env names an unset variable: /admin/* is closed");
     }
 
     let conf = ServerConf {
@@ -186,7 +183,7 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
     if let Some(addr) = settings.admin_listen {
         let mut admin = Service::new(
             "tollgate admin".into(),
-            Admin::new(live, reloader, admin_token.as_deref()),
+            Admin::new(live, reloader, admin_access),
         );
         admin.add_tcp(&addr.to_string());
         server.add_service(admin);

@@ -72,8 +72,8 @@ impl Gateway {
                 PoolRefusal::Saturated => Rejection::Overloaded { retry_after: 1 },
                 PoolRefusal::NoHealthyServer => Rejection::NoHealthyUpstream { retry_after: 1 },
             };
-            let server = pool.pick().map_err(refusal)?;
             ctx.permit = Some(pool.admit().await.map_err(refusal)?);
+            let server = pool.pick().map_err(refusal)?;
             ctx.server = Some((pool_id, server));
         }
         Ok(admitted)
@@ -226,6 +226,13 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// Pingora's own error lines describe a request with this: the route
+    /// class, never the raw path, query or host.
+    fn request_summary(&self, session: &Session, ctx: &RequestCtx) -> String {
+        let route = ctx.facts.route.as_deref().unwrap_or("unmatched");
+        format!("{} route={route}", session.req_header().method)
+    }
+
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // The pool slot is free as soon as the response is over.
         ctx.permit = None;
@@ -238,7 +245,7 @@ impl ProxyHttp for Gateway {
         let caller = || {
             ctx.facts
                 .caller(rt.policy.client_ip.ipv6_prefix)
-                .map(|c| rt.services.redactor.tag(&c))
+                .map(|c| rt.services.redactor.caller(&c))
         };
         let elapsed_ms = ctx.started.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1e3);
         let denied = matches!(ctx.outcome, "limited" | "unauthorized" | "forbidden");

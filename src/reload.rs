@@ -49,10 +49,8 @@ impl Reloader {
         if policy.store != old.policy.store {
             tracing::warn!("store settings changed; they take effect at the next restart");
         }
-        if policy.server.listen != old.policy.server.listen
-            || policy.server.admin_listen != old.policy.server.admin_listen
-        {
-            tracing::warn!("listen addresses changed; they take effect at the next restart");
+        if policy.server != old.policy.server {
+            tracing::warn!("server settings changed; they take effect at the next restart");
         }
         let version = policy.policy_version.clone();
         self.live

@@ -33,6 +33,12 @@ impl Redactor {
         }
     }
 
+    /// A caller (`"kind:identity"`) with its identity replaced by its tag.
+    pub fn caller(&self, caller: &str) -> String {
+        let (kind, id) = caller.split_once(':').unwrap_or(("caller", caller));
+        format!("{kind}:{}", self.tag(id))
+    }
+
     /// A 12-hex-digit tag of an identity.
     pub fn tag(&self, identity: &str) -> String {
         let mut mac = self.mac.clone();
@@ -127,8 +133,7 @@ impl Top {
                 caller: if reveal {
                     caller.clone()
                 } else {
-                    let (kind, id) = caller.split_once(':').unwrap_or(("caller", caller));
-                    format!("{kind}:{}", redactor.tag(id))
+                    redactor.caller(caller)
                 },
                 admitted_cost: c.admitted,
                 denied_cost: c.denied,

@@ -400,18 +400,17 @@ version: 1
 server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, admin_token_env: TEST_ADMIN_TOKEN }}
 auth:
   keys: [ {{ id: heavy-caller, tenant: acme, sha256: "{}" }} ]
+limits:
+  per-credential: {{ key: [credential], capacity: 5, refill_per_second: 0.001 }}
 routes:
-  - {{ name: api, path: "/**", respond: {{ status: 200 }} }}
+  - {{ name: api, path: "/**", respond: {{ status: 200 }}, limits: [per-credential] }}
 "#,
         digest("k-heavy")
     );
     let gw = Gateway::start_with_env(&policy, None, &[("TEST_ADMIN_TOKEN", "admin-s3cret")]);
-    for _ in 0..5 {
-        assert_eq!(
-            gw.get("/x", &[("authorization", "Bearer k-heavy")]).status,
-            200
-        );
-    }
+    let heavy = [("authorization", "Bearer k-heavy")];
+    let statuses: Vec<u16> = (0..7).map(|_| gw.get("/x", &heavy).status).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
     assert_eq!(get(gw.admin, "/admin/top", &[]).status, 401);
     assert_eq!(
         get(gw.admin, "/admin/top", &[("authorization", "Bearer wrong")]).status,
@@ -434,6 +433,10 @@ routes:
     .json();
     assert_eq!(top["top"][0]["caller"], "credential:heavy-caller");
     assert_eq!(top["top"][0]["admitted_cost"], 5);
+    assert_eq!(
+        top["top"][0]["denied_cost"], 2,
+        "denials count against the credential"
+    );
 
     // Without a configured token, /admin/top answers with hashed callers.
     let open = Gateway::start(
@@ -447,6 +450,14 @@ routes:
     assert!(
         caller.starts_with("credential:") && !caller.contains("heavy"),
         "{caller}"
+    );
+
+    // A token variable that is named but unset closes /admin/* entirely.
+    let closed = Gateway::start(&policy, None);
+    assert_eq!(get(closed.admin, "/admin/top", &[]).status, 403);
+    assert_eq!(
+        request(closed.admin, None, "POST", "/admin/reload", &[]).status,
+        403
     );
 }
 

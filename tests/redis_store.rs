@@ -194,6 +194,19 @@ fn sliding_log_is_exact_through_redis() {
 }
 
 #[test]
+fn a_limit_that_changes_algorithm_keeps_working() {
+    let p = Probe::new();
+    assert!(p.at(0, bucket(5, 1), 1).allowed);
+    // The same key, now a sliding log (a string key becomes a sorted set)…
+    let log = Params::SlidingLog(window(2, 10));
+    assert!(p.at(10, log, 1).allowed);
+    assert!(p.at(20, log, 1).allowed);
+    assert!(!p.at(30, log, 1).allowed);
+    // …and back to a window counter (the sorted set becomes a string).
+    assert!(p.at(40, Params::FixedWindow(window(1, 10)), 1).allowed);
+}
+
+#[test]
 fn keys_expire_once_back_to_their_initial_state() {
     let server = RedisServer::start();
     let clock = ManualClock::new(5_000_000);

@@ -39,7 +39,7 @@ pub struct Policy {
     pub ratelimit_headers: bool,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,
     pub admin_listen: Option<SocketAddr>,

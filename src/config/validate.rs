@@ -220,6 +220,15 @@ fn store(c: &mut Checker, raw: RawStore) -> StoreSettings {
                 format!("backend {} needs at least one url", raw.backend),
             );
         }
+        if raw.backend == Backend::Redis && raw.urls.len() > 1 {
+            c.fail(
+                "store.urls",
+                format!(
+                    "backend redis takes one url, got {}; several seed nodes are for redis_cluster",
+                    raw.urls.len()
+                ),
+            );
+        }
         for (i, url) in raw.urls.iter().enumerate() {
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
                 c.fail(

@@ -52,8 +52,28 @@ impl Limiter {
     }
 
     /// Whether the shared store is answering (or there is none).
-    pub fn store_healthy(&self) -> bool {
-        self.shared.as_ref().is_none_or(|s| !s.breaker.is_open())
+    ///
+    /// While the circuit is open this is the breaker's probe, so an
+    /// instance that receives no traffic (taken out of rotation) still
+    /// finds out when the store is back.
+    pub async fn store_ready(&self) -> bool {
+        let Some(shared) = &self.shared else {
+            return true;
+        };
+        if !shared.breaker.is_open() {
+            return true;
+        }
+        let permit = shared.breaker.permit(self.clock.now_ms());
+        if permit != Permit::Probe {
+            return false;
+        }
+        let ping = tokio::time::timeout(shared.timeout, shared.store.ping()).await;
+        let ok = matches!(ping, Ok(Ok(())));
+        shared.breaker.record(permit, ok, self.clock.now_ms());
+        self.metrics
+            .store_circuit_open
+            .set(i64::from(shared.breaker.is_open()));
+        ok
     }
 
     /// Decides all charges; one verdict per charge, in order.

@@ -123,6 +123,11 @@ pub trait LimitStore: Send + Sync {
         charges: &[Charge],
         blocked_from: u8,
     ) -> Result<Vec<Verdict>, StoreError>;
+
+    /// Whether the store answers at all (readiness probes).
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// The lowest group that may not be charged.

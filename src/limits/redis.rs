@@ -122,6 +122,15 @@ fn backend(e: RedisError) -> StoreError {
 
 #[async_trait]
 impl LimitStore for RedisStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.connection().await.map_err(backend)?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(backend)
+    }
+
     async fn decide(
         &self,
         charges: &[Charge],
