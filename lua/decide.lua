@@ -1,35 +1,47 @@
--- decide.lua: one all-or-nothing decision over every shared limit of a request.
+-- decide.lua: all-or-nothing decisions over the shared limits of a batch of
+-- requests, in one script call.
 --
 -- The twin of src/limits/algorithm.rs: the same integer maths, step by step,
 -- so that the in-process store and this script agree on every decision.
 -- Every number stays an integer below 2^53, exact in a Lua double.
 --
--- KEYS[i]  state key of limit i (i = 1..n)
+-- The requests of a batch are decided one after the other at the same
+-- instant, exactly as if each had made its own call; each key is read once
+-- (one MGET) and written once (one SET with expiry) however many requests
+-- of the batch touch it, so the work per request falls as batches grow.
+--
+-- KEYS     the distinct state keys of the batch
 -- ARGV[1]  time in ms; "0" means the server's TIME (only tests pass a time)
--- ARGV[2]  first blocked group: charges of this group and later ones are
---          checked but never spent (an earlier part of the decision denied)
--- ARGV[3 + 5(i-1) ...] five numbers per limit i:
---          kind   1 token_bucket, 2 gcra   (a = capacity in micro-tokens,
---                                           b = micro-tokens per ms)
---                 3 fixed_window, 4 sliding_window, 5 sliding_log
---                                          (a = limit, b = window in ms)
---          a, b   as above
---          cost   whole units
---          flags  group * 2 + 1 for enforce, group * 2 for shadow
+-- ARGV[2]  number of requests R
+-- then per request:
+--          blocked  first blocked group: charges of this group and later
+--                   ones are checked but never spent (an earlier part of
+--                   the request's decision already denied them)
+--          n        number of limits
+--          then six numbers per limit:
+--          key      index into KEYS
+--          kind     1 token_bucket, 2 gcra   (a = capacity in micro-tokens,
+--                                             b = micro-tokens per ms)
+--                   3 fixed_window, 4 sliding_window, 5 sliding_log
+--                                            (a = limit, b = window in ms)
+--          a, b     as above
+--          cost     whole units
+--          flags    group * 2 + 1 for enforce, group * 2 for shadow
 --
--- Reply: four integers per limit, then the time used:
+-- Reply: for each request, for each of its limits, four integers:
 --   allowed (1 or 0), remaining (whole units), wait in ms until the cost
---   fits (0 when allowed, -1 when it never can), ms until the key is back to
---   its initial state.
+--   fits (0 when allowed, -1 when it never can), ms until the key is back
+--   to its initial state; then the time used.
 --
--- Group g is charged only if every enforced limit of groups 0..g admits and
--- g is below ARGV[2]; shadow limits are charged when they admit and their
--- group is charged. Refreshed state is written back whatever the outcome.
--- Keys expire one second after they would be back to their initial state.
+-- Group g of a request is charged only if every enforced limit of its
+-- groups 0..g admits and g is below `blocked`; shadow limits are charged
+-- when they admit and their group is charged. Refreshed state is written
+-- back whatever the outcome. Keys expire one second after they would be
+-- back to their initial state.
 --
 -- State: token_bucket "balance:at", gcra "tat:frac", fixed_window
--- "start:count", sliding_window "start:curr:prev" (strings, read with one
--- MGET); sliding_log a sorted set of "time:cost:total" scored by time.
+-- "start:count", sliding_window "start:curr:prev" (strings); sliding_log a
+-- sorted set of "time:cost:total" scored by time.
 
 local MICRO = 1000000
 local SLACK = 1000
@@ -39,8 +51,6 @@ if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local blocked = tonumber(ARGV[2])
-local n = #KEYS
 local raw = redis.call('MGET', unpack(KEYS))
 
 local function align(t, w) return t - t % w end
@@ -83,12 +93,14 @@ local function check_sliding(limit, len, curr, prev, cost, elapsed)
   return false, left, math.max(1, wait)
 end
 
-local function check_log(limit, len, entries, total, cost, t)
+local function check_log(limit, len, s, cost)
+  local total, t = s.total, s.t
   local left = math.max(0, limit - total)
   if cost > limit then return false, left, -1 end
   if cost <= left then return true, left - cost, 0 end
   local still = total
-  for _, e in ipairs(entries) do
+  for j = s.first, #s.entries do
+    local e = s.entries[j]
     still = still - e[2]
     if still + cost <= limit then
       return false, left, math.max(1, math.max(0, e[1] + len - t))
@@ -97,123 +109,160 @@ local function check_log(limit, len, entries, total, cost, t)
   return false, left, len
 end
 
--- Per limit: parameters, state and the check.
-local L = {}
-for i = 1, n do
-  local base = 3 + (i - 1) * 5
-  local flags = tonumber(ARGV[base + 4])
-  local l = {
-    kind = tonumber(ARGV[base]), a = tonumber(ARGV[base + 1]), b = tonumber(ARGV[base + 2]),
-    cost = tonumber(ARGV[base + 3]), enforce = flags % 2 == 1, group = math.floor(flags / 2),
-  }
-  local k = l.kind
-  if k == 1 then
-    local bal, at = fields(raw[i])
-    if not bal then bal, at = l.a, now end
-    local t = math.max(now, at)
-    l.x, l.y = math.min(l.a, bal + (t - at) * l.b), t
-    l.ok, l.rem, l.wait = check_bucket(l.a, l.b, l.x, l.cost)
-  elseif k == 2 then
-    local tat, frac = fields(raw[i])
-    if not tat or tat < now then tat, frac = now, 0 end
-    l.x, l.y = tat, frac
-    local debt = (tat - now) * l.b + frac
-    l.ok, l.rem, l.wait = check_bucket(l.a, l.b, math.max(0, l.a - debt), l.cost)
-  elseif k == 3 then
-    local start, count = fields(raw[i])
-    if not start or now >= start + l.b then start, count = align(now, l.b), 0 end
-    l.x, l.y = start, count
-    l.ok, l.rem, l.wait = check_counter(l.a, count, l.cost, start + l.b - math.max(now, start))
-  elseif k == 4 then
-    local start, curr, prev = fields(raw[i])
-    if not start or now >= start + 2 * l.b then
-      start, curr, prev = align(now, l.b), 0, 0
-    elseif now >= start + l.b then
-      start, prev, curr = start + l.b, curr, 0
-    end
-    l.x, l.y, l.z = start, curr, prev
-    l.ok, l.rem, l.wait = check_sliding(l.a, l.b, curr, prev, l.cost, math.max(now, start) - start)
-  else
-    -- MGET saw a string here: the limit used another algorithm before.
-    if raw[i] then redis.call('DEL', KEYS[i]) end
-    local flat = redis.call('ZRANGE', KEYS[i], 0, -1, 'WITHSCORES')
-    local entries, total = {}, 0
-    for j = 1, #flat, 2 do
-      local _, c = fields(flat[j])
-      entries[#entries + 1] = { tonumber(flat[j + 1]), c }
-    end
-    local t = now
-    if #entries > 0 then t = math.max(now, entries[#entries][1]) end
-    local kept = {}
-    for _, e in ipairs(entries) do
-      if e[1] + l.b > t then
-        kept[#kept + 1] = e
-        total = total + e[2]
+-- Loads and refreshes the state of key k; every later use in the batch
+-- sees the same table (refreshing again at the same instant changes
+-- nothing).
+local S = {}
+local function state(k, kind, a, b)
+  local s = S[k]
+  if not s then
+    s = { kind = kind }
+    S[k] = s
+    if kind == 1 then
+      local bal, at = fields(raw[k])
+      if not bal then bal, at = a, now end
+      local t = math.max(now, at)
+      s.x, s.y = math.min(a, bal + (t - at) * b), t
+    elseif kind == 2 then
+      local tat, frac = fields(raw[k])
+      if not tat or tat < now then tat, frac = now, 0 end
+      s.x, s.y = tat, frac
+    elseif kind == 3 then
+      local start, count = fields(raw[k])
+      if not start or now >= start + b then start, count = align(now, b), 0 end
+      s.x, s.y = start, count
+    elseif kind == 4 then
+      local start, curr, prev = fields(raw[k])
+      if not start or now >= start + 2 * b then
+        start, curr, prev = align(now, b), 0, 0
+      elseif now >= start + b then
+        start, prev, curr = start + b, curr, 0
       end
+      s.x, s.y, s.z = start, curr, prev
+    else
+      -- MGET saw a string here: the limit used another algorithm before.
+      if raw[k] then redis.call('DEL', KEYS[k]) end
+      local flat = redis.call('ZRANGE', KEYS[k], 0, -1, 'WITHSCORES')
+      local entries = {}
+      for j = 1, #flat, 2 do
+        local _, c = fields(flat[j])
+        entries[#entries + 1] = { tonumber(flat[j + 1]), c }
+      end
+      local t = now
+      if #entries > 0 then t = math.max(now, entries[#entries][1]) end
+      local first, total = #entries + 1, 0
+      for j = 1, #entries do
+        if entries[j][1] + b > t then
+          if j < first then first = j end
+          total = total + entries[j][2]
+        end
+      end
+      s.entries, s.first, s.total, s.t, s.len = entries, first, total, t, b
+      s.expired = first > 1
+      s.added = {}
     end
-    if #kept < #entries then redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', t - l.b)) end
-    l.entries, l.total, l.t = kept, total, t
-    l.ok, l.rem, l.wait = check_log(l.a, l.b, kept, total, l.cost, t)
   end
-  L[i] = l
+  return s
 end
 
--- The gate: the lowest group with an enforced denial, or ARGV[2].
-local gate = blocked
-for i = 1, n do
-  if L[i].enforce and not L[i].ok and L[i].group < gate then gate = L[i].group end
+local function check(s, a, b, cost)
+  local k = s.kind
+  if k == 1 then return check_bucket(a, b, s.x, cost) end
+  if k == 2 then return check_bucket(a, b, math.max(0, a - ((s.x - now) * b + s.y)), cost) end
+  if k == 3 then return check_counter(a, s.y, cost, s.x + b - math.max(now, s.x)) end
+  if k == 4 then return check_sliding(a, b, s.y, s.z, cost, math.max(now, s.x) - s.x) end
+  return check_log(a, b, s, cost)
+end
+
+local function spend(s, b, cost)
+  local k = s.kind
+  if k == 1 then
+    s.x = s.x - cost * MICRO
+  elseif k == 2 then
+    local owed = s.y + cost * MICRO
+    local whole = math.floor(owed / b)
+    s.x, s.y = s.x + whole, owed - whole * b
+  elseif k == 3 or k == 4 then
+    s.y = s.y + cost
+  else
+    s.total = s.total + cost
+    s.entries[#s.entries + 1] = { s.t, cost }
+    s.added[#s.added + 1] = string.format('%d:%d:%d', s.t, cost, s.total)
+  end
+end
+
+-- Milliseconds until the key is back to its initial state.
+local function reset(s, a, b)
+  local k = s.kind
+  if k == 1 then return math.ceil((a - s.x) / b) end
+  if k == 2 then return math.ceil(((s.x - now) * b + s.y) / b) end
+  if k == 3 then
+    if s.y > 0 then return math.max(0, s.x + b - now) end
+    return 0
+  end
+  if k == 4 then
+    local windows = 0
+    if s.y > 0 then windows = 2 elseif s.z > 0 then windows = 1 end
+    return math.max(0, s.x + windows * b - now)
+  end
+  if #s.entries >= s.first then return math.max(0, s.entries[#s.entries][1] + b - now) end
+  return 0
 end
 
 local reply = {}
-for i = 1, n do
-  local l, k, key = L[i], L[i].kind, KEYS[i]
-  local spend = l.ok and l.group < gate
-  local reset
-  if k == 1 then
-    if spend then l.x = l.x - l.cost * MICRO end
-    reset = math.ceil((l.a - l.x) / l.b)
-    redis.call('SET', key, string.format('%d:%d', l.x, l.y), 'PX', string.format('%d', reset + SLACK))
-  elseif k == 2 then
-    if spend then
-      local owed = l.y + l.cost * MICRO
-      local whole = math.floor(owed / l.b)
-      l.x, l.y = l.x + whole, owed - whole * l.b
-    end
-    reset = math.ceil(((l.x - now) * l.b + l.y) / l.b)
-    redis.call('SET', key, string.format('%d:%d', l.x, l.y), 'PX', string.format('%d', reset + SLACK))
-  elseif k == 3 then
-    if spend then l.y = l.y + l.cost end
-    reset = 0
-    if l.y > 0 then reset = math.max(0, l.x + l.b - now) end
-    redis.call('SET', key, string.format('%d:%d', l.x, l.y), 'PX', string.format('%d', reset + SLACK))
-  elseif k == 4 then
-    if spend then l.y = l.y + l.cost end
-    local windows = 0
-    if l.y > 0 then windows = 2 elseif l.z > 0 then windows = 1 end
-    reset = math.max(0, l.x + windows * l.b - now)
-    redis.call('SET', key, string.format('%d:%d:%d', l.x, l.y, l.z), 'PX', string.format('%d', reset + SLACK))
-  else
-    local newest = nil
-    if #l.entries > 0 then newest = l.entries[#l.entries][1] end
-    if spend then
-      local member = string.format('%d:%d:%d', l.t, l.cost, l.total + l.cost)
-      redis.call('ZADD', key, string.format('%d', l.t), member)
-      newest = l.t
-    end
-    reset = 0
-    if newest then
-      reset = math.max(0, newest + l.b - now)
-      redis.call('PEXPIRE', key, string.format('%d', reset + SLACK))
-    end
+local p = 3
+local ends = {}
+for _ = 1, tonumber(ARGV[2]) do
+  local blocked, n = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+  p = p + 2
+  local L = {}
+  local gate = blocked
+  for j = 1, n do
+    local k, kind, a, b = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])
+    local cost, flags = tonumber(ARGV[p + 4]), tonumber(ARGV[p + 5])
+    p = p + 6
+    local s = state(k, kind, a, b)
+    local ok, rem, wait = check(s, a, b, cost)
+    local group = math.floor(flags / 2)
+    if flags % 2 == 1 and not ok and group < gate then gate = group end
+    L[j] = { s, a, b, cost, group, ok, rem, wait }
   end
-  local rem = l.rem
-  if l.ok and not spend then rem = rem + l.cost end
-  local ok = 0
-  if l.ok then ok = 1 end
-  reply[#reply + 1] = ok
-  reply[#reply + 1] = rem
-  reply[#reply + 1] = l.wait
-  reply[#reply + 1] = reset
+  for j = 1, n do
+    local l = L[j]
+    local s, a, b, cost, ok, rem = l[1], l[2], l[3], l[4], l[6], l[7]
+    local spent = ok and l[5] < gate
+    if spent then spend(s, b, cost) elseif ok then rem = rem + cost end
+    local r = reset(s, a, b)
+    ends[s] = { a, b }
+    reply[#reply + 1] = ok and 1 or 0
+    reply[#reply + 1] = rem
+    reply[#reply + 1] = l[8]
+    reply[#reply + 1] = r
+  end
+end
+
+-- One write per key, with the state the whole batch left.
+for k, s in pairs(S) do
+  local key, ab = KEYS[k], ends[s]
+  local ttl = string.format('%d', reset(s, ab[1], ab[2]) + SLACK)
+  if s.kind == 1 or s.kind == 2 or s.kind == 3 then
+    redis.call('SET', key, string.format('%d:%d', s.x, s.y), 'PX', ttl)
+  elseif s.kind == 4 then
+    redis.call('SET', key, string.format('%d:%d:%d', s.x, s.y, s.z), 'PX', ttl)
+  else
+    if s.expired then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', s.t - s.len))
+    end
+    if #s.added > 0 then
+      local args = {}
+      for _, m in ipairs(s.added) do
+        args[#args + 1] = string.format('%d', s.t)
+        args[#args + 1] = m
+      end
+      redis.call('ZADD', key, unpack(args))
+    end
+    if #s.entries >= s.first then redis.call('PEXPIRE', key, ttl) end
+  end
 end
 reply[#reply + 1] = now
 return reply

@@ -256,10 +256,12 @@ fn server_time_drives_the_script_by_default() {
 #[derive(Debug, Clone)]
 struct Step {
     advance_ms: u64,
-    /// Indexes into the limit set, with a cost and a group each.
-    charges: Vec<(usize, u64, u8)>,
-    blocked_from: u8,
+    /// Requests sent at once (they may share one script call).
+    requests: Vec<Request>,
 }
+
+/// A list of (limit index, cost, group) and the first blocked group.
+type Request = (Vec<(usize, u64, u8)>, u8);
 
 fn limit_set() -> impl Strategy<Value = Vec<(Params, bool)>> {
     let bucket = (1u64..30, 1u64..4_000).prop_map(|(c, per_ms)| Bucket {
@@ -278,19 +280,21 @@ fn limit_set() -> impl Strategy<Value = Vec<(Params, bool)>> {
 }
 
 fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
-    let step = (
-        0u64..2_500,
+    let request = (
         prop::collection::vec((0..limits, 1u64..8, 0u8..2), 1..=limits),
         prop_oneof![4 => Just(NONE_BLOCKED), 1 => Just(1u8), 1 => Just(0u8)],
     )
-        .prop_map(|(advance_ms, mut charges, blocked_from)| {
+        .prop_map(|(mut charges, blocked_from)| {
             // One charge per limit in a request.
             charges.sort_by_key(|c| c.0);
             charges.dedup_by_key(|c| c.0);
+            (charges, blocked_from)
+        });
+    let step =
+        (0u64..2_500, prop::collection::vec(request, 1..4)).prop_map(|(advance_ms, requests)| {
             Step {
                 advance_ms,
-                charges,
-                blocked_from,
+                requests,
             }
         });
     prop::collection::vec(step, 1..25)
@@ -315,30 +319,112 @@ fn lua_and_rust_agree_on_random_sequences() {
             let id = case.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let clock = ManualClock::new(1_764_000_000_000 + id * 1_000_000_000);
             let memory = MemoryStore::new(clock.clone());
-            let redis = store(&server, &clock);
+            let redis = Arc::new(store(&server, &clock));
             for step in steps {
                 clock.advance(step.advance_ms);
-                let charges: Vec<Charge> = step
-                    .charges
+                let requests: Vec<(Vec<Charge>, u8)> = step
+                    .requests
                     .iter()
-                    .map(|&(i, cost, group)| {
-                        let (params, enforce) = limits[i];
-                        let mut c =
-                            charge(&format!("l{i}"), &format!("case{id}-l{i}"), params, cost);
-                        c.enforce = enforce;
-                        c.group = group;
-                        c
+                    .map(|(charges, blocked)| {
+                        let charges = charges
+                            .iter()
+                            .map(|&(i, cost, group)| {
+                                let (params, enforce) = limits[i];
+                                let key = format!("case{id}-l{i}");
+                                let mut c = charge(&format!("l{i}"), &key, params, cost);
+                                c.enforce = enforce;
+                                c.group = group;
+                                c
+                            })
+                            .collect();
+                        (charges, *blocked)
                     })
                     .collect();
-                let expected = memory.decide_now(&charges, step.blocked_from).0;
-                let got = rt
-                    .block_on(redis.decide(&charges, step.blocked_from))
-                    .unwrap();
-                prop_assert_eq!(&got, &expected, "charges {:?}", charges);
+                // Sent together: the store may batch them into one call,
+                // which must decide them as if one after the other.
+                let got: Vec<Vec<Verdict>> = rt.block_on(async {
+                    let tasks: Vec<_> = requests
+                        .iter()
+                        .cloned()
+                        .map(|(charges, blocked)| {
+                            let redis = redis.clone();
+                            tokio::spawn(async move { redis.decide(&charges, blocked).await })
+                        })
+                        .collect();
+                    let mut out = Vec::new();
+                    for t in tasks {
+                        out.push(t.await.unwrap().unwrap());
+                    }
+                    out
+                });
+                for ((charges, blocked), got) in requests.iter().zip(&got) {
+                    let expected = memory.decide_now(charges, *blocked).0;
+                    prop_assert_eq!(got, &expected, "charges {:?}", charges);
+                }
             }
             Ok(())
         })
         .unwrap();
+}
+
+#[test]
+fn concurrent_requests_are_batched_and_decided_as_if_one_by_one() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(9_000_000);
+    let redis = Arc::new(store(&server, &clock));
+    let memory = MemoryStore::new(clock.clone());
+    // Forty requests share a global bucket of 25 and each has its own
+    // bucket of 1 that was spent already, for half of them.
+    let request = |i: usize| {
+        vec![
+            charge("global", "g", bucket(25, 1), 1),
+            charge("own", &format!("own-{i}"), bucket(1, 1), 1),
+        ]
+    };
+    let rt = runtime();
+    let spent: Vec<Charge> = (0..40).step_by(2).map(|i| request(i)[1].clone()).collect();
+    for c in &spent {
+        rt.block_on(redis.decide(std::slice::from_ref(c), NONE_BLOCKED))
+            .unwrap();
+        memory.decide_now(std::slice::from_ref(c), NONE_BLOCKED);
+    }
+    let _: String = server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    let got: Vec<Vec<Verdict>> = rt.block_on(async {
+        let tasks: Vec<_> = (0..40)
+            .map(|i| {
+                let (redis, charges) = (redis.clone(), request(i));
+                tokio::spawn(async move { redis.decide(&charges, NONE_BLOCKED).await.unwrap() })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    let expected: Vec<Vec<Verdict>> = (0..40)
+        .map(|i| memory.decide_now(&request(i), NONE_BLOCKED).0)
+        .collect();
+    assert_eq!(
+        got, expected,
+        "the batch decides in submission order, like one call each"
+    );
+    let stats: String = server.cmd(&["INFO", "commandstats"]).unwrap();
+    let calls: usize = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|l| l.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(
+        calls < 40,
+        "{calls} script calls for 40 concurrent requests"
+    );
+    // 20 requests found their own bucket spent; 20 were admitted by both.
+    assert_eq!(
+        got.iter().filter(|v| v[0].allowed && v[1].allowed).count(),
+        20
+    );
 }
 
 #[test]

@@ -1,12 +1,21 @@
-//! The shared store on Redis: one `EVALSHA` of `lua/decide.lua` per request
-//! decides all of its shared limits, over one multiplexed connection that
-//! pipelines concurrent requests and reconnects by itself.
+//! The shared store on Redis. Every request's shared limits are decided by
+//! `lua/decide.lua` in one round trip, over one multiplexed connection that
+//! reconnects by itself.
+//!
+//! Requests that arrive while a call is in flight are queued and sent
+//! together as the next call: one `EVALSHA` then decides a whole batch, one
+//! request after the other, reading and writing each key once. At low load
+//! a request goes out at once; under load the batches grow, and the work
+//! per request (in Redis and in this process) falls.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
+use tokio::sync::{mpsc, oneshot, OnceCell};
 
 use super::algorithm::Params;
 use super::keys::KeyHasher;
@@ -16,16 +25,37 @@ use crate::clock::{Clock, ManualClock};
 /// The decision script, embedded at build time.
 pub const DECIDE_LUA: &str = include_str!("../../lua/decide.lua");
 
-/// Limit state in one Redis server (or one primary).
-pub struct RedisStore {
+/// Requests in one script call, at most.
+const MAX_BATCH: usize = 128;
+/// Requests waiting for a call, at most; beyond that the store is failing.
+const QUEUE: usize = 4096;
+
+/// One request's shared limits, encoded for the script.
+struct Job {
+    keys: Vec<String>,
+    /// Per limit: kind, a, b, cost, flags.
+    limits: Vec<[u64; 5]>,
+    blocked_from: u8,
+    reply: oneshot::Sender<Result<Vec<Verdict>, StoreError>>,
+}
+
+/// The connection and the script, shared by the driver and its callers.
+struct Connection {
     client: redis::Client,
     config: ConnectionManagerConfig,
     /// Made on first use, inside the runtime that serves requests.
-    conn: tokio::sync::OnceCell<ConnectionManager>,
+    conn: OnceCell<ConnectionManager>,
     sha: String,
-    keys: KeyHasher,
+    timeout: Duration,
     /// Tests only: the script takes its time from here instead of `TIME`.
     clock: Option<ManualClock>,
+}
+
+/// Limit state in one Redis server (or one primary).
+pub struct RedisStore {
+    connection: Arc<Connection>,
+    keys: KeyHasher,
+    queue: OnceCell<mpsc::Sender<Job>>,
 }
 
 impl RedisStore {
@@ -39,38 +69,132 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         Ok(Self {
-            client,
-            config,
-            conn: tokio::sync::OnceCell::new(),
-            sha: redis::Script::new(DECIDE_LUA).get_hash().to_string(),
+            connection: Arc::new(Connection {
+                client,
+                config,
+                conn: OnceCell::new(),
+                sha: redis::Script::new(DECIDE_LUA).get_hash().to_string(),
+                timeout,
+                clock: None,
+            }),
             keys,
-            clock: None,
+            queue: OnceCell::new(),
         })
     }
 
     /// Makes the script use this clock instead of the server's `TIME`, so
     /// that tests can hold it against the in-process store step by step.
     pub fn with_test_clock(mut self, clock: ManualClock) -> Self {
-        self.clock = Some(clock);
+        if let Some(conn) = Arc::get_mut(&mut self.connection) {
+            conn.clock = Some(clock);
+        }
         self
     }
 
-    fn evalsha(&self, charges: &[Charge], blocked_from: u8) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(charges.len());
-        for c in charges {
-            cmd.arg(self.keys.key(c));
-        }
-        cmd.arg(self.clock.as_ref().map_or(0, |c| c.now_ms()));
-        cmd.arg(blocked_from);
-        for c in charges {
-            let (kind, a, b) = encode(c.params);
-            let flags = u64::from(c.group) * 2 + u64::from(c.enforce);
-            cmd.arg(kind).arg(a).arg(b).arg(c.cost).arg(flags);
-        }
-        cmd
+    /// The queue to the driver, started on first use.
+    async fn queue(&self) -> &mpsc::Sender<Job> {
+        self.queue
+            .get_or_init(|| async {
+                let (tx, rx) = mpsc::channel(QUEUE);
+                tokio::spawn(drive(rx, self.connection.clone()));
+                tx
+            })
+            .await
     }
 
+    fn job(
+        &self,
+        charges: &[Charge],
+        blocked_from: u8,
+    ) -> (Job, oneshot::Receiver<Result<Vec<Verdict>, StoreError>>) {
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            keys: charges.iter().map(|c| self.keys.key(c)).collect(),
+            limits: charges
+                .iter()
+                .map(|c| {
+                    let (kind, a, b) = encode(c.params);
+                    [
+                        kind,
+                        a,
+                        b,
+                        c.cost,
+                        u64::from(c.group) * 2 + u64::from(c.enforce),
+                    ]
+                })
+                .collect(),
+            blocked_from,
+            reply,
+        };
+        (job, rx)
+    }
+}
+
+/// Sends queued jobs, as many as are waiting, one call at a time.
+async fn drive(mut rx: mpsc::Receiver<Job>, conn: Arc<Connection>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        // Callers that gave up (their timeout passed) need no answer.
+        batch.retain(|job| !job.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let result = match tokio::time::timeout(conn.timeout, conn.call(&batch)).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout),
+        };
+        dispatch(batch, result);
+    }
+}
+
+/// Hands every job its part of the reply.
+fn dispatch(batch: Vec<Job>, result: Result<Vec<i64>, StoreError>) {
+    let expected: usize = batch.iter().map(|j| j.limits.len() * 4).sum::<usize>() + 1;
+    let reply = match result {
+        Ok(reply) if reply.len() == expected => reply,
+        Ok(reply) => {
+            let e = StoreError::Backend(format!(
+                "decide.lua replied {} numbers, expected {expected}",
+                reply.len()
+            ));
+            return batch
+                .into_iter()
+                .for_each(|j| drop(j.reply.send(Err(e.clone()))));
+        }
+        Err(e) => {
+            return batch
+                .into_iter()
+                .for_each(|j| drop(j.reply.send(Err(e.clone()))))
+        }
+    };
+    let mut numbers = reply.chunks_exact(4);
+    for job in batch {
+        let verdicts = numbers
+            .by_ref()
+            .take(job.limits.len())
+            .map(verdict)
+            .collect();
+        let _ = job.reply.send(Ok(verdicts));
+    }
+}
+
+fn verdict(r: &[i64]) -> Verdict {
+    Verdict {
+        allowed: r[0] == 1,
+        remaining: r[1].max(0) as u64,
+        wait_ms: u64::try_from(r[2]).ok(),
+        reset_ms: r[3].max(0) as u64,
+        source: Source::Store,
+    }
+}
+
+impl Connection {
     async fn connection(&self) -> Result<ConnectionManager, RedisError> {
         let conn = self
             .conn
@@ -81,13 +205,33 @@ impl RedisStore {
         Ok(conn.clone())
     }
 
-    async fn call(&self, charges: &[Charge], blocked_from: u8) -> Result<Vec<i64>, RedisError> {
-        let mut conn = self.connection().await?;
-        let first = self
-            .evalsha(charges, blocked_from)
-            .query_async(&mut conn)
-            .await;
-        match first {
+    /// The script call for a batch: distinct keys, then each job's numbers.
+    fn evalsha(&self, batch: &[Job]) -> redis::Cmd {
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        let mut keys: Vec<&str> = Vec::new();
+        for key in batch.iter().flat_map(|j| &j.keys) {
+            index.entry(key).or_insert_with(|| {
+                keys.push(key);
+                keys.len()
+            });
+        }
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys.len()).arg(&keys);
+        cmd.arg(self.clock.as_ref().map_or(0, |c| c.now_ms()))
+            .arg(batch.len());
+        for job in batch {
+            cmd.arg(job.blocked_from).arg(job.limits.len());
+            for (key, l) in job.keys.iter().zip(&job.limits) {
+                cmd.arg(index[key.as_str()]).arg(&l[..]);
+            }
+        }
+        cmd
+    }
+
+    async fn call(&self, batch: &[Job]) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.connection().await.map_err(backend)?;
+        let cmd = self.evalsha(batch);
+        match cmd.query_async(&mut conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // The server lost its script cache (a restart, SCRIPT FLUSH):
                 // load it again and retry once.
@@ -95,18 +239,17 @@ impl RedisStore {
                     .arg("LOAD")
                     .arg(DECIDE_LUA)
                     .query_async::<String>(&mut conn)
-                    .await?;
-                self.evalsha(charges, blocked_from)
-                    .query_async(&mut conn)
                     .await
+                    .map_err(backend)?;
+                cmd.query_async(&mut conn).await.map_err(backend)
             }
-            other => other,
+            other => other.map_err(backend),
         }
     }
 }
 
 /// The script's numbers for one limit: kind, a, b.
-fn encode(params: Params) -> (u8, u64, u64) {
+fn encode(params: Params) -> (u64, u64, u64) {
     match params {
         Params::TokenBucket(b) => (1, b.capacity, b.per_ms),
         Params::Gcra(b) => (2, b.capacity, b.per_ms),
@@ -117,48 +260,36 @@ fn encode(params: Params) -> (u8, u64, u64) {
 }
 
 fn backend(e: RedisError) -> StoreError {
-    StoreError::Backend(e.to_string())
+    if e.is_timeout() {
+        StoreError::Timeout
+    } else {
+        StoreError::Backend(e.to_string())
+    }
 }
 
 #[async_trait]
 impl LimitStore for RedisStore {
-    async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.connection().await.map_err(backend)?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .map(drop)
-            .map_err(backend)
-    }
-
     async fn decide(
         &self,
         charges: &[Charge],
         blocked_from: u8,
     ) -> Result<Vec<Verdict>, StoreError> {
-        let reply = self.call(charges, blocked_from).await.map_err(|e| {
-            if e.is_timeout() {
-                StoreError::Timeout
-            } else {
-                backend(e)
-            }
-        })?;
-        if reply.len() != charges.len() * 4 + 1 {
-            return Err(StoreError::Backend(format!(
-                "decide.lua replied {} numbers for {} limits",
-                reply.len(),
-                charges.len()
-            )));
-        }
-        Ok(reply
-            .chunks_exact(4)
-            .map(|r| Verdict {
-                allowed: r[0] == 1,
-                remaining: r[1].max(0) as u64,
-                wait_ms: u64::try_from(r[2]).ok(),
-                reset_ms: r[3].max(0) as u64,
-                source: Source::Store,
-            })
-            .collect())
+        let (job, reply) = self.job(charges, blocked_from);
+        self.queue()
+            .await
+            .try_send(job)
+            .map_err(|_| StoreError::Backend("the store queue is full".into()))?;
+        reply
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Backend("the store driver stopped".into())))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.connection.connection().await.map_err(backend)?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(backend)
     }
 }
