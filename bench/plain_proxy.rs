@@ -8,6 +8,10 @@ use async_trait::async_trait;
 use pingora::prelude::*;
 use pingora::server::configuration::ServerConf;
 
+// The same allocator as tollgate, so the comparison is of the proxy work.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Plain {
     upstream: String,
 }

@@ -29,6 +29,9 @@ use tollgate::reload::{HangupListener, Reloader};
 use tollgate::runtime::{Runtime, Services};
 use tollgate::top::{Redactor, Top};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "tollgate",

@@ -173,7 +173,11 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         for name in IDENTITY_HEADERS {
-            upstream.remove_header(name);
+            // Most requests carry none of them: look before touching the
+            // case-preserving header maps.
+            if upstream.headers.contains_key(name) {
+                upstream.remove_header(name);
+            }
         }
         if let Some(c) = &ctx.facts.credential {
             upstream.insert_header("x-tenant-id", c.tenant.as_ref())?;
