@@ -15,6 +15,7 @@ use crate::limits::{combine, Charge, Decision, Identity, Source, Verdict};
 use crate::respond::{RateHeaders, Rejection};
 use crate::routes::normalize_path;
 use crate::runtime::Runtime;
+use crate::top::Caller;
 
 /// What the request path learned about one request.
 #[derive(Debug, Default)]
@@ -32,10 +33,10 @@ pub struct Facts {
 impl Facts {
     /// Who the request counts against in reports: the credential, or the
     /// client network before authentication.
-    pub fn caller(&self, ipv6_prefix: u8) -> Option<String> {
+    pub fn caller(&self, ipv6_prefix: u8) -> Option<Caller> {
         match (&self.credential, self.client_ip) {
-            (Some(c), _) => Some(format!("credential:{}", c.id)),
-            (None, Some(ip)) => Some(format!("ip:{}", client_ip::key_network(ip, ipv6_prefix))),
+            (Some(c), _) => Some(Caller::Credential(c.id.clone())),
+            (None, Some(ip)) => Some(Caller::Ip(client_ip::key_network(ip, ipv6_prefix))),
             _ => None,
         }
     }
@@ -90,7 +91,7 @@ pub async fn admit(
     let who = Identity {
         ip: Some(client_ip::key_network(ip, policy.client_ip.ipv6_prefix)),
         credential: credential.as_deref().map(|c| c.id.as_ref()),
-        tenant: credential.as_deref().map(|c| c.tenant.as_ref()),
+        tenant: credential.as_deref().map(|c| &c.tenant),
         route: &route.name,
     };
     let plan = credential.as_ref().and_then(|c| c.plan);
@@ -166,7 +167,7 @@ fn build_charges(
                 name: l.name.clone(),
                 params: policy.params(id, plan),
                 key: who.key(&l.name, l.key),
-                tenant: who.tenant.filter(|_| tenant_scoped).map(Arc::from),
+                tenant: who.tenant.filter(|_| tenant_scoped).cloned(),
                 cost,
                 enforce: l.mode == Mode::Enforce,
                 group,

@@ -85,6 +85,31 @@ fn peer_ip(addr: Option<&PeerAddr>) -> IpAddr {
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip().to_canonical())
 }
 
+/// Appends an address in its usual text form; IPv4 without the formatting
+/// machinery, which costs more than the rest of the header rewrite.
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(a) => {
+            for (i, octet) in a.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+        }
+        IpAddr::V6(_) => {
+            use std::fmt::Write;
+            let _ = write!(out, "{ip}");
+        }
+    }
+}
+
 /// Writes a complete response from the gateway itself.
 async fn write(session: &mut Session, header: ResponseHeader, body: Bytes) -> Result<()> {
     session
@@ -186,11 +211,14 @@ impl ProxyHttp for Gateway {
         if let Some(route) = &ctx.facts.route {
             upstream.insert_header("x-route-class", route.as_ref())?;
         }
-        let peer = peer_ip(session.client_addr());
-        let forwarded = match upstream.headers.get("x-forwarded-for").map(|v| v.to_str()) {
-            Some(Ok(prior)) if !prior.trim().is_empty() => format!("{prior}, {peer}"),
-            _ => peer.to_string(),
-        };
+        let mut forwarded = String::with_capacity(64);
+        if let Some(Ok(prior)) = upstream.headers.get("x-forwarded-for").map(|v| v.to_str()) {
+            if !prior.trim().is_empty() {
+                forwarded.push_str(prior);
+                forwarded.push_str(", ");
+            }
+        }
+        push_ip(&mut forwarded, peer_ip(session.client_addr()));
         upstream.insert_header("x-forwarded-for", forwarded)?;
         Ok(())
     }
@@ -290,6 +318,27 @@ impl Gateway {
                     .top
                     .record(&caller, ctx.facts.cost, ctx.outcome == "allowed");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_ip;
+
+    #[test]
+    fn addresses_print_as_usual() {
+        for ip in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "10.20.255.9",
+            "203.0.113.100",
+            "::1",
+            "2001:db8::7",
+        ] {
+            let mut out = String::new();
+            push_ip(&mut out, ip.parse().unwrap());
+            assert_eq!(out, ip);
         }
     }
 }

@@ -7,8 +7,9 @@
 //! token; the same hashes identify callers in logs.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::io::Read;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -33,10 +34,12 @@ impl Redactor {
         }
     }
 
-    /// A caller (`"kind:identity"`) with its identity replaced by its tag.
-    pub fn caller(&self, caller: &str) -> String {
-        let (kind, id) = caller.split_once(':').unwrap_or(("caller", caller));
-        format!("{kind}:{}", self.tag(id))
+    /// A caller as `kind:tag`, its identity replaced by its tag.
+    pub fn caller(&self, caller: &Caller) -> String {
+        match caller {
+            Caller::Credential(id) => format!("credential:{}", self.tag(id)),
+            Caller::Ip(net) => format!("ip:{}", self.tag(&net.to_string())),
+        }
     }
 
     /// A 12-hex-digit tag of an identity.
@@ -50,6 +53,23 @@ impl Redactor {
 impl Default for Redactor {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Whom a request counts against: its credential, or before
+/// authentication its client network.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Caller {
+    Credential(Arc<str>),
+    Ip(ipnet::IpNet),
+}
+
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Caller::Credential(id) => write!(f, "credential:{id}"),
+            Caller::Ip(net) => write!(f, "ip:{net}"),
+        }
     }
 }
 
@@ -80,7 +100,7 @@ pub struct Hitter {
 /// The sketch.
 #[derive(Default)]
 pub struct Top {
-    entries: Mutex<HashMap<String, Counts>>,
+    entries: Mutex<HashMap<Caller, Counts>>,
 }
 
 impl Top {
@@ -88,8 +108,8 @@ impl Top {
         Self::default()
     }
 
-    /// Counts `cost` for a caller (`"credential:ID"` or `"ip:NET"`).
-    pub fn record(&self, caller: &str, cost: u64, admitted: bool) {
+    /// Counts `cost` for a caller.
+    pub fn record(&self, caller: &Caller, cost: u64, admitted: bool) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if !entries.contains_key(caller) && entries.len() >= CAPACITY {
             // Replace the smallest: the newcomer inherits its count as error.
@@ -100,7 +120,7 @@ impl Top {
             if let Some((key, total)) = smallest {
                 entries.remove(&key);
                 entries.insert(
-                    caller.to_string(),
+                    caller.clone(),
                     Counts {
                         admitted: 0,
                         denied: 0,
@@ -109,7 +129,10 @@ impl Top {
                 );
             }
         }
-        let c = entries.entry(caller.to_string()).or_default();
+        let c = match entries.get_mut(caller) {
+            Some(c) => c,
+            None => entries.entry(caller.clone()).or_default(),
+        };
         if admitted {
             c.admitted += cost;
         } else {
@@ -121,7 +144,7 @@ impl Top {
     /// `reveal`.
     pub fn report(&self, n: usize, reveal: bool, redactor: &Redactor) -> Vec<Hitter> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let mut rows: Vec<(&String, &Counts)> = entries.iter().collect();
+        let mut rows: Vec<(&Caller, &Counts)> = entries.iter().collect();
         rows.sort_by(|a, b| {
             (b.1.total() + b.1.error)
                 .cmp(&(a.1.total() + a.1.error))
@@ -131,7 +154,7 @@ impl Top {
             .take(n)
             .map(|(caller, c)| Hitter {
                 caller: if reveal {
-                    caller.clone()
+                    caller.to_string()
                 } else {
                     redactor.caller(caller)
                 },
@@ -151,9 +174,10 @@ mod tests {
     fn heavy_callers_survive_a_flood_of_small_ones() {
         let top = Top::new();
         for round in 0..50 {
-            top.record("credential:big", 10, round % 5 != 0);
+            top.record(&Caller::Credential("big".into()), 10, round % 5 != 0);
             for i in 0..20 {
-                top.record(&format!("ip:10.0.{round}.{i}"), 1, true);
+                let net = format!("10.0.{round}.{i}/32").parse().unwrap();
+                top.record(&Caller::Ip(net), 1, true);
             }
         }
         let r = Redactor::new();
@@ -166,7 +190,7 @@ mod tests {
     #[test]
     fn identities_are_hashed_unless_revealed() {
         let top = Top::new();
-        top.record("credential:acme-ci", 3, true);
+        top.record(&Caller::Credential("acme-ci".into()), 3, true);
         let r = Redactor::new();
         let hidden = &top.report(1, false, &r)[0].caller;
         assert!(

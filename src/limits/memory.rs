@@ -139,14 +139,19 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The slot of a charge's key, created fresh or adapted to new numbers.
     fn slot<'a>(&self, shard: &'a mut Shard, c: &Charge, now: u64) -> &'a mut Slot {
-        let slot = shard.slots.entry(c.key.clone()).or_insert_with(|| {
+        // Look up before inserting: the key is copied only for a new slot.
+        if !shard.slots.contains_key(&c.key) {
             self.keys.fetch_add(1, Ordering::Relaxed);
-            Slot {
+            let fresh = Slot {
                 params: c.params,
                 state: c.params.fresh(now),
                 expires_at: 0,
-            }
-        });
+            };
+            shard.slots.insert(c.key.clone(), fresh);
+        }
+        let Some(slot) = shard.slots.get_mut(&c.key) else {
+            unreachable!("the slot was just ensured")
+        };
         if slot.params != c.params {
             // A reload or a plan changed the numbers: keep what still applies.
             let old = std::mem::replace(&mut slot.state, c.params.fresh(now));

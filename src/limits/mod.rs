@@ -146,7 +146,7 @@ pub struct Identity<'a> {
     /// The client network (an IPv4 /32 or an IPv6 prefix), already keyed.
     pub ip: Option<ipnet::IpNet>,
     pub credential: Option<&'a str>,
-    pub tenant: Option<&'a str>,
+    pub tenant: Option<&'a Arc<str>>,
     pub route: &'a str,
 }
 
@@ -155,22 +155,44 @@ impl Identity<'_> {
     /// selected dimensions, unit-separated. It never leaves the process in
     /// the clear; shared stores hash it.
     pub fn key(&self, name: &str, dims: KeyDims) -> String {
-        let mut key = String::with_capacity(64);
+        let mut key = String::with_capacity(name.len() + 64);
         key.push_str(name);
-        let parts = [
-            (dims.ip, self.ip.map(|n| n.to_string())),
-            (dims.credential, self.credential.map(str::to_owned)),
-            (dims.tenant, self.tenant.map(str::to_owned)),
-            (dims.route, Some(self.route.to_owned())),
+        if dims.ip {
+            key.push('\u{1f}');
+            if let Some(net) = self.ip {
+                push_network(&mut key, net);
+            }
+        }
+        let words = [
+            (dims.credential, self.credential),
+            (dims.tenant, self.tenant.map(|t| t.as_ref())),
+            (dims.route, Some(self.route)),
         ];
-        for (selected, value) in parts {
+        for (selected, value) in words {
             if selected {
                 key.push('\u{1f}');
-                key.push_str(value.as_deref().unwrap_or(""));
+                key.push_str(value.unwrap_or(""));
             }
         }
         key
     }
+}
+
+/// Appends a network as the hex of its address bytes and its prefix length:
+/// unique, and far cheaper than the textual form on the hot path.
+fn push_network(out: &mut String, net: ipnet::IpNet) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut push = |bytes: &[u8]| {
+        for b in bytes {
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    };
+    match net.addr() {
+        IpAddr::V4(a) => push(&a.octets()),
+        IpAddr::V6(a) => push(&a.octets()),
+    }
+    push(&[net.prefix_len()]);
 }
 
 /// Combines the verdicts of one group into its decision: a caller over its
