@@ -23,6 +23,8 @@ pub struct Facts {
     pub client_ip: Option<IpAddr>,
     /// The route class, once a route matched.
     pub route: Option<Arc<str>>,
+    /// The route class as an upstream header value.
+    pub route_header: Option<http::HeaderValue>,
     pub credential: Option<Arc<Credential>>,
     pub rate_headers: Option<RateHeaders>,
     pub cost: u64,
@@ -79,6 +81,7 @@ pub async fn admit(
         .find(req.method.as_str(), &path)
         .ok_or(Rejection::NotFound)?;
     facts.route = Some(route.name.clone());
+    facts.route_header = Some(route.class_header.clone());
     facts.cost = route.cost;
 
     let credential = if route.auth_required {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
 use crate::config::PlanId;
@@ -17,6 +17,23 @@ pub struct Credential {
     pub id: Arc<str>,
     pub tenant: Arc<str>,
     pub plan: Option<PlanId>,
+    /// `x-credential-id` and `x-tenant-id` for the upstream, made once.
+    pub id_header: HeaderValue,
+    pub tenant_header: HeaderValue,
+}
+
+impl Credential {
+    /// A credential, or `None` when the id or tenant cannot be sent to the
+    /// upstream as a header value.
+    pub fn new(id: &str, tenant: &str, plan: Option<PlanId>) -> Option<Self> {
+        Some(Self {
+            id_header: HeaderValue::from_str(id).ok()?,
+            tenant_header: HeaderValue::from_str(tenant).ok()?,
+            id: id.into(),
+            tenant: tenant.into(),
+            plan,
+        })
+    }
 }
 
 /// Credentials by the SHA-256 digest of their raw key.
@@ -98,11 +115,7 @@ mod tests {
 
     fn table() -> KeyTable {
         let mut t = KeyTable::default();
-        let c = Credential {
-            id: "ci".into(),
-            tenant: "acme".into(),
-            plan: None,
-        };
+        let c = Credential::new("ci", "acme", None).unwrap();
         assert!(t.insert(digest(b"secret-key"), c.clone()));
         assert!(!t.insert(digest(b"secret-key"), c), "duplicate digest");
         t
@@ -141,6 +154,12 @@ mod tests {
         let h = headers(&[("x-api-key", "secret-key")]);
         assert!(table().verify(presented_key(&h, &name).unwrap()).is_some());
         assert!(table().verify(b"wrong").is_none());
+    }
+
+    #[test]
+    fn identities_that_cannot_be_headers_are_refused() {
+        assert!(Credential::new("ci", "acme\nx-admin: 1", None).is_none());
+        assert!(Credential::new("ci", "Acme Corp (EU)", None).is_some());
     }
 
     #[test]

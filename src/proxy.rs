@@ -12,6 +12,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
+use http::HeaderName;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::protocols::l4::socket::SocketAddr as PeerAddr;
@@ -24,6 +25,9 @@ use crate::runtime::Runtime;
 
 /// Headers the gateway owns on the upstream request: client copies are dropped.
 const IDENTITY_HEADERS: [&str; 3] = ["x-tenant-id", "x-credential-id", "x-route-class"];
+static TENANT_ID: HeaderName = HeaderName::from_static("x-tenant-id");
+static CREDENTIAL_ID: HeaderName = HeaderName::from_static("x-credential-id");
+static ROUTE_CLASS: HeaderName = HeaderName::from_static("x-route-class");
 
 /// One denial in this many is logged at info level.
 const DENIAL_LOG_SAMPLE: u64 = 100;
@@ -205,11 +209,11 @@ impl ProxyHttp for Gateway {
             }
         }
         if let Some(c) = &ctx.facts.credential {
-            upstream.insert_header("x-tenant-id", c.tenant.as_ref())?;
-            upstream.insert_header("x-credential-id", c.id.as_ref())?;
+            upstream.insert_header(&TENANT_ID, c.tenant_header.clone())?;
+            upstream.insert_header(&CREDENTIAL_ID, c.id_header.clone())?;
         }
-        if let Some(route) = &ctx.facts.route {
-            upstream.insert_header("x-route-class", route.as_ref())?;
+        if let Some(class) = &ctx.facts.route_header {
+            upstream.insert_header(&ROUTE_CLASS, class.clone())?;
         }
         let mut forwarded = String::with_capacity(64);
         if let Some(Ok(prior)) = upstream.headers.get("x-forwarded-for").map(|v| v.to_str()) {

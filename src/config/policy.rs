@@ -160,6 +160,9 @@ pub enum Target {
 #[derive(Debug, Clone)]
 pub struct Route {
     pub name: Arc<str>,
+    /// `x-route-class` for the upstream, made once (names are validated
+    /// header-safe).
+    pub class_header: http::HeaderValue,
     pub auth_required: bool,
     pub target: Target,
     pub cost: u64,

@@ -570,10 +570,12 @@ fn add_keys(
             );
             continue;
         };
-        let credential = Credential {
-            id: k.id.into(),
-            tenant: k.tenant.into(),
-            plan,
+        let Some(credential) = Credential::new(&k.id, &k.tenant, plan) else {
+            c.fail(
+                format!("{path}.tenant"),
+                "must be printable text: it is sent to the upstream in x-tenant-id",
+            );
+            continue;
         };
         if !table.insert(digest, credential) {
             c.fail(
@@ -729,7 +731,12 @@ fn routes(c: &mut Checker, raw: Vec<RawRoute>, ctx: &RouteContext<'_>) -> Router
         let auth_required = r.auth == AuthMode::Required;
         let (pre_auth, request) = route_limits(c, &path, &r.limits, cost, auth_required, ctx);
         if let (Some(template), Some(target)) = (template, target) {
+            // A name that is no header value already failed the name check,
+            // so the policy is rejected before this placeholder could be used.
+            let class_header = http::HeaderValue::from_str(&r.name)
+                .unwrap_or(http::HeaderValue::from_static("invalid"));
             let route = Route {
+                class_header,
                 name: r.name.into(),
                 auth_required,
                 target,

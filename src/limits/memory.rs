@@ -88,7 +88,10 @@ impl<C: Clock> MemoryStore<C> {
         let gate = super::gate(charges, |i| checks[i].allowed, blocked_from);
         let mut verdicts = Vec::with_capacity(charges.len());
         for ((c, &s), check) in charges.iter().zip(&shard_ids).zip(&checks) {
-            let slot = self.slot(locked(&mut guards, s), c, now);
+            // The first pass made every slot.
+            let Some(slot) = locked(&mut guards, s).slots.get_mut(&c.key) else {
+                continue;
+            };
             let spend = check.allowed && c.group < gate;
             if spend {
                 c.params.spend(&mut slot.state, c.cost, now);
