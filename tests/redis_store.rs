@@ -52,17 +52,11 @@ fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
 }
 
 fn bucket(capacity: u64, per_second: u64) -> Params {
-    Params::TokenBucket(Bucket {
-        capacity: capacity * MICRO,
-        per_ms: per_second * 1000,
-    })
+    Params::TokenBucket(Bucket::per_second(capacity, per_second))
 }
 
 fn window(limit: u64, secs: u64) -> Window {
-    Window {
-        limit,
-        window_ms: secs * 1000,
-    }
+    Window::seconds(limit, secs)
 }
 
 /// Decides one charge at a time through Redis, moving the test clock.

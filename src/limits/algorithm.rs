@@ -38,6 +38,14 @@ pub struct Bucket {
 }
 
 impl Bucket {
+    /// A bucket of whole tokens refilling whole tokens per second.
+    pub fn per_second(capacity: u64, per_second: u64) -> Self {
+        Self {
+            capacity: capacity * MICRO,
+            per_ms: per_second * 1000,
+        }
+    }
+
     fn share(self, n: u64) -> Self {
         Self {
             capacity: (self.capacity / n).max(MICRO),
@@ -56,6 +64,14 @@ pub struct Window {
 }
 
 impl Window {
+    /// A window of whole seconds.
+    pub fn seconds(limit: u64, seconds: u64) -> Self {
+        Self {
+            limit,
+            window_ms: seconds * 1000,
+        }
+    }
+
     fn share(self, n: u64) -> Self {
         Self {
             limit: (self.limit / n).max(1),

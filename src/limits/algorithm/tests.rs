@@ -2,17 +2,11 @@ use super::*;
 use proptest::prelude::*;
 
 fn bucket(capacity: u64, per_second: u64) -> Bucket {
-    Bucket {
-        capacity: capacity * MICRO,
-        per_ms: per_second * 1000,
-    }
+    Bucket::per_second(capacity, per_second)
 }
 
 fn window(limit: u64, secs: u64) -> Window {
-    Window {
-        limit,
-        window_ms: secs * 1000,
-    }
+    Window::seconds(limit, secs)
 }
 
 /// Refresh, check and spend when allowed: one decision on one key.

@@ -20,10 +20,7 @@ pub(crate) fn charge(name: &str, key: &str, params: Params, cost: u64, enforce: 
 }
 
 fn bucket(capacity: u64, per_second: u64) -> Params {
-    Params::TokenBucket(Bucket {
-        capacity: capacity * MICRO,
-        per_ms: per_second * 1000,
-    })
+    Params::TokenBucket(Bucket::per_second(capacity, per_second))
 }
 
 fn decide(store: &MemoryStore<ManualClock>, charges: &[Charge]) -> Vec<Verdict> {
