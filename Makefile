@@ -4,6 +4,7 @@
 #   make test   install missing system packages, then run every test
 #   make bench  benchmark against the peers (see bench/README.md)
 
+SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= config/quickstart.yaml
 # Debian packages the build and the tests need, as command=package pairs:
@@ -51,8 +52,12 @@ check-config: build
 	./target/debug/tollgate check --config config/quickstart.yaml
 	./target/debug/tollgate check --config config/production.yaml
 
+# Runs every test, then sums the per-binary results into one closing line.
 test: deps
-	$(CARGO) test --all-targets
+	@mkdir -p target
+	@set -o pipefail; $(CARGO) test --all-targets 2>&1 | tee target/test.log
+	@awk '/^test result:/ { passed += $$4; failed += $$6 } \
+	  END { printf "tests: %d passed, %d failed\n", passed, failed }' target/test.log
 
 bench: bench-deps
 	$(CARGO) build --release --bin tollgate --example plain_proxy
