@@ -66,6 +66,9 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Check { config } => match config::load(&config) {
             Ok(policy) => {
+                for warning in policy.warnings() {
+                    eprintln!("{}: warning: {warning}", config.display());
+                }
                 println!("{}: {}", config.display(), policy.summary());
                 ExitCode::SUCCESS
             }
@@ -125,6 +128,9 @@ fn init_logs(json: bool) {
 fn run(path: PathBuf) -> anyhow::Result<()> {
     let policy = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!("{}", policy.summary());
+    for warning in policy.warnings() {
+        tracing::warn!("{warning}");
+    }
     let settings = policy.server.clone();
     let admin_access = AdminAccess::from_env(settings.admin_token_env.as_deref());
     if admin_access == AdminAccess::Closed {

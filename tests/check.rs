@@ -79,6 +79,35 @@ fn every_fixture_fails_with_its_message() {
 }
 
 #[test]
+fn costs_above_a_fallback_share_are_warned_about_but_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(
+        &file,
+        r#"
+version: 1
+store: { backend: redis, urls: ["redis://127.0.0.1:6379/0"], expected_instances: 4 }
+limits:
+  per-tenant: { key: [tenant], capacity: 20, refill_per_second: 1, on_store_error: local }
+routes:
+  - { name: export, path: /export, cost: 10, respond: { status: 200 }, limits: [per-tenant] }
+"#,
+    )
+    .unwrap();
+    let (code, stdout, stderr) = check(file.to_str().unwrap());
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains(" ok: "));
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "{}: warning: route \"export\": cost 10 exceeds the local fallback share (5) of limit \"per-tenant\" \
+             (1/4 of its budget): while the store is failing these requests get 429",
+            file.display()
+        )
+    );
+}
+
+#[test]
 fn hash_key_prints_the_sha256_of_stdin() {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))

@@ -179,6 +179,36 @@ impl Policy {
             .unwrap_or(self.limits[limit].params)
     }
 
+    /// Valid but probably unintended settings, one sentence each: today,
+    /// routes whose cost exceeds a limit's local fallback share, which the
+    /// limit then refuses for as long as the store is failing.
+    pub fn warnings(&self) -> Vec<String> {
+        let instances = self.store.expected_instances;
+        let mut out = Vec::new();
+        for route in self.routes.iter() {
+            for &id in route.pre_auth.iter().chain(&route.request) {
+                let limit = &self.limits[id];
+                if limit.local || limit.on_store_error != OnStoreError::Local {
+                    continue;
+                }
+                let plans = self.plans.iter().filter_map(|p| p.params_for(id));
+                let share = std::iter::once(limit.params)
+                    .chain(plans)
+                    .map(|p| p.share(instances).quota())
+                    .min()
+                    .unwrap_or(u64::MAX);
+                if route.cost > share {
+                    out.push(format!(
+                        "route {:?}: cost {} exceeds the local fallback share ({share}) of limit {:?} \
+                         (1/{instances} of its budget): while the store is failing these requests get 429",
+                        route.name, route.cost, limit.name
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     /// One line describing the policy, for `tollgate check` and start-up logs.
     pub fn summary(&self) -> String {
         format!(
