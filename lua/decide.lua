@@ -53,6 +53,18 @@ if now == 0 then
 end
 local raw = redis.call('MGET', unpack(KEYS))
 
+-- tonumber parses with strtod; a batch repeats the same few numbers (costs,
+-- flags, parameters) many times, so each distinct string is parsed once.
+local parsed = {}
+local function num(s)
+  local v = parsed[s]
+  if not v then
+    v = tonumber(s)
+    parsed[s] = v
+  end
+  return v
+end
+
 local function align(t, w) return t - t % w end
 
 local function fields(v)
@@ -212,14 +224,14 @@ end
 local reply = {}
 local p = 3
 local ends = {}
-for _ = 1, tonumber(ARGV[2]) do
-  local blocked, n = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+for _ = 1, num(ARGV[2]) do
+  local blocked, n = num(ARGV[p]), num(ARGV[p + 1])
   p = p + 2
   local L = {}
   local gate = blocked
   for j = 1, n do
-    local k, kind, a, b = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])
-    local cost, flags = tonumber(ARGV[p + 4]), tonumber(ARGV[p + 5])
+    local k, kind, a, b = num(ARGV[p]), num(ARGV[p + 1]), num(ARGV[p + 2]), num(ARGV[p + 3])
+    local cost, flags = num(ARGV[p + 4]), num(ARGV[p + 5])
     p = p + 6
     local s = state(k, kind, a, b)
     local ok, rem, wait = check(s, a, b, cost)
