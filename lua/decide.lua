@@ -223,13 +223,14 @@ end
 
 local reply = {}
 local p = 3
-local ends = {}
+-- Per limit of the current request, flat: state, a, b, cost, group, ok,
+-- remaining, wait (no table per limit).
+local L = {}
 for _ = 1, num(ARGV[2]) do
   local blocked, n = num(ARGV[p]), num(ARGV[p + 1])
   p = p + 2
-  local L = {}
   local gate = blocked
-  for j = 1, n do
+  for j = 0, n - 1 do
     local k, kind, a, b = num(ARGV[p]), num(ARGV[p + 1]), num(ARGV[p + 2]), num(ARGV[p + 3])
     local cost, flags = num(ARGV[p + 4]), num(ARGV[p + 5])
     p = p + 6
@@ -237,26 +238,28 @@ for _ = 1, num(ARGV[2]) do
     local ok, rem, wait = check(s, a, b, cost)
     local group = math.floor(flags / 2)
     if flags % 2 == 1 and not ok and group < gate then gate = group end
-    L[j] = { s, a, b, cost, group, ok, rem, wait }
+    local o = j * 8
+    L[o + 1], L[o + 2], L[o + 3], L[o + 4] = s, a, b, cost
+    L[o + 5], L[o + 6], L[o + 7], L[o + 8] = group, ok, rem, wait
   end
-  for j = 1, n do
-    local l = L[j]
-    local s, a, b, cost, ok, rem = l[1], l[2], l[3], l[4], l[6], l[7]
-    local spent = ok and l[5] < gate
+  for j = 0, n - 1 do
+    local o = j * 8
+    local s, a, b, cost, ok, rem = L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 6], L[o + 7]
+    local spent = ok and L[o + 5] < gate
     if spent then spend(s, b, cost) elseif ok then rem = rem + cost end
-    local r = reset(s, a, b)
-    ends[s] = { a, b }
-    reply[#reply + 1] = ok and 1 or 0
-    reply[#reply + 1] = rem
-    reply[#reply + 1] = l[8]
-    reply[#reply + 1] = r
+    s.a, s.b = a, b
+    local r = #reply
+    reply[r + 1] = ok and 1 or 0
+    reply[r + 2] = rem
+    reply[r + 3] = L[o + 8]
+    reply[r + 4] = reset(s, a, b)
   end
 end
 
 -- One write per key, with the state the whole batch left.
 for k, s in pairs(S) do
-  local key, ab = KEYS[k], ends[s]
-  local ttl = string.format('%d', reset(s, ab[1], ab[2]) + SLACK)
+  local key = KEYS[k]
+  local ttl = string.format('%d', reset(s, s.a, s.b) + SLACK)
   if s.kind == 1 or s.kind == 2 or s.kind == 3 then
     redis.call('SET', key, string.format('%d:%d', s.x, s.y), 'PX', ttl)
   elseif s.kind == 4 then
