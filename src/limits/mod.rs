@@ -225,8 +225,3 @@ pub fn combine(charges: &[Charge], verdicts: &[Verdict], group: u8) -> Decision 
         Decision::Allow
     }
 }
-
-/// Keys an address the way limits see it (IPv6 by prefix).
-pub fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> ipnet::IpNet {
-    crate::client_ip::key_network(ip, ipv6_prefix)
-}
