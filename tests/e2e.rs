@@ -315,14 +315,16 @@ fn draft_ratelimit_headers_describe_the_tightest_limit() {
 #[test]
 fn servers_of_a_pool_take_turns_and_a_dead_pool_gets_a_502_problem() {
     let (one, two) = (Upstream::start(), Upstream::start());
-    let dead = support::free_port();
+    // Nothing in the tests binds this loopback address: a free port on
+    // 127.0.0.1 could be taken by another test's server meanwhile.
+    let dead = "127.0.0.254:1";
     let policy = format!(
         r#"
 version: 1
 server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
 upstreams:
   pair: {{ servers: ["{}", "{}"] }}
-  dead: {{ servers: ["127.0.0.1:{dead}"], connect_timeout_ms: 500 }}
+  dead: {{ servers: ["{dead}"], connect_timeout_ms: 500 }}
 routes:
   - {{ name: dead, path: /dead, auth: none, upstream: dead }}
   - {{ name: pair, path: "/**", auth: none, upstream: pair }}

@@ -14,12 +14,22 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1 (bound, then released).
+/// A free TCP port on 127.0.0.1 (bound, then released), never the same
+/// one twice in a test process: the system may hand a just-released port
+/// to the next caller, and tests run in parallel.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// What an upstream has seen, shared with its connection threads.
@@ -282,6 +292,23 @@ impl Gateway {
 
     /// As [`Gateway::start`], with extra environment variables.
     pub fn start_with_env(policy: &str, upstream: Option<&Upstream>, env: &[(&str, &str)]) -> Self {
+        // A port found free can be taken by another test before the gateway
+        // binds it; the gateway then exits, and a new pair of ports is tried.
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            match Self::spawn(policy, upstream, env) {
+                Ok(gw) => return gw,
+                Err(log) => last_log = log,
+            }
+        }
+        panic!("tollgate did not start: {last_log}");
+    }
+
+    fn spawn(
+        policy: &str,
+        upstream: Option<&Upstream>,
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -308,20 +335,21 @@ impl Gateway {
             child,
             _dir: dir,
         };
-        gw.wait_ready();
-        gw
+        gw.wait_ready()?;
+        Ok(gw)
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits for both listeners; the gateway's log when it exits instead.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("tollgate exited with {status}: {}", self.log());
+                return Err(format!("tollgate exited with {status}: {}", self.log()));
             }
             let up =
                 TcpStream::connect(self.addr).is_ok() && TcpStream::connect(self.admin).is_ok();
             if up && get(self.admin, "/healthz", &[]).status == 200 {
-                return;
+                return Ok(());
             }
             thread::sleep(Duration::from_millis(20));
         }

@@ -19,11 +19,27 @@ impl RedisServer {
             child: None,
             dir: tempfile::tempdir().expect("tempdir"),
         };
-        server.spawn();
-        server
+        // A port found free can be taken by another test before the server
+        // binds it; the server then exits, and another port is tried.
+        for _ in 0..5 {
+            if server.try_spawn() {
+                return server;
+            }
+            server.port = super::free_port();
+        }
+        panic!("redis-server did not start");
     }
 
     fn spawn(&mut self) {
+        assert!(
+            self.try_spawn(),
+            "redis-server on port {} did not start",
+            self.port
+        );
+    }
+
+    /// Starts the server on `self.port`; false when it exited instead.
+    fn try_spawn(&mut self) -> bool {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
@@ -36,12 +52,16 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return false;
+            }
             if self.cmd::<String>(&["PING"]).is_ok() {
-                return;
+                return true;
             }
             thread::sleep(Duration::from_millis(20));
         }
-        panic!("redis-server on port {} did not start", self.port);
+        panic!("redis-server on port {} did not answer", self.port);
     }
 
     pub fn url(&self) -> String {
