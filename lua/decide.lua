@@ -13,25 +13,29 @@
 -- KEYS     the distinct state keys of the batch
 -- ARGV[1]  time in ms; "0" means the server's TIME (only tests pass a time)
 -- ARGV[2]  number of requests R
--- then per request:
---          blocked  first blocked group: charges of this group and later
---                   ones are checked but never spent (an earlier part of
---                   the request's decision already denied them)
---          n        number of limits
---          then six numbers per limit:
---          key      index into KEYS
---          kind     1 token_bucket, 2 gcra   (a = capacity in micro-tokens,
---                                             b = micro-tokens per ms)
---                   3 fixed_window, 4 sliding_window, 5 sliding_log
---                                            (a = limit, b = window in ms)
---          a, b     as above
---          cost     whole units
---          flags    group * 2 + 1 for enforce, group * 2 for shadow
+-- ARGV[3]  the requests, one after the other, as little-endian binary
+--          (struct.unpack), so that no number is sent or parsed as text:
+--          blocked  B   first blocked group: charges of this group and later
+--                       ones are checked but never spent (an earlier part
+--                       of the request's decision already denied them)
+--          n        I2  number of limits
+--          then per limit:
+--          key      I4  index into KEYS
+--          kind     B   1 token_bucket, 2 gcra   (a = capacity in
+--                                                 micro-tokens, b =
+--                                                 micro-tokens per ms)
+--                       3 fixed_window, 4 sliding_window, 5 sliding_log
+--                                                (a = limit, b = window in ms)
+--          a, b     i8  as above
+--          cost     i8  whole units
+--          flags    B   group * 2 + 1 for enforce, group * 2 for shadow
 --
--- Reply: for each request, for each of its limits, four integers:
---   allowed (1 or 0), remaining (whole units), wait in ms until the cost
---   fits (0 when allowed, -1 when it never can), ms until the key is back
---   to its initial state; then the time used.
+-- Reply: one string of little-endian 64-bit integers (struct.pack '<i8'),
+-- which the gateway reads without a general RESP parser: for each request,
+-- for each of its limits, four integers: allowed (1 or 0), remaining
+-- (whole units), wait in ms until the cost fits (0 when allowed, -1 when it
+-- never can), ms until the key is back to its initial state; then the time
+-- used.
 --
 -- Group g of a request is charged only if every enforced limit of its
 -- groups 0..g admits and g is below `blocked`; shadow limits are charged
@@ -52,18 +56,6 @@ if now == 0 then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local raw = redis.call('MGET', unpack(KEYS))
-
--- tonumber parses with strtod; a batch repeats the same few numbers (costs,
--- flags, parameters) many times, so each distinct string is parsed once.
-local parsed = {}
-local function num(s)
-  local v = parsed[s]
-  if not v then
-    v = tonumber(s)
-    parsed[s] = v
-  end
-  return v
-end
 
 local function align(t, w) return t - t % w end
 
@@ -222,18 +214,17 @@ local function reset(s, a, b)
 end
 
 local reply = {}
-local p = 3
+local requests, pos = ARGV[3], 1
 -- Per limit of the current request, flat: state, a, b, cost, group, ok,
 -- remaining, wait (no table per limit).
 local L = {}
-for _ = 1, num(ARGV[2]) do
-  local blocked, n = num(ARGV[p]), num(ARGV[p + 1])
-  p = p + 2
+for _ = 1, tonumber(ARGV[2]) do
+  local blocked, n
+  blocked, n, pos = struct.unpack('<BI2', requests, pos)
   local gate = blocked
   for j = 0, n - 1 do
-    local k, kind, a, b = num(ARGV[p]), num(ARGV[p + 1]), num(ARGV[p + 2]), num(ARGV[p + 3])
-    local cost, flags = num(ARGV[p + 4]), num(ARGV[p + 5])
-    p = p + 6
+    local k, kind, a, b, cost, flags
+    k, kind, a, b, cost, flags, pos = struct.unpack('<I4Bi8i8i8B', requests, pos)
     local s = state(k, kind, a, b)
     local ok, rem, wait = check(s, a, b, cost)
     local group = math.floor(flags / 2)
@@ -248,11 +239,7 @@ for _ = 1, num(ARGV[2]) do
     local spent = ok and L[o + 5] < gate
     if spent then spend(s, b, cost) elseif ok then rem = rem + cost end
     s.a, s.b = a, b
-    local r = #reply
-    reply[r + 1] = ok and 1 or 0
-    reply[r + 2] = rem
-    reply[r + 3] = L[o + 8]
-    reply[r + 4] = reset(s, a, b)
+    reply[#reply + 1] = struct.pack('<i8i8i8i8', ok and 1 or 0, rem, L[o + 8], reset(s, a, b))
   end
 end
 
@@ -279,5 +266,5 @@ for k, s in pairs(S) do
     if #s.entries >= s.first then redis.call('PEXPIRE', key, ttl) end
   end
 end
-reply[#reply + 1] = now
-return reply
+reply[#reply + 1] = struct.pack('<i8', now)
+return table.concat(reply)

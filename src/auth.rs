@@ -39,7 +39,7 @@ impl Credential {
 /// Credentials by the SHA-256 digest of their raw key.
 #[derive(Debug, Default)]
 pub struct KeyTable {
-    by_digest: HashMap<[u8; 32], Arc<Credential>>,
+    by_digest: HashMap<[u8; 32], Arc<Credential>, ahash::RandomState>,
 }
 
 impl KeyTable {

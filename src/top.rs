@@ -100,7 +100,7 @@ pub struct Hitter {
 /// The sketch.
 #[derive(Default)]
 pub struct Top {
-    entries: Mutex<HashMap<Caller, Counts>>,
+    entries: Mutex<HashMap<Caller, Counts, ahash::RandomState>>,
 }
 
 impl Top {

@@ -59,6 +59,11 @@ fn window(limit: u64, secs: u64) -> Window {
     Window::seconds(limit, secs)
 }
 
+/// The store takes charges by reference.
+fn refs(charges: &[Charge]) -> Vec<&Charge> {
+    charges.iter().collect()
+}
+
 /// Decides one charge at a time through Redis, moving the test clock.
 struct Probe {
     rt: tokio::runtime::Runtime,
@@ -83,7 +88,7 @@ impl Probe {
         self.clock.set(1_000_000 + ms);
         let c = charge("l", "k", params, cost);
         self.rt
-            .block_on(self.store.decide(&[c], NONE_BLOCKED))
+            .block_on(self.store.decide(&[&c], NONE_BLOCKED))
             .unwrap()[0]
     }
 }
@@ -207,7 +212,7 @@ fn keys_expire_once_back_to_their_initial_state() {
     let s = store(&server, &clock);
     let rt = runtime();
     // Spend 4 of 10 at 2/s: full again in 2 s, so the key lives 3 s.
-    rt.block_on(s.decide(&[charge("b", "k", bucket(10, 2), 4)], NONE_BLOCKED))
+    rt.block_on(s.decide(&[&charge("b", "k", bucket(10, 2), 4)], NONE_BLOCKED))
         .unwrap();
     let keys = server.keys();
     assert_eq!(keys.len(), 1);
@@ -222,9 +227,9 @@ fn a_lost_script_cache_is_reloaded() {
     let s = store(&server, &clock);
     let rt = runtime();
     let c = [charge("b", "k", bucket(10, 1), 1)];
-    assert!(rt.block_on(s.decide(&c, NONE_BLOCKED)).unwrap()[0].allowed);
+    assert!(rt.block_on(s.decide(&refs(&c), NONE_BLOCKED)).unwrap()[0].allowed);
     let _: String = server.cmd(&["SCRIPT", "FLUSH"]).unwrap();
-    let v = rt.block_on(s.decide(&c, NONE_BLOCKED)).unwrap();
+    let v = rt.block_on(s.decide(&refs(&c), NONE_BLOCKED)).unwrap();
     assert_eq!(v[0].remaining, 8);
 }
 
@@ -240,7 +245,7 @@ fn server_time_drives_the_script_by_default() {
     let rt = runtime();
     let c = [charge("b", "k", bucket(2, 1), 1)];
     let v: Vec<bool> = (0..3)
-        .map(|_| rt.block_on(s.decide(&c, NONE_BLOCKED)).unwrap()[0].allowed)
+        .map(|_| rt.block_on(s.decide(&refs(&c), NONE_BLOCKED)).unwrap()[0].allowed)
         .collect();
     assert_eq!(v, [true, true, false]);
 }
@@ -342,7 +347,9 @@ fn lua_and_rust_agree_on_random_sequences() {
                         .cloned()
                         .map(|(charges, blocked)| {
                             let redis = redis.clone();
-                            tokio::spawn(async move { redis.decide(&charges, blocked).await })
+                            tokio::spawn(
+                                async move { redis.decide(&refs(&charges), blocked).await },
+                            )
                         })
                         .collect();
                     let mut out = Vec::new();
@@ -378,8 +385,7 @@ fn concurrent_requests_are_batched_and_decided_as_if_one_by_one() {
     let rt = runtime();
     let spent: Vec<Charge> = (0..40).step_by(2).map(|i| request(i)[1].clone()).collect();
     for c in &spent {
-        rt.block_on(redis.decide(std::slice::from_ref(c), NONE_BLOCKED))
-            .unwrap();
+        rt.block_on(redis.decide(&[c], NONE_BLOCKED)).unwrap();
         memory.decide_now(std::slice::from_ref(c), NONE_BLOCKED);
     }
     let _: String = server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
@@ -387,7 +393,9 @@ fn concurrent_requests_are_batched_and_decided_as_if_one_by_one() {
         let tasks: Vec<_> = (0..40)
             .map(|i| {
                 let (redis, charges) = (redis.clone(), request(i));
-                tokio::spawn(async move { redis.decide(&charges, NONE_BLOCKED).await.unwrap() })
+                tokio::spawn(
+                    async move { redis.decide(&refs(&charges), NONE_BLOCKED).await.unwrap() },
+                )
             })
             .collect();
         let mut out = Vec::new();

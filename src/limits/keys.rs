@@ -4,6 +4,9 @@
 //! carry a hash tag derived from the tenant (`{prefix}{limit}:{t}:{h}` with
 //! `t` in braces), so one request's tenant keys share a cluster slot.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -62,6 +65,82 @@ impl KeyHasher {
     }
 }
 
+/// Store keys of recent callers: a repeat caller costs one map lookup
+/// instead of two HMACs and a string. Two generations bound it: when the
+/// young one is full it becomes the old one (dropping the previous old
+/// one), and a hit in the old one moves back, so keys in use stay while the
+/// cache never holds more than twice `capacity` entries.
+pub struct KeyCache {
+    hasher: KeyHasher,
+    capacity: usize,
+    generations: Mutex<Generations>,
+}
+
+#[derive(Default)]
+struct Generations {
+    young: HashMap<Box<str>, Cached, ahash::RandomState>,
+    old: HashMap<Box<str>, Cached, ahash::RandomState>,
+}
+
+/// A store key and the tenant its hash tag was made from: a reload may move
+/// a credential to another tenant, which makes the entry stale.
+#[derive(Clone)]
+struct Cached {
+    tenant: Option<Arc<str>>,
+    key: Arc<str>,
+}
+
+impl KeyCache {
+    pub fn new(hasher: KeyHasher, capacity: usize) -> Self {
+        Self {
+            hasher,
+            capacity: capacity.max(1),
+            generations: Mutex::default(),
+        }
+    }
+
+    /// The store key of one charge.
+    pub fn key(&self, charge: &Charge) -> Arc<str> {
+        let fresh = |c: &Cached| c.tenant == charge.tenant;
+        {
+            let mut g = self.lock();
+            if let Some(hit) = g.young.get(charge.key.as_str()).filter(|c| fresh(c)) {
+                return hit.key.clone();
+            }
+            if let Some(hit) = g.old.remove(charge.key.as_str()).filter(fresh) {
+                return g.insert(&charge.key, hit, self.capacity);
+            }
+        }
+        // Hashed outside the lock.
+        let made = Cached {
+            tenant: charge.tenant.clone(),
+            key: self.hasher.key(charge).into(),
+        };
+        self.lock().insert(&charge.key, made, self.capacity)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Generations> {
+        self.generations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        let g = self.lock();
+        g.young.len() + g.old.len()
+    }
+}
+
+impl Generations {
+    fn insert(&mut self, material: &str, entry: Cached, capacity: usize) -> Arc<str> {
+        if self.young.len() >= capacity {
+            self.old = std::mem::take(&mut self.young);
+        }
+        let key = entry.key.clone();
+        self.young.insert(material.into(), entry);
+        key
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +186,31 @@ mod tests {
         );
         // Untagged keys have no braces at all.
         assert!(!h.key(&charge("global", None)).contains('{'));
+    }
+
+    #[test]
+    fn cached_keys_match_hashed_ones_and_stay_bounded() {
+        let h = KeyHasher::new("tg:", b"secret");
+        let cache = KeyCache::new(h.clone(), 4);
+        for round in 0..3 {
+            for i in 0..10 {
+                let c = charge(&format!("per-tenant\x1f{i}"), Some("acme"));
+                assert_eq!(*cache.key(&c), h.key(&c), "round {round}, caller {i}");
+                assert!(cache.len() <= 8, "{} entries", cache.len());
+            }
+        }
+        // A key in steady use survives generations of other callers.
+        let hot = charge("per-tenant\x1fhot", Some("acme"));
+        let first = cache.key(&hot);
+        for i in 0..20 {
+            cache.key(&charge(&format!("per-tenant\x1fcold{i}"), None));
+            if i % 3 == 0 {
+                assert!(Arc::ptr_eq(&cache.key(&hot), &first));
+            }
+        }
+        // The same material under another tenant gets that tenant's tag.
+        let moved = charge("per-tenant\x1fhot", Some("other"));
+        assert_eq!(*cache.key(&moved), h.key(&moved));
+        assert_ne!(cache.key(&moved), first);
     }
 }

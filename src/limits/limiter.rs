@@ -81,43 +81,36 @@ impl Limiter {
         let Some(shared) = &self.shared else {
             return self.local.decide_now(charges, NONE_BLOCKED).0;
         };
-        let (local, remote): (Vec<usize>, Vec<usize>) =
-            (0..charges.len()).partition(|&i| charges[i].local);
+        let (local, remote): (Vec<&Charge>, Vec<&Charge>) = charges.iter().partition(|c| c.local);
         if remote.is_empty() {
             return self.local.decide_now(charges, NONE_BLOCKED).0;
         }
-        let pick = |idx: &[usize]| idx.iter().map(|&i| charges[i].clone()).collect::<Vec<_>>();
-        let (local_charges, remote_charges) = (pick(&local), pick(&remote));
 
-        let (local_verdicts, spent_at) = self.local.decide_now(&local_charges, NONE_BLOCKED);
-        let local_gate = gate(&local_charges, |i| local_verdicts[i].allowed, NONE_BLOCKED);
+        let (local_verdicts, spent_at) = self.local.decide_now(&local, NONE_BLOCKED);
+        let local_gate = gate(
+            local.iter().copied(),
+            |i| local_verdicts[i].allowed,
+            NONE_BLOCKED,
+        );
 
-        let remote_verdicts = match self.call(shared, &remote_charges, local_gate).await {
+        let remote_verdicts = match self.call(shared, &remote, local_gate).await {
             Ok(v) => v,
             Err(_) => {
                 // Undo the provisional local charges and decide everything
                 // again with each shared limit's failure mode.
-                self.refund_spent(&local_charges, &local_verdicts, local_gate, 0, spent_at);
+                self.refund_spent(&local, &local_verdicts, local_gate, 0, spent_at);
                 return self.degraded(charges, shared.instances);
             }
         };
-        let mut verdicts = vec![None; charges.len()];
-        for (&i, v) in local
+        // Back into the charges' order.
+        let (mut l, mut r) = (local_verdicts.iter(), remote_verdicts.iter());
+        let verdicts: Vec<Verdict> = charges
             .iter()
-            .zip(&local_verdicts)
-            .chain(remote.iter().zip(&remote_verdicts))
-        {
-            verdicts[i] = Some(*v);
-        }
-        let verdicts: Vec<Verdict> = verdicts.into_iter().flatten().collect();
+            .filter_map(|c| if c.local { l.next() } else { r.next() })
+            .copied()
+            .collect();
         let final_gate = gate(charges, |i| verdicts[i].allowed, local_gate);
-        self.refund_spent(
-            &local_charges,
-            &local_verdicts,
-            local_gate,
-            final_gate,
-            spent_at,
-        );
+        self.refund_spent(&local, &local_verdicts, local_gate, final_gate, spent_at);
         verdicts
     }
 
@@ -125,7 +118,7 @@ impl Limiter {
     async fn call(
         &self,
         shared: &Shared,
-        charges: &[Charge],
+        charges: &[&Charge],
         blocked_from: u8,
     ) -> Result<Vec<Verdict>, StoreError> {
         let permit = shared.breaker.permit(self.clock.now_ms());
@@ -138,6 +131,11 @@ impl Limiter {
             match tokio::time::timeout(shared.timeout, shared.store.decide(charges, blocked_from))
                 .await
             {
+                Ok(Ok(v)) if v.len() != charges.len() => Err(StoreError::Backend(format!(
+                    "{} verdicts for {} charges",
+                    v.len(),
+                    charges.len()
+                ))),
                 Ok(result) => result,
                 Err(_) => Err(StoreError::Timeout),
             };
@@ -161,17 +159,17 @@ impl Limiter {
     /// `spent_below`) but whose group ended at or above `final_gate`.
     fn refund_spent(
         &self,
-        charges: &[Charge],
+        charges: &[&Charge],
         verdicts: &[Verdict],
         spent_below: u8,
         final_gate: u8,
         at: u64,
     ) {
-        let undo: Vec<Charge> = charges
+        let undo: Vec<&Charge> = charges
             .iter()
             .zip(verdicts)
             .filter(|(c, v)| v.allowed && c.group < spent_below && c.group >= final_gate)
-            .map(|(c, _)| c.clone())
+            .map(|(c, _)| *c)
             .collect();
         if !undo.is_empty() {
             self.local.refund(&undo, at);

@@ -4,8 +4,8 @@
 //! would be back to their initial state, which keeps the tables bounded by
 //! the traffic of the last few refill periods.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -29,14 +29,14 @@ struct Slot {
 
 #[derive(Default)]
 struct Shard {
-    slots: HashMap<String, Slot>,
+    slots: HashMap<String, Slot, ahash::RandomState>,
     decisions: u64,
 }
 
 /// Limit state of this process.
 pub struct MemoryStore<C: Clock = MonotonicClock> {
     shards: Vec<Mutex<Shard>>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: ahash::RandomState,
     clock: C,
     keys: AtomicU64,
 }
@@ -73,21 +73,26 @@ impl<C: Clock> MemoryStore<C> {
     /// Decides one request's charges atomically (see [`LimitStore`]) and
     /// returns the verdicts with the time they were decided at, which a
     /// later [`MemoryStore::refund`] needs.
-    pub fn decide_now(&self, charges: &[Charge], blocked_from: u8) -> (Vec<Verdict>, u64) {
+    pub fn decide_now<B: Borrow<Charge>>(
+        &self,
+        charges: &[B],
+        blocked_from: u8,
+    ) -> (Vec<Verdict>, u64) {
         let now = self.clock.now_ms();
-        let shard_ids: Vec<usize> = charges.iter().map(|c| self.shard_of(&c.key)).collect();
+        let charges = || charges.iter().map(Borrow::borrow);
+        let shard_ids: Vec<usize> = charges().map(|c| self.shard_of(&c.key)).collect();
         let mut guards = self.lock(&shard_ids);
 
-        let mut checks = Vec::with_capacity(charges.len());
-        for (c, &s) in charges.iter().zip(&shard_ids) {
+        let mut checks = Vec::with_capacity(shard_ids.len());
+        for (c, &s) in charges().zip(&shard_ids) {
             let slot = self.slot(locked(&mut guards, s), c, now);
             c.params.refresh(&mut slot.state, now);
             checks.push(c.params.check(&slot.state, c.cost, now));
         }
 
-        let gate = super::gate(charges, |i| checks[i].allowed, blocked_from);
-        let mut verdicts = Vec::with_capacity(charges.len());
-        for ((c, &s), check) in charges.iter().zip(&shard_ids).zip(&checks) {
+        let gate = super::gate(charges(), |i| checks[i].allowed, blocked_from);
+        let mut verdicts = Vec::with_capacity(shard_ids.len());
+        for ((c, &s), check) in charges().zip(&shard_ids).zip(&checks) {
             // The first pass made every slot.
             let Some(slot) = locked(&mut guards, s).slots.get_mut(&c.key) else {
                 continue;
@@ -118,11 +123,12 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Gives back what [`MemoryStore::decide_now`] charged at `spent_at` for
     /// these charges (a later part of the same decision denied).
-    pub fn refund(&self, charges: &[Charge], spent_at: u64) {
+    pub fn refund<B: Borrow<Charge>>(&self, charges: &[B], spent_at: u64) {
         let now = self.clock.now_ms();
-        let shard_ids: Vec<usize> = charges.iter().map(|c| self.shard_of(&c.key)).collect();
+        let charges = || charges.iter().map(Borrow::borrow);
+        let shard_ids: Vec<usize> = charges().map(|c| self.shard_of(&c.key)).collect();
         let mut guards = self.lock(&shard_ids);
-        for (c, &s) in charges.iter().zip(&shard_ids) {
+        for (c, &s) in charges().zip(&shard_ids) {
             if let Some(slot) = locked(&mut guards, s).slots.get_mut(&c.key) {
                 c.params.refund(&mut slot.state, c.cost, spent_at, now);
             }
@@ -191,7 +197,7 @@ fn locked<'a>(guards: &'a mut [(usize, MutexGuard<'_, Shard>)], i: usize) -> &'a
 impl<C: Clock> LimitStore for MemoryStore<C> {
     async fn decide(
         &self,
-        charges: &[Charge],
+        charges: &[&Charge],
         blocked_from: u8,
     ) -> Result<Vec<Verdict>, StoreError> {
         Ok(self.decide_now(charges, blocked_from).0)

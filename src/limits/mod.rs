@@ -120,7 +120,7 @@ impl StoreError {
 pub trait LimitStore: Send + Sync {
     async fn decide(
         &self,
-        charges: &[Charge],
+        charges: &[&Charge],
         blocked_from: u8,
     ) -> Result<Vec<Verdict>, StoreError>;
 
@@ -131,9 +131,13 @@ pub trait LimitStore: Send + Sync {
 }
 
 /// The lowest group that may not be charged.
-pub fn gate(charges: &[Charge], allowed: impl Fn(usize) -> bool, blocked_from: u8) -> u8 {
+pub fn gate<'a>(
+    charges: impl IntoIterator<Item = &'a Charge>,
+    allowed: impl Fn(usize) -> bool,
+    blocked_from: u8,
+) -> u8 {
     charges
-        .iter()
+        .into_iter()
         .enumerate()
         .filter(|(i, c)| c.enforce && !allowed(*i))
         .map(|(_, c)| c.group)

@@ -18,7 +18,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot, OnceCell};
 
 use super::algorithm::Params;
-use super::keys::KeyHasher;
+use super::keys::{KeyCache, KeyHasher};
 use super::{Charge, LimitStore, Source, StoreError, Verdict};
 use crate::clock::{Clock, ManualClock};
 
@@ -33,12 +33,23 @@ const MAX_BATCH: usize = 128;
 const MAX_CALLS_IN_FLIGHT: usize = 1;
 /// Requests waiting for a call, at most; beyond that the store is failing.
 const QUEUE: usize = 4096;
+/// Store keys remembered per generation of the key cache.
+const CACHED_KEYS: usize = 16_384;
+
+/// One limit as the script reads it.
+struct Spec {
+    kind: u8,
+    a: u64,
+    b: u64,
+    cost: u64,
+    /// `group * 2 + 1` when enforced, `group * 2` for shadow limits.
+    flags: u8,
+}
 
 /// One request's shared limits, encoded for the script.
 struct Job {
-    keys: Vec<String>,
-    /// Per limit: kind, a, b, cost, flags.
-    limits: Vec<[u64; 5]>,
+    keys: Vec<Arc<str>>,
+    limits: Vec<Spec>,
     blocked_from: u8,
     reply: oneshot::Sender<Result<Vec<Verdict>, StoreError>>,
 }
@@ -58,7 +69,7 @@ struct Connection {
 /// Limit state in one Redis server (or one primary).
 pub struct RedisStore {
     connection: Arc<Connection>,
-    keys: KeyHasher,
+    keys: KeyCache,
     queue: OnceCell<mpsc::Sender<Job>>,
 }
 
@@ -81,7 +92,7 @@ impl RedisStore {
                 timeout,
                 clock: None,
             }),
-            keys,
+            keys: KeyCache::new(keys, CACHED_KEYS),
             queue: OnceCell::new(),
         })
     }
@@ -108,7 +119,7 @@ impl RedisStore {
 
     fn job(
         &self,
-        charges: &[Charge],
+        charges: &[&Charge],
         blocked_from: u8,
     ) -> (Job, oneshot::Receiver<Result<Vec<Verdict>, StoreError>>) {
         let (reply, rx) = oneshot::channel();
@@ -118,13 +129,13 @@ impl RedisStore {
                 .iter()
                 .map(|c| {
                     let (kind, a, b) = encode(c.params);
-                    [
+                    Spec {
                         kind,
                         a,
                         b,
-                        c.cost,
-                        u64::from(c.group) * 2 + u64::from(c.enforce),
-                    ]
+                        cost: c.cost,
+                        flags: c.group * 2 + u8::from(c.enforce),
+                    }
                 })
                 .collect(),
             blocked_from,
@@ -168,14 +179,20 @@ async fn drive(mut rx: mpsc::Receiver<Job>, conn: Arc<Connection>) {
     }
 }
 
+/// Bytes of one number in the script's reply.
+const NUMBER: usize = 8;
+/// Bytes of one limit's verdict in the script's reply.
+const VERDICT: usize = 4 * NUMBER;
+
 /// Hands every job its part of the reply.
-fn dispatch(batch: Vec<Job>, result: Result<Vec<i64>, StoreError>) {
-    let expected: usize = batch.iter().map(|j| j.limits.len() * 4).sum::<usize>() + 1;
+fn dispatch(batch: Vec<Job>, result: Result<Vec<u8>, StoreError>) {
+    let limits: usize = batch.iter().map(|j| j.limits.len()).sum();
+    let expected = limits * VERDICT + NUMBER;
     let reply = match result {
         Ok(reply) if reply.len() == expected => reply,
         Ok(reply) => {
             let e = StoreError::Backend(format!(
-                "decide.lua replied {} numbers, expected {expected}",
+                "decide.lua replied {} bytes, expected {expected}",
                 reply.len()
             ));
             return batch
@@ -188,7 +205,7 @@ fn dispatch(batch: Vec<Job>, result: Result<Vec<i64>, StoreError>) {
                 .for_each(|j| drop(j.reply.send(Err(e.clone()))))
         }
     };
-    let mut numbers = reply.chunks_exact(4);
+    let mut numbers = reply.chunks_exact(VERDICT);
     for job in batch {
         let verdicts = numbers
             .by_ref()
@@ -199,12 +216,18 @@ fn dispatch(batch: Vec<Job>, result: Result<Vec<i64>, StoreError>) {
     }
 }
 
-fn verdict(r: &[i64]) -> Verdict {
+/// One limit's verdict: four little-endian `i64`s.
+fn verdict(bytes: &[u8]) -> Verdict {
+    let n = |i: usize| {
+        let mut word = [0u8; NUMBER];
+        word.copy_from_slice(&bytes[i * NUMBER..(i + 1) * NUMBER]);
+        i64::from_le_bytes(word)
+    };
     Verdict {
-        allowed: r[0] == 1,
-        remaining: r[1].max(0) as u64,
-        wait_ms: u64::try_from(r[2]).ok(),
-        reset_ms: r[3].max(0) as u64,
+        allowed: n(0) == 1,
+        remaining: n(1).max(0) as u64,
+        wait_ms: u64::try_from(n(2)).ok(),
+        reset_ms: n(3).max(0) as u64,
         source: Source::Store,
     }
 }
@@ -220,30 +243,38 @@ impl Connection {
         Ok(conn.clone())
     }
 
-    /// The script call for a batch: distinct keys, then each job's numbers.
+    /// The script call for a batch: distinct keys, then every job's
+    /// numbers in one binary argument (see `lua/decide.lua`).
     fn evalsha(&self, batch: &[Job]) -> redis::Cmd {
-        let mut index: HashMap<&str, usize> = HashMap::new();
+        let mut index: HashMap<&str, u32, ahash::RandomState> = HashMap::default();
         let mut keys: Vec<&str> = Vec::new();
-        for key in batch.iter().flat_map(|j| &j.keys) {
-            index.entry(key).or_insert_with(|| {
-                keys.push(key);
-                keys.len()
-            });
+        let size = batch.iter().map(|j| 3 + j.limits.len() * 30).sum();
+        let mut requests = Vec::with_capacity(size);
+        for job in batch {
+            requests.push(job.blocked_from);
+            requests.extend_from_slice(&(job.limits.len() as u16).to_le_bytes());
+            for (key, l) in job.keys.iter().zip(&job.limits) {
+                let k = *index.entry(key).or_insert_with(|| {
+                    keys.push(key);
+                    keys.len() as u32
+                });
+                requests.extend_from_slice(&k.to_le_bytes());
+                requests.push(l.kind);
+                for n in [l.a, l.b, l.cost] {
+                    requests.extend_from_slice(&n.to_le_bytes());
+                }
+                requests.push(l.flags);
+            }
         }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(keys.len()).arg(&keys);
         cmd.arg(self.clock.as_ref().map_or(0, |c| c.now_ms()))
-            .arg(batch.len());
-        for job in batch {
-            cmd.arg(job.blocked_from).arg(job.limits.len());
-            for (key, l) in job.keys.iter().zip(&job.limits) {
-                cmd.arg(index[key.as_str()]).arg(&l[..]);
-            }
-        }
+            .arg(batch.len())
+            .arg(&requests[..]);
         cmd
     }
 
-    async fn call(&self, batch: &[Job]) -> Result<Vec<i64>, StoreError> {
+    async fn call(&self, batch: &[Job]) -> Result<Vec<u8>, StoreError> {
         let mut conn = self.connection().await.map_err(backend)?;
         let cmd = self.evalsha(batch);
         match cmd.query_async(&mut conn).await {
@@ -264,7 +295,7 @@ impl Connection {
 }
 
 /// The script's numbers for one limit: kind, a, b.
-fn encode(params: Params) -> (u64, u64, u64) {
+fn encode(params: Params) -> (u8, u64, u64) {
     match params {
         Params::TokenBucket(b) => (1, b.capacity, b.per_ms),
         Params::Gcra(b) => (2, b.capacity, b.per_ms),
@@ -286,7 +317,7 @@ fn backend(e: RedisError) -> StoreError {
 impl LimitStore for RedisStore {
     async fn decide(
         &self,
-        charges: &[Charge],
+        charges: &[&Charge],
         blocked_from: u8,
     ) -> Result<Vec<Verdict>, StoreError> {
         let (job, reply) = self.job(charges, blocked_from);
