@@ -152,7 +152,7 @@ impl ServeHttp for Admin {
             }
             "/metrics" => {
                 let rt = self.live.load();
-                respond(200, "text/plain; version=0.0.4", rt.metrics().render())
+                respond(200, "text/plain; version=0.0.4", rt.all_metrics().render())
             }
             p if p.starts_with("/admin/") => self.admin(session, p).await,
             _ => text(404, "not found\n".into()),

@@ -10,8 +10,9 @@ use pingora::http::RequestHeader;
 
 use crate::auth::{self, Credential};
 use crate::client_ip;
-use crate::config::{LimitId, Mode, PlanId, PoolId, Target};
+use crate::config::{LimitId, Mode, PlanId, PoolId, RouteId, Target};
 use crate::limits::{combine, Charge, Decision, Identity, Source, Verdict};
+use crate::metrics::DecisionOutcome;
 use crate::respond::{RateHeaders, Rejection};
 use crate::routes::normalize_path;
 use crate::runtime::Runtime;
@@ -23,6 +24,7 @@ pub struct Facts {
     pub client_ip: Option<IpAddr>,
     /// The route class, once a route matched.
     pub route: Option<Arc<str>>,
+    pub route_id: Option<RouteId>,
     /// The route class as an upstream header value.
     pub route_header: Option<http::HeaderValue>,
     pub credential: Option<Arc<Credential>>,
@@ -81,6 +83,7 @@ pub async fn admit(
         .find(req.method.as_str(), &path)
         .ok_or(Rejection::NotFound)?;
     facts.route = Some(route.name.clone());
+    facts.route_id = Some(route.id);
     facts.route_header = Some(route.class_header.clone());
     facts.cost = route.cost;
 
@@ -206,16 +209,13 @@ fn check_group(
 fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
     for (c, v) in charges.iter().zip(verdicts) {
         let outcome = match (v.source, v.allowed, c.enforce) {
-            (Source::FailOpen, ..) => "fail_open",
-            (Source::FailClosed, ..) => "fail_closed",
-            (Source::Fallback, ..) => "local_fallback",
-            (Source::Store, true, _) => "allowed",
-            (Source::Store, false, true) => "limited",
-            (Source::Store, false, false) => "shadow_limited",
+            (Source::FailOpen, ..) => DecisionOutcome::FailOpen,
+            (Source::FailClosed, ..) => DecisionOutcome::FailClosed,
+            (Source::Fallback, ..) => DecisionOutcome::LocalFallback,
+            (Source::Store, true, _) => DecisionOutcome::Allowed,
+            (Source::Store, false, true) => DecisionOutcome::Limited,
+            (Source::Store, false, false) => DecisionOutcome::ShadowLimited,
         };
-        rt.metrics()
-            .limit_decisions
-            .with_label_values(&[c.name.as_ref(), outcome])
-            .inc();
+        rt.metrics().decision(c.limit, outcome);
     }
 }

@@ -3,11 +3,14 @@
 //! the bounded set (route class, limit name, pool, outcome, result, reason);
 //! no tenant, credential, key, address or path is ever a label.
 
+use std::sync::{Arc, OnceLock};
+
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::config::{LimitId, Policy, RouteId};
 use crate::limits::StoreError;
 
 pub struct Metrics {
@@ -165,6 +168,133 @@ impl Metrics {
         // Encoding into a Vec cannot fail for well-formed families.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
+    }
+}
+
+/// Declares an outcome label: its values, in order, as an enum.
+macro_rules! outcomes {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident => $label:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name { $($variant),+ }
+
+        impl $name {
+            const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $label),+ }
+            }
+        }
+    };
+}
+
+outcomes! {
+    /// The `outcome` label of `tollgate_requests_total`.
+    Outcome {
+        Allowed => "allowed",
+        Limited => "limited",
+        Unauthorized => "unauthorized",
+        Forbidden => "forbidden",
+        NotFound => "not_found",
+        StoreUnavailable => "store_unavailable",
+        Overloaded => "overloaded",
+        UpstreamError => "upstream_error",
+    }
+}
+
+outcomes! {
+    /// The `outcome` label of `tollgate_limit_decisions_total`.
+    DecisionOutcome {
+        Allowed => "allowed",
+        Limited => "limited",
+        ShadowLimited => "shadow_limited",
+        FailOpen => "fail_open",
+        FailClosed => "fail_closed",
+        LocalFallback => "local_fallback",
+    }
+}
+
+/// The labeled series requests touch under one policy, reached by route and
+/// limit index instead of by hashing label values on every request. Each
+/// is resolved on first use, so the exposition still shows only series that
+/// have happened.
+pub struct PolicyMetrics {
+    metrics: Arc<Metrics>,
+    /// Route class names, then `unmatched`.
+    routes: Vec<Arc<str>>,
+    limits: Vec<Arc<str>>,
+    requests: Vec<Vec<OnceLock<IntCounter>>>,
+    upstream: Vec<OnceLock<Histogram>>,
+    decisions: Vec<Vec<OnceLock<IntCounter>>>,
+}
+
+fn cells<T>(n: usize) -> Vec<OnceLock<T>> {
+    (0..n).map(|_| OnceLock::new()).collect()
+}
+
+impl PolicyMetrics {
+    pub fn new(metrics: Arc<Metrics>, policy: &Policy) -> Self {
+        let mut routes: Vec<Arc<str>> = policy.routes.iter().map(|r| r.name.clone()).collect();
+        routes.push("unmatched".into());
+        let limits: Vec<Arc<str>> = policy.limits.iter().map(|l| l.name.clone()).collect();
+        Self {
+            requests: routes.iter().map(|_| cells(Outcome::ALL.len())).collect(),
+            upstream: cells(routes.len()),
+            decisions: limits
+                .iter()
+                .map(|_| cells(DecisionOutcome::ALL.len()))
+                .collect(),
+            metrics,
+            routes,
+            limits,
+        }
+    }
+
+    /// The process-wide metrics.
+    pub fn all(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn route(&self, route: Option<RouteId>) -> usize {
+        route.map_or(self.routes.len() - 1, |r| r.min(self.routes.len() - 1))
+    }
+
+    /// One finished request of a route class (`None`: no route matched).
+    pub fn request(&self, route: Option<RouteId>, outcome: Outcome) {
+        let r = self.route(route);
+        self.requests[r][outcome as usize]
+            .get_or_init(|| {
+                self.metrics
+                    .requests
+                    .with_label_values(&[self.routes[r].as_ref(), outcome.as_str()])
+            })
+            .inc();
+    }
+
+    /// The upstream response time of a route class.
+    pub fn upstream_seconds(&self, route: Option<RouteId>, seconds: f64) {
+        let r = self.route(route);
+        self.upstream[r]
+            .get_or_init(|| {
+                self.metrics
+                    .upstream_seconds
+                    .with_label_values(&[self.routes[r].as_ref()])
+            })
+            .observe(seconds);
+    }
+
+    /// One decision of a limit.
+    pub fn decision(&self, limit: LimitId, outcome: DecisionOutcome) {
+        let Some(cells) = self.decisions.get(limit) else {
+            return;
+        };
+        cells[outcome as usize]
+            .get_or_init(|| {
+                self.metrics
+                    .limit_decisions
+                    .with_label_values(&[self.limits[limit].as_ref(), outcome.as_str()])
+            })
+            .inc();
     }
 }
 

@@ -19,15 +19,17 @@ use pingora::protocols::l4::socket::SocketAddr as PeerAddr;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::admission::{self, Admitted, Facts};
+use crate::metrics::Outcome;
 use crate::pools::{PoolPermit, PoolRefusal};
 use crate::respond::Rejection;
 use crate::runtime::Runtime;
 
-/// Headers the gateway owns on the upstream request: client copies are dropped.
-const IDENTITY_HEADERS: [&str; 3] = ["x-tenant-id", "x-credential-id", "x-route-class"];
 static TENANT_ID: HeaderName = HeaderName::from_static("x-tenant-id");
 static CREDENTIAL_ID: HeaderName = HeaderName::from_static("x-credential-id");
 static ROUTE_CLASS: HeaderName = HeaderName::from_static("x-route-class");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// Headers the gateway owns on the upstream request: client copies are dropped.
+static IDENTITY_HEADERS: [&HeaderName; 3] = [&TENANT_ID, &CREDENTIAL_ID, &ROUTE_CLASS];
 
 /// One denial in this many is logged at info level.
 const DENIAL_LOG_SAMPLE: u64 = 100;
@@ -41,8 +43,8 @@ pub struct RequestCtx {
     /// response is over or the request failed.
     permit: Option<PoolPermit>,
     server: Option<(usize, SocketAddr)>,
-    /// The `outcome` label of `tollgate_requests_total`.
-    outcome: &'static str,
+    /// The `outcome` label of `tollgate_requests_total`, once decided.
+    outcome: Option<Outcome>,
     started: Option<Instant>,
     upstream_started: Option<Instant>,
 }
@@ -158,10 +160,10 @@ impl ProxyHttp for Gateway {
         ctx.runtime = Some(rt.clone());
         let peer = peer_ip(session.client_addr());
         let prepared = self.prepare(&rt, peer, session.req_header(), ctx).await;
-        ctx.outcome = match &prepared {
-            Ok(_) => "allowed",
+        ctx.outcome = Some(match &prepared {
+            Ok(_) => Outcome::Allowed,
             Err(rejection) => rejection.outcome(),
-        };
+        });
         match prepared {
             Ok(Admitted::Forward(_)) => Ok(false),
             Ok(Admitted::Respond {
@@ -201,7 +203,7 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        for name in IDENTITY_HEADERS {
+        for &name in &IDENTITY_HEADERS {
             // Most requests carry none of them: look before touching the
             // case-preserving header maps.
             if upstream.headers.contains_key(name) {
@@ -216,14 +218,14 @@ impl ProxyHttp for Gateway {
             upstream.insert_header(&ROUTE_CLASS, class.clone())?;
         }
         let mut forwarded = String::with_capacity(64);
-        if let Some(Ok(prior)) = upstream.headers.get("x-forwarded-for").map(|v| v.to_str()) {
+        if let Some(Ok(prior)) = upstream.headers.get(&X_FORWARDED_FOR).map(|v| v.to_str()) {
             if !prior.trim().is_empty() {
                 forwarded.push_str(prior);
                 forwarded.push_str(", ");
             }
         }
         push_ip(&mut forwarded, peer_ip(session.client_addr()));
-        upstream.insert_header("x-forwarded-for", forwarded)?;
+        upstream.insert_header(&X_FORWARDED_FOR, forwarded)?;
         Ok(())
     }
 
@@ -277,21 +279,25 @@ impl ProxyHttp for Gateway {
         };
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let route = ctx.facts.route.as_deref().unwrap_or("unmatched");
-        self.account(&rt, ctx, route);
+        self.account(&rt, ctx);
         let caller = || {
             ctx.facts
                 .caller(rt.policy.client_ip.ipv6_prefix)
                 .map(|c| rt.services.redactor.caller(&c))
         };
         let elapsed_ms = ctx.started.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1e3);
-        let denied = matches!(ctx.outcome, "limited" | "unauthorized" | "forbidden");
+        let outcome = ctx.outcome.map(Outcome::as_str);
+        let denied = matches!(
+            ctx.outcome,
+            Some(Outcome::Limited | Outcome::Unauthorized | Outcome::Forbidden)
+        );
         if denied && self.denials.fetch_add(1, Ordering::Relaxed) % DENIAL_LOG_SAMPLE == 0 {
-            tracing::info!(route, status, outcome = ctx.outcome, caller = caller(), violated = ?ctx.facts.violated, "request denied (sampled)");
+            tracing::info!(route, status, outcome, caller = caller(), violated = ?ctx.facts.violated, "request denied (sampled)");
         }
         tracing::debug!(
             route,
             status,
-            outcome = ctx.outcome,
+            outcome,
             caller = caller(),
             elapsed_ms,
             error = e.map(|e| e.to_string()),
@@ -302,25 +308,20 @@ impl ProxyHttp for Gateway {
 
 impl Gateway {
     /// Metrics and heavy hitters for a finished request.
-    fn account(&self, rt: &Runtime, ctx: &RequestCtx, route: &str) {
+    fn account(&self, rt: &Runtime, ctx: &RequestCtx) {
         let metrics = rt.metrics();
-        if !ctx.outcome.is_empty() {
-            metrics
-                .requests
-                .with_label_values(&[route, ctx.outcome])
-                .inc();
+        let route = ctx.facts.route_id;
+        if let Some(outcome) = ctx.outcome {
+            metrics.request(route, outcome);
         }
         if let Some(started) = ctx.upstream_started {
-            metrics
-                .upstream_seconds
-                .with_label_values(&[route])
-                .observe(started.elapsed().as_secs_f64());
+            metrics.upstream_seconds(route, started.elapsed().as_secs_f64());
         }
-        if matches!(ctx.outcome, "allowed" | "limited") {
+        if let Some(admitted @ (Outcome::Allowed | Outcome::Limited)) = ctx.outcome {
             if let Some(caller) = ctx.facts.caller(rt.policy.client_ip.ipv6_prefix) {
                 rt.services
                     .top
-                    .record(&caller, ctx.facts.cost, ctx.outcome == "allowed");
+                    .record(&caller, ctx.facts.cost, admitted == Outcome::Allowed);
             }
         }
     }

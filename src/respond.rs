@@ -4,10 +4,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
 use pingora::http::ResponseHeader;
 use pingora::Result;
 
 use crate::limits::{Charge, Verdict};
+use crate::metrics::Outcome;
 
 /// Why a request is answered by the gateway instead of the upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,15 +51,17 @@ impl Rejection {
     }
 
     /// The `outcome` label of `tollgate_requests_total`.
-    pub fn outcome(&self) -> &'static str {
+    pub fn outcome(&self) -> Outcome {
         match self {
-            Rejection::Unauthorized => "unauthorized",
-            Rejection::Forbidden => "forbidden",
-            Rejection::NotFound => "not_found",
-            Rejection::RateLimited { .. } => "limited",
-            Rejection::StoreUnavailable { .. } => "store_unavailable",
-            Rejection::Overloaded { .. } | Rejection::NoHealthyUpstream { .. } => "overloaded",
-            Rejection::ProxyFailed { .. } => "upstream_error",
+            Rejection::Unauthorized => Outcome::Unauthorized,
+            Rejection::Forbidden => Outcome::Forbidden,
+            Rejection::NotFound => Outcome::NotFound,
+            Rejection::RateLimited { .. } => Outcome::Limited,
+            Rejection::StoreUnavailable { .. } => Outcome::StoreUnavailable,
+            Rejection::Overloaded { .. } | Rejection::NoHealthyUpstream { .. } => {
+                Outcome::Overloaded
+            }
+            Rejection::ProxyFailed { .. } => Outcome::UpstreamError,
         }
     }
 
@@ -177,9 +181,12 @@ fn proxy_failure(status: u16) -> (&'static str, &'static str, String) {
 /// describing the most constrained limit of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateHeaders {
-    pub policy: String,
-    pub limit: String,
+    pub policy: HeaderValue,
+    pub limit: HeaderValue,
 }
+
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 impl RateHeaders {
     /// Picks the enforced limit with the smallest share of its quota left.
@@ -191,25 +198,28 @@ impl RateHeaders {
             .min_by_key(|(c, v)| {
                 (v.remaining as u128 * 1_000_000) / c.params.quota().max(1) as u128
             })?;
+        // Limit names are validated header-safe, so both values are valid;
+        // they become header values without a copy.
+        let value = |s: String| HeaderValue::try_from(s).ok();
         Some(Self {
-            policy: format!(
+            policy: value(format!(
                 "\"{}\";q={};w={}",
                 c.name,
                 c.params.quota(),
                 c.params.period_secs()
-            ),
-            limit: format!(
+            ))?,
+            limit: value(format!(
                 "\"{}\";r={};t={}",
                 c.name,
                 v.remaining,
                 v.reset_ms.div_ceil(1000)
-            ),
+            ))?,
         })
     }
 
     pub fn apply(&self, h: &mut ResponseHeader) -> Result<()> {
-        h.insert_header("ratelimit-policy", self.policy.as_str())?;
-        h.insert_header("ratelimit", self.limit.as_str())?;
+        h.insert_header(&RATELIMIT_POLICY, self.policy.clone())?;
+        h.insert_header(&RATELIMIT, self.limit.clone())?;
         Ok(())
     }
 }

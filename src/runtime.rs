@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::config::Policy;
 use crate::limits::limiter::Limiter;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PolicyMetrics};
 use crate::pools::{Pool, Pools};
 use crate::top::{Redactor, Top};
 
@@ -26,15 +26,18 @@ pub struct Runtime {
     /// The policy's pools, indexed by [`crate::config::PoolId`].
     pub pools: Vec<Arc<Pool>>,
     pub services: Arc<Services>,
+    metrics: PolicyMetrics,
 }
 
 impl Runtime {
     pub fn new(policy: Policy, services: Arc<Services>) -> Self {
         let pools = services.pools.reconcile(&policy.upstreams);
+        let metrics = PolicyMetrics::new(services.metrics.clone(), &policy);
         Self {
             policy,
             pools,
             services,
+            metrics,
         }
     }
 
@@ -42,7 +45,13 @@ impl Runtime {
         &self.services.limiter
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    /// The metrics, with this policy's series at hand.
+    pub fn metrics(&self) -> &PolicyMetrics {
+        &self.metrics
+    }
+
+    /// The process-wide metrics.
+    pub fn all_metrics(&self) -> &Metrics {
         &self.services.metrics
     }
 }

@@ -19,6 +19,8 @@ use crate::routes::Router;
 pub type LimitId = usize;
 /// Index of an upstream pool in [`Policy::upstreams`].
 pub type PoolId = usize;
+/// Index of a route in [`Policy::routes`], in the order they are listed.
+pub type RouteId = usize;
 /// Index of a plan in [`Policy::plans`].
 pub type PlanId = usize;
 
@@ -159,6 +161,7 @@ pub enum Target {
 /// A route class.
 #[derive(Debug, Clone)]
 pub struct Route {
+    pub id: RouteId,
     pub name: Arc<str>,
     /// `x-route-class` for the upstream, made once (names are validated
     /// header-safe).

@@ -736,6 +736,7 @@ fn routes(c: &mut Checker, raw: Vec<RawRoute>, ctx: &RouteContext<'_>) -> Router
             let class_header = http::HeaderValue::from_str(&r.name)
                 .unwrap_or(http::HeaderValue::from_static("invalid"));
             let route = Route {
+                id: router.len(),
                 class_header,
                 name: r.name.into(),
                 auth_required,
