@@ -11,7 +11,7 @@ CONFIG ?= config/quickstart.yaml
 # cmake builds Pingora's zlib-ng; redis-server backs the store tests.
 SYSTEM_DEPS := cmake=cmake redis-server=redis-server
 # The benchmark's contenders and load generator.
-BENCH_DEPS := nginx=nginx-light wrk=wrk /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
+BENCH_DEPS := nginx=nginx-light wrk=wrk valgrind=valgrind /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
 
 .PHONY: run test build release deps bench-deps install bench check-config lint
 

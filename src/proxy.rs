@@ -24,12 +24,21 @@ use crate::pools::{PoolPermit, PoolRefusal};
 use crate::respond::Rejection;
 use crate::runtime::Runtime;
 
-static TENANT_ID: HeaderName = HeaderName::from_static("x-tenant-id");
-static CREDENTIAL_ID: HeaderName = HeaderName::from_static("x-credential-id");
-static ROUTE_CLASS: HeaderName = HeaderName::from_static("x-route-class");
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+// Added headers are named by `&'static str`: Pingora then keeps the name as
+// given (no allocation), where a `HeaderName` of a non-standard header would
+// be title-cased into a new buffer first. Lookups use `HeaderName`s, which
+// need no parsing.
+const TENANT_ID: &str = "x-tenant-id";
+const CREDENTIAL_ID: &str = "x-credential-id";
+const ROUTE_CLASS: &str = "x-route-class";
+const X_FORWARDED_FOR: &str = "x-forwarded-for";
+static X_FORWARDED_FOR_NAME: HeaderName = HeaderName::from_static(X_FORWARDED_FOR);
 /// Headers the gateway owns on the upstream request: client copies are dropped.
-static IDENTITY_HEADERS: [&HeaderName; 3] = [&TENANT_ID, &CREDENTIAL_ID, &ROUTE_CLASS];
+static IDENTITY_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static(TENANT_ID),
+    HeaderName::from_static(CREDENTIAL_ID),
+    HeaderName::from_static(ROUTE_CLASS),
+];
 
 /// One denial in this many is logged at info level.
 const DENIAL_LOG_SAMPLE: u64 = 100;
@@ -203,7 +212,7 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        for &name in &IDENTITY_HEADERS {
+        for name in &IDENTITY_HEADERS {
             // Most requests carry none of them: look before touching the
             // case-preserving header maps.
             if upstream.headers.contains_key(name) {
@@ -211,21 +220,21 @@ impl ProxyHttp for Gateway {
             }
         }
         if let Some(c) = &ctx.facts.credential {
-            upstream.insert_header(&TENANT_ID, c.tenant_header.clone())?;
-            upstream.insert_header(&CREDENTIAL_ID, c.id_header.clone())?;
+            upstream.insert_header(TENANT_ID, c.tenant_header.clone())?;
+            upstream.insert_header(CREDENTIAL_ID, c.id_header.clone())?;
         }
         if let Some(class) = &ctx.facts.route_header {
-            upstream.insert_header(&ROUTE_CLASS, class.clone())?;
+            upstream.insert_header(ROUTE_CLASS, class.clone())?;
         }
         let mut forwarded = String::with_capacity(64);
-        if let Some(Ok(prior)) = upstream.headers.get(&X_FORWARDED_FOR).map(|v| v.to_str()) {
+        if let Some(Ok(prior)) = upstream.headers.get(&X_FORWARDED_FOR_NAME).map(|v| v.to_str()) {
             if !prior.trim().is_empty() {
                 forwarded.push_str(prior);
                 forwarded.push_str(", ");
             }
         }
         push_ip(&mut forwarded, peer_ip(session.client_addr()));
-        upstream.insert_header(&X_FORWARDED_FOR, forwarded)?;
+        upstream.insert_header(X_FORWARDED_FOR, forwarded)?;
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 use pingora::http::ResponseHeader;
 use pingora::Result;
 
@@ -185,8 +185,6 @@ pub struct RateHeaders {
     pub limit: HeaderValue,
 }
 
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 impl RateHeaders {
     /// Picks the enforced limit with the smallest share of its quota left.
@@ -218,8 +216,9 @@ impl RateHeaders {
     }
 
     pub fn apply(&self, h: &mut ResponseHeader) -> Result<()> {
-        h.insert_header(&RATELIMIT_POLICY, self.policy.clone())?;
-        h.insert_header(&RATELIMIT, self.limit.clone())?;
+        // `&'static str` names: kept as given, without a title-cased copy.
+        h.insert_header("ratelimit-policy", self.policy.clone())?;
+        h.insert_header("ratelimit", self.limit.clone())?;
         Ok(())
     }
 }
