@@ -198,7 +198,6 @@ outcomes! {
         NotFound => "not_found",
         StoreUnavailable => "store_unavailable",
         Overloaded => "overloaded",
-        UpstreamError => "upstream_error",
     }
 }
 

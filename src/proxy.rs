@@ -227,7 +227,11 @@ impl ProxyHttp for Gateway {
             upstream.insert_header(ROUTE_CLASS, class.clone())?;
         }
         let mut forwarded = String::with_capacity(64);
-        if let Some(Ok(prior)) = upstream.headers.get(&X_FORWARDED_FOR_NAME).map(|v| v.to_str()) {
+        if let Some(Ok(prior)) = upstream
+            .headers
+            .get(&X_FORWARDED_FOR_NAME)
+            .map(|v| v.to_str())
+        {
             if !prior.trim().is_empty() {
                 forwarded.push_str(prior);
                 forwarded.push_str(", ");

@@ -61,7 +61,9 @@ impl Rejection {
             Rejection::Overloaded { .. } | Rejection::NoHealthyUpstream { .. } => {
                 Outcome::Overloaded
             }
-            Rejection::ProxyFailed { .. } => Outcome::UpstreamError,
+            // Forwarding failed after the request was admitted: the outcome
+            // stays the admission's.
+            Rejection::ProxyFailed { .. } => Outcome::Allowed,
         }
     }
 
@@ -184,7 +186,6 @@ pub struct RateHeaders {
     pub policy: HeaderValue,
     pub limit: HeaderValue,
 }
-
 
 impl RateHeaders {
     /// Picks the enforced limit with the smallest share of its quota left.
