@@ -2,8 +2,8 @@
 """Instructions per request, under callgrind: a measure that steal time on a
 shared virtual machine cannot move, unlike req/s.
 
-For each contender (plain Pingora proxy, tollgate on the memory store,
-tollgate through Redis) it starts the same upstream, Redis and config as
+For each contender (plain Pingora proxy, the same doing the contract's
+per-request work, tollgate on the memory store, tollgate through Redis) it starts the same upstream, Redis and config as
 `run.py`, runs the contender under `valgrind --tool=callgrind`, warms it up,
 zeroes the counters, drives it with wrk for a fixed time, dumps the counters
 and divides by the requests served. Counts are user-space instructions of
@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402
 
-CONTENDERS = ["plain_pingora", "tollgate_memory", "tollgate_full"]
+CONTENDERS = ["plain_pingora", "pingora_contract", "tollgate_memory", "tollgate_full"]
 
 
 class Args:
@@ -53,8 +53,8 @@ def measure(name, seconds=10):
     try:
         bench.start_redis()
         bench.start_nginx("upstream", "upstream.conf")
-        if name == "plain_pingora":
-            bench.start_plain()
+        if name in ("plain_pingora", "pingora_contract"):
+            bench.start_plain(contract=name == "pingora_contract")
         else:
             bench.start_tollgate(name, "redis" if name == "tollgate_full" else "memory")
         pid = bench.procs.procs[name].pid
