@@ -1,5 +1,6 @@
-//! Several gateway instances sharing limits in a real Redis, and what each
-//! limit does when that Redis is killed, paused or restarted empty.
+//! Several gateway instances sharing limits in a real Redis, what each limit
+//! does when that Redis is killed, paused or restarted empty, and budgets
+//! carried over to a replica promoted in its place.
 
 mod support;
 
@@ -325,4 +326,63 @@ fn the_redis_backend_needs_its_key_secret() {
         stderr.contains("environment variable TOLLGATE_KEY_SECRET is not set"),
         "{stderr}"
     );
+}
+
+#[test]
+fn spent_budgets_survive_a_failover_to_a_promoted_replica() {
+    let mut primary = RedisServer::start();
+    let replica = RedisServer::replica_of(&primary);
+    let linked = eventually(Duration::from_secs(10), || {
+        replica
+            .cmd::<String>(&["INFO", "replication"])
+            .is_ok_and(|info| info.contains("master_link_status:up"))
+    });
+    assert!(linked, "the replica never linked to its primary");
+
+    // Five requests a tenant, refilled one a minute: spent within the test.
+    let policy = |redis: &RedisServer| {
+        format!(
+            r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  per-tenant: {{ key: [tenant], capacity: 5, refill_per_second: 0.0167 }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200, body: "ok" }}, limits: [per-tenant] }}
+"#,
+            redis.url(),
+            digest("key-c1")
+        )
+    };
+    let key = [("authorization", "Bearer key-c1")];
+    let gw = Gateway::start_with_env(&policy(&primary), None, &[SECRET]);
+    let before: Vec<u16> = (0..6).map(|_| gw.get("/x", &key).status).collect();
+    assert_eq!(before, [200, 200, 200, 200, 200, 429]);
+
+    // The script's writes reach the replica, expiry included.
+    let keys = primary.keys();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let state: String = primary.cmd(&["GET", &keys[0]]).unwrap();
+    let replicated = eventually(Duration::from_secs(5), || {
+        replica.cmd::<Option<String>>(&["GET", &keys[0]]).ok() == Some(Some(state.clone()))
+    });
+    assert!(replicated, "the replica never saw {state:?}");
+    let ttl: i64 = replica.cmd(&["PTTL", &keys[0]]).unwrap();
+    assert!(ttl > 0, "the key expires on the replica too, PTTL {ttl}");
+
+    // Fail over: the primary dies, the replica is promoted, and a gateway
+    // pointed at it finds the tenant's budget spent, not fresh.
+    drop(gw);
+    primary.kill();
+    let _: String = replica.cmd(&["REPLICAOF", "NO", "ONE"]).unwrap();
+    let gw = Gateway::start_with_env(&policy(&replica), None, &[SECRET]);
+    let r = gw.get("/x", &key);
+    assert_eq!(
+        r.status, 429,
+        "the budget spent before the failover still counts"
+    );
+    assert!(r.header("retry-after").is_some());
 }

@@ -10,14 +10,30 @@ pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     dir: tempfile::TempDir,
+    /// Extra command-line arguments (a replica's `--replicaof`).
+    args: Vec<String>,
 }
 
 impl RedisServer {
     pub fn start() -> Self {
+        Self::start_with(Vec::new())
+    }
+
+    /// A replica of `primary`, replicating from it as soon as it starts.
+    pub fn replica_of(primary: &RedisServer) -> Self {
+        Self::start_with(vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            primary.port.to_string(),
+        ])
+    }
+
+    fn start_with(args: Vec<String>) -> Self {
         let mut server = RedisServer {
             port: super::free_port(),
             child: None,
             dir: tempfile::tempdir().expect("tempdir"),
+            args,
         };
         // A port found free can be taken by another test before the server
         // binds it; the server then exits, and another port is tried.
@@ -45,6 +61,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
