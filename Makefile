@@ -8,8 +8,9 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= config/quickstart.yaml
 # Debian packages the build and the tests need, as command=package pairs:
-# cmake builds Pingora's zlib-ng; redis-server backs the store tests.
-SYSTEM_DEPS := cmake=cmake redis-server=redis-server
+# cmake builds Pingora's zlib-ng; redis-server backs the store tests;
+# openssl makes the certificates of the TLS test.
+SYSTEM_DEPS := cmake=cmake redis-server=redis-server openssl=openssl
 # The benchmark's contenders and load generator.
 BENCH_DEPS := nginx=nginx-light wrk=wrk valgrind=valgrind /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
 

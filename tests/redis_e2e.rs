@@ -386,3 +386,52 @@ routes:
     );
     assert!(r.header("retry-after").is_some());
 }
+
+#[test]
+fn redis_over_tls_verifies_the_server_and_shares_the_budget() {
+    let (redis, ca) = RedisServer::start_tls();
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store: {{ backend: redis, urls: ["{}"], timeout_ms: 1000 }}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  per-tenant: {{ key: [tenant], capacity: 3, refill_per_second: 0.0167, on_store_error: closed }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200, body: "ok" }}, limits: [per-tenant] }}
+"#,
+        redis.tls_url(),
+        digest("key-c1")
+    );
+    let key = [("authorization", "Bearer key-c1")];
+    let ca = ca.to_string_lossy().into_owned();
+    let trusting = |n| {
+        (0..n)
+            .map(|_| {
+                Gateway::start_with_env(&policy, None, &[SECRET, ("SSL_CERT_FILE", ca.as_str())])
+            })
+            .collect::<Vec<_>>()
+    };
+
+    // Two instances that trust the CA share the budget over TLS.
+    let gws = trusting(2);
+    let statuses: Vec<u16> = (0..4).map(|i| gws[i % 2].get("/x", &key).status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(redis.keys().len(), 1, "the state went to Redis");
+
+    // One that does not trust it refuses the server: the store fails, and
+    // the closed limit answers 503.
+    let unknown_ca = tempfile::NamedTempFile::new().unwrap();
+    let path = unknown_ca.path().to_string_lossy().into_owned();
+    let wary = Gateway::start_with_env(&policy, None, &[SECRET, ("SSL_CERT_FILE", path.as_str())]);
+    let r = wary.get("/x", &key);
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(
+        wary.metric("tollgate_store_errors_total{reason=\"backend\"}") >= 1.0
+            || wary.metric("tollgate_store_errors_total{reason=\"timeout\"}") >= 1.0,
+        "{}",
+        wary.metrics()
+    );
+}

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 pub struct RedisServer {
     pub port: u16,
+    /// The TLS port, when the server has one.
+    pub tls_port: Option<u16>,
     child: Option<Child>,
     dir: tempfile::TempDir,
     /// Extra command-line arguments (a replica's `--replicaof`).
@@ -28,11 +30,110 @@ impl RedisServer {
         ])
     }
 
+    /// A server that also listens with TLS, its certificate signed by a
+    /// private CA; returns it with the CA's PEM file (in the server's
+    /// directory). The plain port stays for the test's own commands.
+    pub fn start_tls() -> (Self, std::path::PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("openssl must be installed (make test installs it)");
+            assert!(out.status.success(), "openssl {args:?}: {out:?}");
+        };
+        let (ca_key, ca, key, csr, cert, ext) = (
+            path("ca.key"),
+            path("ca.pem"),
+            path("server.key"),
+            path("server.csr"),
+            path("server.pem"),
+            path("ext.cnf"),
+        );
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca,
+            "-days",
+            "2",
+            "-subj",
+            "/CN=tollgate test CA",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\n").expect("write ext.cnf");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ]);
+        let tls_port = super::free_port();
+        let mut server = Self::start_in(
+            dir,
+            vec![
+                "--tls-port".into(),
+                tls_port.to_string(),
+                "--tls-cert-file".into(),
+                cert,
+                "--tls-key-file".into(),
+                key,
+                "--tls-ca-cert-file".into(),
+                ca.clone(),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+        );
+        server.tls_port = Some(tls_port);
+        (server, ca.into())
+    }
+
+    /// The TLS url (`rediss://`).
+    pub fn tls_url(&self) -> String {
+        format!(
+            "rediss://127.0.0.1:{}/0",
+            self.tls_port.expect("a TLS server")
+        )
+    }
+
     fn start_with(args: Vec<String>) -> Self {
+        Self::start_in(tempfile::tempdir().expect("tempdir"), args)
+    }
+
+    fn start_in(dir: tempfile::TempDir, args: Vec<String>) -> Self {
         let mut server = RedisServer {
             port: super::free_port(),
+            tls_port: None,
             child: None,
-            dir: tempfile::tempdir().expect("tempdir"),
+            dir,
             args,
         };
         // A port found free can be taken by another test before the server
