@@ -128,6 +128,7 @@ impl RedisStore {
             limits: charges
                 .iter()
                 .map(|c| {
+                    debug_assert!(c.group < 128, "flags hold the group in 7 bits");
                     let (kind, a, b) = encode(c.params);
                     Spec {
                         kind,
@@ -320,6 +321,14 @@ impl LimitStore for RedisStore {
         charges: &[&Charge],
         blocked_from: u8,
     ) -> Result<Vec<Verdict>, StoreError> {
+        if charges.len() > usize::from(u16::MAX) {
+            // The script reads a request's limit count as 16 bits.
+            return Err(StoreError::Backend(format!(
+                "{} shared limits on one request; at most {} fit one script call",
+                charges.len(),
+                u16::MAX
+            )));
+        }
         let (job, reply) = self.job(charges, blocked_from);
         self.queue()
             .await
