@@ -19,6 +19,9 @@
 --                       ones are checked but never spent (an earlier part
 --                       of the request's decision already denied them)
 --          n        I2  number of limits
+--          refund   i8  0 to decide; otherwise the time (ms) at which these
+--                       charges were spent by a decision since undone (on a
+--                       cluster, another slot denied): give them back
 --          then per limit:
 --          key      I4  index into KEYS
 --          kind     B   1 token_bucket, 2 gcra   (a = capacity in
@@ -36,6 +39,11 @@
 -- (whole units), wait in ms until the cost fits (0 when allowed, -1 when it
 -- never can), ms until the key is back to its initial state; then the time
 -- used.
+--
+-- A refund gives each charge's cost back to its state as the in-process
+-- store does (never beyond the initial state; a window that has rolled
+-- since is left alone), spends nothing, and answers each charge's check
+-- after it.
 --
 -- Group g of a request is charged only if every enforced limit of its
 -- groups 0..g admits and g is below `blocked`; shadow limits are charged
@@ -150,7 +158,7 @@ local function state(k, kind, a, b)
       local entries = {}
       for j = 1, #flat, 2 do
         local _, c = fields(flat[j])
-        entries[#entries + 1] = { tonumber(flat[j + 1]), c }
+        entries[#entries + 1] = { tonumber(flat[j + 1]), c, flat[j] }
       end
       local t = now
       if #entries > 0 then t = math.max(now, entries[#entries][1]) end
@@ -164,6 +172,7 @@ local function state(k, kind, a, b)
       s.entries, s.first, s.total, s.t, s.len = entries, first, total, t, b
       s.expired = first > 1
       s.added = {}
+      s.removed = {}
     end
   end
   return s
@@ -195,6 +204,35 @@ local function spend(s, b, cost)
   end
 end
 
+local function refund(s, a, b, cost, spent_at)
+  local k = s.kind
+  if k == 1 then
+    s.x = math.min(a, s.x + cost * MICRO)
+  elseif k == 2 then
+    local debt = math.max(0, (s.x - now) * b + s.y - cost * MICRO)
+    local whole = math.floor(debt / b)
+    s.x, s.y = now + whole, debt - whole * b
+  elseif k == 3 then
+    if spent_at >= s.x and spent_at < s.x + b then s.y = math.max(0, s.y - cost) end
+  elseif k == 4 then
+    if spent_at >= s.x then
+      s.y = math.max(0, s.y - cost)
+    elseif spent_at + b >= s.x then
+      s.z = math.max(0, s.z - cost)
+    end
+  else
+    for j = #s.entries, s.first, -1 do
+      local e = s.entries[j]
+      if e[1] == spent_at and e[2] == cost then
+        if e[3] then s.removed[#s.removed + 1] = e[3] end
+        table.remove(s.entries, j)
+        s.total = s.total - cost
+        break
+      end
+    end
+  end
+end
+
 -- Milliseconds until the key is back to its initial state.
 local function reset(s, a, b)
   local k = s.kind
@@ -219,13 +257,15 @@ local requests, pos = ARGV[3], 1
 -- remaining, wait (no table per limit).
 local L = {}
 for _ = 1, tonumber(ARGV[2]) do
-  local blocked, n
-  blocked, n, pos = struct.unpack('<BI2', requests, pos)
+  local blocked, n, refunding
+  blocked, n, refunding, pos = struct.unpack('<BI2i8', requests, pos)
   local gate = blocked
+  if refunding > 0 then gate = -1 end
   for j = 0, n - 1 do
     local k, kind, a, b, cost, flags
     k, kind, a, b, cost, flags, pos = struct.unpack('<I4Bi8i8i8B', requests, pos)
     local s = state(k, kind, a, b)
+    if refunding > 0 then refund(s, a, b, cost, refunding) end
     local ok, rem, wait = check(s, a, b, cost)
     local group = math.floor(flags / 2)
     if flags % 2 == 1 and not ok and group < gate then gate = group end
@@ -237,7 +277,7 @@ for _ = 1, tonumber(ARGV[2]) do
     local o = j * 8
     local s, a, b, cost, ok, rem = L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 6], L[o + 7]
     local spent = ok and L[o + 5] < gate
-    if spent then spend(s, b, cost) elseif ok then rem = rem + cost end
+    if spent then spend(s, b, cost) elseif ok and refunding == 0 then rem = rem + cost end
     s.a, s.b = a, b
     reply[#reply + 1] = struct.pack('<i8i8i8i8', ok and 1 or 0, rem, L[o + 8], reset(s, a, b))
   end
@@ -255,6 +295,7 @@ for k, s in pairs(S) do
     if s.expired then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', s.t - s.len))
     end
+    if #s.removed > 0 then redis.call('ZREM', key, unpack(s.removed)) end
     if #s.added > 0 then
       local args = {}
       for _, m in ipairs(s.added) do

@@ -369,6 +369,70 @@ fn lua_and_rust_agree_on_random_sequences() {
 }
 
 #[test]
+fn lua_and_rust_agree_on_refunds() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    // Each step decides one request; some then give back what it spent,
+    // a little later, as a cluster does when another slot denied.
+    let strategy = limit_set().prop_flat_map(|limits| {
+        let n = limits.len();
+        let step = (
+            0u64..2_500,
+            prop::collection::vec((0..n, 1u64..8, 0u8..2), 1..=n),
+            prop::option::weighted(0.5, 0u64..1_500),
+        );
+        (Just(limits), prop::collection::vec(step, 1..20))
+    });
+    runner
+        .run(&strategy, |(limits, steps)| {
+            let id = case.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let clock = ManualClock::new(1_864_000_000_000 + id * 1_000_000_000);
+            let memory = MemoryStore::new(clock.clone());
+            let redis = store(&server, &clock);
+            for (advance, mut picks, refund_after) in steps {
+                picks.sort_by_key(|c| c.0);
+                picks.dedup_by_key(|c| c.0);
+                let charges: Vec<Charge> = picks
+                    .iter()
+                    .map(|&(i, cost, group)| {
+                        let (params, enforce) = limits[i];
+                        let mut c =
+                            charge(&format!("l{i}"), &format!("refund{id}-l{i}"), params, cost);
+                        c.enforce = enforce;
+                        c.group = group;
+                        c
+                    })
+                    .collect();
+                clock.advance(advance);
+                let (expected, spent_at) = memory.decide_now(&charges, NONE_BLOCKED);
+                let got = rt
+                    .block_on(redis.decide(&refs(&charges), NONE_BLOCKED))
+                    .unwrap();
+                prop_assert_eq!(&got, &expected, "decide {:?}", charges);
+                let Some(after) = refund_after else { continue };
+                let gate = tollgate::limits::gate(&charges, |i| expected[i].allowed, NONE_BLOCKED);
+                let spent: Vec<&Charge> = charges
+                    .iter()
+                    .zip(&expected)
+                    .filter(|(c, v)| v.allowed && c.group < gate)
+                    .map(|(c, _)| c)
+                    .collect();
+                clock.advance(after);
+                memory.refund(&spent, spent_at);
+                rt.block_on(redis.refund(&spent, spent_at)).unwrap();
+                // The next decisions compare the refunded states.
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
 fn concurrent_requests_are_batched_and_decided_as_if_one_by_one() {
     let server = RedisServer::start();
     let clock = ManualClock::new(9_000_000);

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot, OnceCell};
 
 use super::algorithm::Params;
 use super::keys::{KeyCache, KeyHasher};
-use super::{Charge, LimitStore, Source, StoreError, Verdict};
+use super::{Charge, LimitStore, Source, StoreError, Verdict, NONE_BLOCKED};
 use crate::clock::{Clock, ManualClock};
 
 /// The decision script, embedded at build time.
@@ -37,7 +37,7 @@ const QUEUE: usize = 4096;
 const CACHED_KEYS: usize = 16_384;
 
 /// One limit as the script reads it.
-struct Spec {
+pub(super) struct Spec {
     kind: u8,
     a: u64,
     b: u64,
@@ -46,11 +46,45 @@ struct Spec {
     flags: u8,
 }
 
-/// One request's shared limits, encoded for the script.
+/// One request's shared limits, as the script reads them.
+pub(super) struct Request {
+    pub keys: Vec<Arc<str>>,
+    pub limits: Vec<Spec>,
+    pub blocked_from: u8,
+    /// 0 to decide; otherwise the store time at which these charges were
+    /// spent by a decision since undone, to give them back.
+    pub refund_at: u64,
+}
+
+impl Request {
+    /// The script's view of some charges.
+    pub fn new(keys: Vec<Arc<str>>, charges: &[&Charge], blocked_from: u8, refund_at: u64) -> Self {
+        let limits = charges
+            .iter()
+            .map(|c| {
+                debug_assert!(c.group < 128, "flags hold the group in 7 bits");
+                let (kind, a, b) = encode(c.params);
+                Spec {
+                    kind,
+                    a,
+                    b,
+                    cost: c.cost,
+                    flags: c.group * 2 + u8::from(c.enforce),
+                }
+            })
+            .collect();
+        Self {
+            keys,
+            limits,
+            blocked_from,
+            refund_at,
+        }
+    }
+}
+
+/// A request waiting in the batch queue.
 struct Job {
-    keys: Vec<Arc<str>>,
-    limits: Vec<Spec>,
-    blocked_from: u8,
+    request: Request,
     reply: oneshot::Sender<Result<Vec<Verdict>, StoreError>>,
 }
 
@@ -117,32 +151,44 @@ impl RedisStore {
             .await
     }
 
-    fn job(
+    /// Queues one request for the next script call and waits for its part
+    /// of the answer.
+    async fn submit(
         &self,
         charges: &[&Charge],
         blocked_from: u8,
-    ) -> (Job, oneshot::Receiver<Result<Vec<Verdict>, StoreError>>) {
+        refund_at: u64,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        if charges.len() > usize::from(u16::MAX) {
+            // The script reads a request's limit count as 16 bits.
+            return Err(StoreError::Backend(format!(
+                "{} shared limits on one request; at most {} fit one script call",
+                charges.len(),
+                u16::MAX
+            )));
+        }
         let (reply, rx) = oneshot::channel();
-        let job = Job {
-            keys: charges.iter().map(|c| self.keys.key(c)).collect(),
-            limits: charges
-                .iter()
-                .map(|c| {
-                    debug_assert!(c.group < 128, "flags hold the group in 7 bits");
-                    let (kind, a, b) = encode(c.params);
-                    Spec {
-                        kind,
-                        a,
-                        b,
-                        cost: c.cost,
-                        flags: c.group * 2 + u8::from(c.enforce),
-                    }
-                })
-                .collect(),
-            blocked_from,
-            reply,
-        };
-        (job, rx)
+        let keys = charges.iter().map(|c| self.keys.key(c)).collect();
+        let request = Request::new(keys, charges, blocked_from, refund_at);
+        self.queue()
+            .await
+            .try_send(Job { request, reply })
+            .map_err(|_| StoreError::Backend("the store queue is full".into()))?;
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError::Backend("the store driver stopped".into())))
+    }
+
+    /// Gives back what a decision at store time `spent_at` charged for these
+    /// charges, as [`MemoryStore::refund`] does.
+    ///
+    /// [`MemoryStore::refund`]: super::memory::MemoryStore::refund
+    pub async fn refund(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError> {
+        if charges.is_empty() {
+            return Ok(());
+        }
+        self.submit(charges, NONE_BLOCKED, spent_at.max(1))
+            .await
+            .map(drop)
     }
 }
 
@@ -187,43 +233,48 @@ const VERDICT: usize = 4 * NUMBER;
 
 /// Hands every job its part of the reply.
 fn dispatch(batch: Vec<Job>, result: Result<Vec<u8>, StoreError>) {
-    let limits: usize = batch.iter().map(|j| j.limits.len()).sum();
-    let expected = limits * VERDICT + NUMBER;
-    let reply = match result {
-        Ok(reply) if reply.len() == expected => reply,
-        Ok(reply) => {
-            let e = StoreError::Backend(format!(
-                "decide.lua replied {} bytes, expected {expected}",
-                reply.len()
-            ));
-            return batch
-                .into_iter()
-                .for_each(|j| drop(j.reply.send(Err(e.clone()))));
-        }
+    let limits: usize = batch.iter().map(|j| j.request.limits.len()).sum();
+    let decoded = result.and_then(|reply| decode(&reply, limits));
+    let verdicts = match decoded {
+        Ok((verdicts, _)) => verdicts,
         Err(e) => {
             return batch
                 .into_iter()
                 .for_each(|j| drop(j.reply.send(Err(e.clone()))))
         }
     };
-    let mut numbers = reply.chunks_exact(VERDICT);
+    let mut verdicts = verdicts.into_iter();
     for job in batch {
-        let verdicts = numbers
-            .by_ref()
-            .take(job.limits.len())
-            .map(verdict)
-            .collect();
-        let _ = job.reply.send(Ok(verdicts));
+        let mine = verdicts.by_ref().take(job.request.limits.len()).collect();
+        let _ = job.reply.send(Ok(mine));
     }
+}
+
+/// The script's reply for `limits` limits: their verdicts in order, and the
+/// store time they were decided at.
+pub(super) fn decode(reply: &[u8], limits: usize) -> Result<(Vec<Verdict>, u64), StoreError> {
+    let expected = limits * VERDICT + NUMBER;
+    if reply.len() != expected {
+        return Err(StoreError::Backend(format!(
+            "decide.lua replied {} bytes, expected {expected}",
+            reply.len()
+        )));
+    }
+    let (verdicts, time) = reply.split_at(limits * VERDICT);
+    let verdicts = verdicts.chunks_exact(VERDICT).map(verdict).collect();
+    Ok((verdicts, number(time, 0).max(0) as u64))
+}
+
+/// The `i`th little-endian `i64` of `bytes`.
+fn number(bytes: &[u8], i: usize) -> i64 {
+    let mut word = [0u8; NUMBER];
+    word.copy_from_slice(&bytes[i * NUMBER..(i + 1) * NUMBER]);
+    i64::from_le_bytes(word)
 }
 
 /// One limit's verdict: four little-endian `i64`s.
 fn verdict(bytes: &[u8]) -> Verdict {
-    let n = |i: usize| {
-        let mut word = [0u8; NUMBER];
-        word.copy_from_slice(&bytes[i * NUMBER..(i + 1) * NUMBER]);
-        i64::from_le_bytes(word)
-    };
+    let n = |i: usize| number(bytes, i);
     Verdict {
         allowed: n(0) == 1,
         remaining: n(1).max(0) as u64,
@@ -247,32 +298,12 @@ impl Connection {
     /// The script call for a batch: distinct keys, then every job's
     /// numbers in one binary argument (see `lua/decide.lua`).
     fn evalsha(&self, batch: &[Job]) -> redis::Cmd {
-        let mut index: HashMap<&str, u32, ahash::RandomState> = HashMap::default();
-        let mut keys: Vec<&str> = Vec::new();
-        let size = batch.iter().map(|j| 3 + j.limits.len() * 30).sum();
-        let mut requests = Vec::with_capacity(size);
-        for job in batch {
-            requests.push(job.blocked_from);
-            requests.extend_from_slice(&(job.limits.len() as u16).to_le_bytes());
-            for (key, l) in job.keys.iter().zip(&job.limits) {
-                let k = *index.entry(key).or_insert_with(|| {
-                    keys.push(key);
-                    keys.len() as u32
-                });
-                requests.extend_from_slice(&k.to_le_bytes());
-                requests.push(l.kind);
-                for n in [l.a, l.b, l.cost] {
-                    requests.extend_from_slice(&n.to_le_bytes());
-                }
-                requests.push(l.flags);
-            }
-        }
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(keys.len()).arg(&keys);
-        cmd.arg(self.clock.as_ref().map_or(0, |c| c.now_ms()))
-            .arg(batch.len())
-            .arg(&requests[..]);
-        cmd
+        script_call(
+            "EVALSHA",
+            &self.sha,
+            batch.iter().map(|j| &j.request),
+            self.clock.as_ref().map_or(0, |c| c.now_ms()),
+        )
     }
 
     async fn call(&self, batch: &[Job]) -> Result<Vec<u8>, StoreError> {
@@ -293,6 +324,44 @@ impl Connection {
             other => other.map_err(backend),
         }
     }
+}
+
+/// The script call (`EVALSHA` with the script's hash, or `EVAL` with its
+/// text) for some requests: their distinct keys, then all their numbers in
+/// one binary argument (see `lua/decide.lua`). `now` 0 means Redis's time.
+pub(super) fn script_call<'a>(
+    command: &str,
+    script: &str,
+    requests: impl Iterator<Item = &'a Request> + Clone,
+    now: u64,
+) -> redis::Cmd {
+    let mut index: HashMap<&str, u32, ahash::RandomState> = HashMap::default();
+    let mut keys: Vec<&str> = Vec::new();
+    let size = requests.clone().map(|r| 11 + r.limits.len() * 30).sum();
+    let mut bytes = Vec::with_capacity(size);
+    let mut count = 0;
+    for r in requests {
+        count += 1;
+        bytes.push(r.blocked_from);
+        bytes.extend_from_slice(&(r.limits.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(&r.refund_at.to_le_bytes());
+        for (key, l) in r.keys.iter().zip(&r.limits) {
+            let k = *index.entry(key).or_insert_with(|| {
+                keys.push(key);
+                keys.len() as u32
+            });
+            bytes.extend_from_slice(&k.to_le_bytes());
+            bytes.push(l.kind);
+            for n in [l.a, l.b, l.cost] {
+                bytes.extend_from_slice(&n.to_le_bytes());
+            }
+            bytes.push(l.flags);
+        }
+    }
+    let mut cmd = redis::cmd(command);
+    cmd.arg(script).arg(keys.len()).arg(&keys);
+    cmd.arg(now).arg(count).arg(&bytes[..]);
+    cmd
 }
 
 /// The script's numbers for one limit: kind, a, b.
@@ -321,22 +390,7 @@ impl LimitStore for RedisStore {
         charges: &[&Charge],
         blocked_from: u8,
     ) -> Result<Vec<Verdict>, StoreError> {
-        if charges.len() > usize::from(u16::MAX) {
-            // The script reads a request's limit count as 16 bits.
-            return Err(StoreError::Backend(format!(
-                "{} shared limits on one request; at most {} fit one script call",
-                charges.len(),
-                u16::MAX
-            )));
-        }
-        let (job, reply) = self.job(charges, blocked_from);
-        self.queue()
-            .await
-            .try_send(job)
-            .map_err(|_| StoreError::Backend("the store queue is full".into()))?;
-        reply
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Backend("the store driver stopped".into())))
+        self.submit(charges, blocked_from, 0).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
