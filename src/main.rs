@@ -18,10 +18,12 @@ use tollgate::admin::{Admin, AdminAccess};
 use tollgate::config::{self, Backend, StoreSettings};
 use tollgate::health::HealthChecker;
 use tollgate::limits::breaker::Breaker;
+use tollgate::limits::cluster::ClusterStore;
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::limiter::{Limiter, Shared};
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::RedisStore;
+use tollgate::limits::LimitStore;
 use tollgate::metrics::Metrics;
 use tollgate::pools::Pools;
 use tollgate::proxy::Gateway;
@@ -202,33 +204,35 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
 
 /// The shared store the policy asks for, with its guards.
 fn shared_store(settings: &StoreSettings) -> anyhow::Result<Option<Shared>> {
-    match settings.backend {
-        Backend::Memory => Ok(None),
-        Backend::RedisCluster => {
-            anyhow::bail!(
-                "store.backend: redis_cluster is not supported by this build yet; use redis"
-            )
-        }
-        Backend::Redis => {
-            let secret = std::env::var(&settings.key_secret_env)
-                .ok()
-                .filter(|s| !s.is_empty())
-                .with_context(|| {
-                    format!(
-                        "store.key_secret_env: environment variable {} is not set; \
-                         the redis backend needs it to hash identities in store keys",
-                        settings.key_secret_env
-                    )
-                })?;
-            let keys = KeyHasher::new(&settings.key_prefix, secret.as_bytes());
-            let store = RedisStore::new(&settings.urls[0], keys, settings.timeout)
-                .map_err(|e| anyhow::anyhow!("store.urls[0]: {e}"))?;
-            Ok(Some(Shared {
-                store: Arc::new(store),
-                breaker: Breaker::new(settings.failure_threshold, settings.open_for),
-                timeout: settings.timeout,
-                instances: settings.expected_instances,
-            }))
-        }
+    if settings.backend == Backend::Memory {
+        return Ok(None);
     }
+    let secret = std::env::var(&settings.key_secret_env)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .with_context(|| {
+            format!(
+                "store.key_secret_env: environment variable {} is not set; \
+                 the {} backend needs it to hash identities in store keys",
+                settings.key_secret_env, settings.backend
+            )
+        })?;
+    let keys = KeyHasher::new(&settings.key_prefix, secret.as_bytes());
+    let store: Arc<dyn LimitStore> = match settings.backend {
+        Backend::Memory => return Ok(None),
+        Backend::Redis => Arc::new(
+            RedisStore::new(&settings.urls[0], keys, settings.timeout)
+                .map_err(|e| anyhow::anyhow!("store.urls[0]: {e}"))?,
+        ),
+        Backend::RedisCluster => Arc::new(
+            ClusterStore::new(&settings.urls, keys, settings.timeout)
+                .map_err(|e| anyhow::anyhow!("store.urls: {e}"))?,
+        ),
+    };
+    Ok(Some(Shared {
+        store,
+        breaker: Breaker::new(settings.failure_threshold, settings.open_for),
+        timeout: settings.timeout,
+        instances: settings.expected_instances,
+    }))
 }

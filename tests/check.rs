@@ -52,7 +52,6 @@ const FIXTURES: &[(&str, &str)] = &[
     ("missing_keys_file", "tests/config/missing_keys_file.yaml: auth.keys_file: cannot read tests/config/no-such-keys.yaml: No such file or directory (os error 2)"),
     ("redis_without_urls", "tests/config/redis_without_urls.yaml: store.urls: backend redis needs at least one url"),
     ("redis_several_urls", "tests/config/redis_several_urls.yaml: store.urls: backend redis takes one url, got 2; several seed nodes are for redis_cluster"),
-    ("redis_cluster", "tests/config/redis_cluster.yaml: store.backend: redis_cluster is not supported yet: a request's keys span cluster slots, and decisions across slots are not all-or-nothing yet; use redis"),
     ("unauthenticated_tenant_limit", "tests/config/unauthenticated_tenant_limit.yaml: routes[0].limits[0]: limit \"per-tenant\" is keyed by credential or tenant but the route has `auth: none`"),
 ];
 

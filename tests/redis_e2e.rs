@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::redis_server::RedisServer;
+use support::redis_server::{RedisCluster, RedisServer};
 use support::{digest, eventually, get, Gateway};
 
 const SECRET: (&str, &str) = ("TOLLGATE_KEY_SECRET", "e2e-secret-3f9a");
@@ -434,4 +434,83 @@ routes:
         "{}",
         wary.metrics()
     );
+}
+
+#[test]
+fn a_cluster_shares_budgets_and_decides_across_slots_all_or_nothing() {
+    let cluster = RedisCluster::start(3);
+    // The global limit is named `everyone` so that its key and the tenant's
+    // land on different nodes of this three-node cluster (keys are HMACs
+    // under the test's fixed secret, slots split evenly by `redis-cli`).
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store: {{ backend: redis_cluster, urls: [{}], timeout_ms: 1000 }}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  per-tenant: {{ key: [tenant], capacity: 10, refill_per_second: 0.001, on_store_error: open }}
+  everyone: {{ key: [], capacity: 3, refill_per_second: 0.001, on_store_error: closed }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200, body: "ok" }}, limits: [per-tenant, everyone] }}
+"#,
+        urls.join(", "),
+        digest("key-c1")
+    );
+    let gws = gateways(2, &policy);
+    let key = [("authorization", "Bearer key-c1")];
+    let statuses: Vec<u16> = (0..5).map(|i| gws[i % 2].get("/x", &key).status).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429],
+        "two instances, one global budget of 3"
+    );
+
+    // The tenant's key and the global key live in different slots, so each
+    // request was decided by two script calls on different nodes.
+    let keys = cluster.keys();
+    let find = |name: &str| {
+        keys.iter()
+            .find(|k| k.contains(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("no {name} key in {keys:?}"))
+            .clone()
+    };
+    let (tenant, global) = (find("per-tenant"), find("everyone"));
+    assert_ne!(
+        tollgate::limits::cluster::slot(&tenant),
+        tollgate::limits::cluster::slot(&global)
+    );
+    // The two denied requests were charged to the tenant and given back:
+    // its bucket holds 10 - 3 units, not 10 - 5.
+    let state = cluster.get(&tenant).expect("the tenant's state");
+    let balance =
+        |state: &str| state.split(':').next().unwrap().parse::<u64>().unwrap() / 1_000_000;
+    assert_eq!(balance(&state), 7, "state {state:?}");
+
+    // The node holding the global key dies: that limit fails closed (503),
+    // and what the tenant's slot charged meanwhile is given back.
+    let holder = |key: &str| {
+        cluster
+            .nodes
+            .iter()
+            .position(|n| {
+                n.cmd::<Option<String>>(&["GET", key])
+                    .is_ok_and(|v| v.is_some())
+            })
+            .unwrap()
+    };
+    let (tenant_node, global_node) = (holder(&tenant), holder(&global));
+    assert_ne!(tenant_node, global_node, "the keys live on different nodes");
+    let mut cluster = cluster;
+    cluster.nodes[global_node].kill();
+    for gw in &gws {
+        let r = gw.get("/x", &key);
+        assert_eq!(r.status, 503, "{}", r.body);
+    }
+    let after = cluster.nodes[tenant_node]
+        .cmd::<String>(&["GET", &tenant])
+        .unwrap();
+    assert_eq!(balance(&after), 7, "state {after:?}");
 }

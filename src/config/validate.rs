@@ -213,15 +213,6 @@ fn env_name(c: &mut Checker, path: &str, name: &str) {
 }
 
 fn store(c: &mut Checker, raw: RawStore) -> StoreSettings {
-    if raw.backend == Backend::RedisCluster {
-        // Refused here rather than at start, so that `check` in a deploy
-        // pipeline catches it.
-        c.fail(
-            "store.backend",
-            "redis_cluster is not supported yet: a request's keys span cluster slots, and \
-             decisions across slots are not all-or-nothing yet; use redis",
-        );
-    }
     if raw.backend != Backend::Memory {
         if raw.urls.is_empty() {
             c.fail(

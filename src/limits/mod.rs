@@ -6,6 +6,7 @@
 
 pub mod algorithm;
 pub mod breaker;
+pub mod cluster;
 pub mod keys;
 pub mod limiter;
 pub mod memory;

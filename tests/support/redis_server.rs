@@ -254,3 +254,67 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// A Redis Cluster of `n` primaries (no replicas) on free loopback ports,
+/// every slot assigned, started and stopped by the test.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(n: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..n)
+            .map(|_| {
+                RedisServer::start_with(vec![
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-config-file".into(),
+                    "nodes.conf".into(),
+                    "--cluster-node-timeout".into(),
+                    "5000".into(),
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli must be installed (it comes with redis-server)");
+        assert!(out.status.success(), "redis-cli --cluster create: {out:?}");
+        let cluster = RedisCluster { nodes };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cluster.nodes.iter().all(|n| {
+            n.cmd::<String>(&["CLUSTER", "INFO"])
+                .is_ok_and(|info| info.contains("cluster_state:ok"))
+        }) {
+            assert!(Instant::now() < deadline, "the cluster never became ok");
+            thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// The seed urls, one per node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .collect()
+    }
+
+    /// Every key on every node.
+    pub fn keys(&self) -> Vec<String> {
+        self.nodes.iter().flat_map(|n| n.keys()).collect()
+    }
+
+    /// `GET` of a key, from the node that holds it.
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.nodes
+            .iter()
+            .find_map(|n| n.cmd::<Option<String>>(&["GET", key]).ok().flatten())
+    }
+}

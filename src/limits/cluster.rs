@@ -1,0 +1,234 @@
+//! The shared store on Redis Cluster.
+//!
+//! A script call may only touch keys of one hash slot. A request's keys
+//! share a slot when they are tenant-scoped (they carry the tenant's hash
+//! tag), but a global or per-address limit lives elsewhere; so a request
+//! is decided in two steps that keep it all-or-nothing:
+//!
+//! 1. every slot decides its part in one `EVALSHA` of `lua/decide.lua`, all
+//!    slots at once, each charging what it admits;
+//! 2. when one slot denied (or failed), the parts the others charged in the
+//!    groups that are denied after all are given back with the same script
+//!    in refund mode.
+//!
+//! Between the two steps the charged units are briefly unavailable to other
+//! callers, so a budget can be under-used for a round trip, never over-used.
+//! A refund that fails leaves the units charged until the key refills.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use tokio::sync::OnceCell;
+
+use super::keys::{KeyCache, KeyHasher};
+use super::redis::{decode, script_call, Request, DECIDE_LUA};
+use super::{gate, Charge, LimitStore, StoreError, Verdict};
+
+/// Store keys remembered per generation of the key cache.
+const CACHED_KEYS: usize = 16_384;
+/// Hash slots of a Redis Cluster.
+const SLOTS: u16 = 16_384;
+
+/// Limit state in a Redis Cluster.
+pub struct ClusterStore {
+    client: ClusterClient,
+    /// Made on first use, inside the runtime that serves requests.
+    conn: OnceCell<ClusterConnection>,
+    keys: KeyCache,
+    sha: String,
+}
+
+impl ClusterStore {
+    /// Prepares a client for the cluster reached through `seeds`; the
+    /// connection is made on first use, so a gateway can start while the
+    /// cluster is down.
+    pub fn new(seeds: &[String], keys: KeyHasher, timeout: Duration) -> Result<Self, StoreError> {
+        let client = ClusterClientBuilder::new(seeds.to_vec())
+            .connection_timeout(timeout.max(Duration::from_millis(100)))
+            .response_timeout(timeout)
+            .retries(1)
+            .build()
+            .map_err(backend)?;
+        Ok(Self {
+            client,
+            conn: OnceCell::new(),
+            keys: KeyCache::new(keys, CACHED_KEYS),
+            sha: redis::Script::new(DECIDE_LUA).get_hash().to_string(),
+        })
+    }
+
+    async fn connection(&self) -> Result<ClusterConnection, StoreError> {
+        let conn = self
+            .conn
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .map_err(backend)?;
+        Ok(conn.clone())
+    }
+
+    /// One script call for keys of one slot: the verdicts and the store
+    /// time they were decided at.
+    async fn call(&self, request: Request) -> Result<(Vec<Verdict>, u64), StoreError> {
+        let mut conn = self.connection().await?;
+        let limits = request.limits.len();
+        let once = std::slice::from_ref(&request);
+        let reply: Vec<u8> = match script_call("EVALSHA", &self.sha, once.iter(), 0)
+            .query_async(&mut conn)
+            .await
+        {
+            // That node lost its script cache (or never had it): EVAL sends
+            // the text, which the node then keeps.
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                script_call("EVAL", DECIDE_LUA, once.iter(), 0)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(backend)?
+            }
+            other => other.map_err(backend)?,
+        };
+        decode(&reply, limits)
+    }
+}
+
+/// The cluster hash slot of a key: CRC16 of its hash tag (the first
+/// non-empty `{…}`), or of the whole key.
+pub fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        rest.iter()
+            .position(|&b| b == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % SLOTS
+}
+
+fn backend(e: RedisError) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Timeout
+    } else {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+#[async_trait]
+impl LimitStore for ClusterStore {
+    async fn decide(
+        &self,
+        charges: &[&Charge],
+        blocked_from: u8,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        // The request's charges, by slot.
+        let keys: Vec<Arc<str>> = charges.iter().map(|c| self.keys.key(c)).collect();
+        let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let s = slot(key);
+            match slots.iter_mut().find(|(other, _)| *other == s) {
+                Some((_, members)) => members.push(i),
+                None => slots.push((s, vec![i])),
+            }
+        }
+        let part = |members: &[usize], refund_at: u64| {
+            let picked: Vec<&Charge> = members.iter().map(|&i| charges[i]).collect();
+            let keys = members.iter().map(|&i| keys[i].clone()).collect();
+            Request::new(keys, &picked, blocked_from, refund_at)
+        };
+
+        // 1. Every slot decides its part, all at once.
+        let decided = join_all(slots.iter().map(|(_, m)| self.call(part(m, 0)))).await;
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; charges.len()];
+        for ((_, members), result) in slots.iter().zip(&decided) {
+            if let Ok((v, _)) = result {
+                for (&i, v) in members.iter().zip(v) {
+                    verdicts[i] = Some(*v);
+                }
+            }
+        }
+        let failure = decided.iter().find_map(|r| r.as_ref().err().cloned());
+        // Where the whole decision stops charging: nothing at all when a
+        // slot failed (the caller then applies each limit's failure mode).
+        let final_gate = match failure {
+            Some(_) => 0,
+            None => gate(
+                charges.iter().copied(),
+                |i| verdicts[i].is_some_and(|v| v.allowed),
+                blocked_from,
+            ),
+        };
+
+        // 2. Give back what a slot charged in groups denied after all.
+        let mut refunds = Vec::new();
+        for ((_, members), result) in slots.iter().zip(&decided) {
+            let Ok((v, at)) = result else { continue };
+            let slot_gate = gate(
+                members.iter().map(|&i| charges[i]),
+                |j| v[j].allowed,
+                blocked_from,
+            );
+            let undo: Vec<usize> = members
+                .iter()
+                .zip(v)
+                .filter(|(&i, v)| {
+                    let group = charges[i].group;
+                    v.allowed && group < slot_gate && group >= final_gate
+                })
+                .map(|(&i, _)| i)
+                .collect();
+            if undo.is_empty() {
+                continue;
+            }
+            for &i in &undo {
+                if let Some(v) = verdicts[i].as_mut() {
+                    // Admissible but not charged: what is left is untouched.
+                    v.remaining += charges[i].cost;
+                }
+            }
+            refunds.push(self.call(part(&undo, *at)));
+        }
+        for refund in join_all(refunds).await {
+            if let Err(e) = refund {
+                tracing::warn!(error = %e, "giving back a cluster slot's charges failed; they stay charged until the keys refill");
+            }
+        }
+
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        Ok(verdicts.into_iter().flatten().collect())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(backend)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_follow_the_cluster_specification() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        // CRC16/XMODEM's check value.
+        assert_eq!(slot("123456789"), 0x31C3);
+        assert_eq!(slot("foo"), 12_182);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        // An empty first tag: the whole key is hashed.
+        let whole = crc16::State::<crc16::XMODEM>::calculate(b"foo{}{bar}") % 16_384;
+        assert_eq!(slot("foo{}{bar}"), whole);
+        assert_ne!(slot("foo{}{bar}"), slot("bar"));
+        assert_eq!(slot("foo{{bar}}zap"), slot("{bar"));
+        assert_eq!(slot("foo{bar}{zap}"), slot("bar"));
+    }
+}
