@@ -218,10 +218,10 @@ class Bench:
             path.write_text("\n".join(lines) + "\n")
         return path
 
-    def start_redis(self, name="redis"):
+    def start_redis(self, name="redis", extra=()):
         port = free_port()
         self.procs.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", str(self.work)])
+                                "--appendonly", "no", "--dir", str(self.work), *extra])
         wait_port(port)
         self.ports[name] = port
         return port
@@ -237,10 +237,28 @@ class Bench:
         self.ports[name] = port
         return port
 
+    def start_cluster(self, nodes=3):
+        """A Redis Cluster of `nodes` primaries, every slot assigned."""
+        ports = [self.start_redis(f"cluster_{i}", ["--cluster-enabled", "yes", "--cluster-config-file",
+                                                  f"nodes-{i}.conf"]) for i in range(nodes)]
+        subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True)
+        deadline = time.time() + 20
+        while not all("cluster_state:ok" in redis_cli(p, "CLUSTER", "INFO") for p in ports):
+            if time.time() > deadline:
+                raise RuntimeError("the cluster never became ok")
+            time.sleep(0.05)
+        self.ports["cluster"] = ports
+        return ports
+
     def start_tollgate(self, name, backend, capacity=MAX, rate=MAX, keys=0, redis=None):
         port, admin = free_port(), free_port()
+        if backend == "redis_cluster":
+            urls = ", ".join(f'"redis://127.0.0.1:{p}"' for p in self.ports["cluster"])
+        else:
+            urls = f'"redis://127.0.0.1:{redis or self.ports["redis"]}/0"'
         text = render(BENCH / "tollgate-full.yaml", port=port, admin_port=admin, backend=backend,
-                      redis_port=redis or self.ports["redis"], upstream_port=self.ports["upstream"],
+                      urls=urls, upstream_port=self.ports["upstream"],
                       keys_file=self.keys_file(keys), capacity=capacity, rate=rate)
         path = self.work / f"{name}.yaml"
         path.write_text(text)
@@ -275,10 +293,12 @@ class Bench:
         self.start_nginx("nginx_lua_redis", "lua_redis.conf", env={"BENCH_REDIS_PORT": str(self.ports["redis"])})
         self.start_tollgate("tollgate_full", "redis")
         self.start_tollgate("tollgate_memory", "memory")
+        self.start_cluster()
+        self.start_tollgate("tollgate_cluster", "redis_cluster")
         contenders = ["direct", "plain_pingora", "pingora_contract", "nginx_limit_req", "nginx_lua_redis",
-                      "tollgate_full", "tollgate_memory"]
+                      "tollgate_full", "tollgate_cluster", "tollgate_memory"]
         if a.quick:
-            contenders = ["plain_pingora", "pingora_contract", "tollgate_full", "tollgate_memory"]
+            contenders = ["plain_pingora", "pingora_contract", "tollgate_full", "tollgate_cluster", "tollgate_memory"]
         headers = {"Authorization": f"Bearer {API_KEY}", "X-Forwarded-For": "203.0.113.7"}
         for c in contenders:
             status, _ = http_get(self.ports[c], "/v1/bench", headers)
@@ -439,6 +459,7 @@ def write_results(args, info, contenders, results, redis_work, accuracy, memory,
         "pingora_contract": "plain Pingora + the contract's per-request work (no limits)",
         "nginx_limit_req": "NGINX proxy_pass + limit_req", "nginx_lua_redis": "NGINX + Lua + Redis token bucket",
         "tollgate_full": "tollgate, full path (Redis)", "tollgate_memory": "tollgate, memory store",
+        "tollgate_cluster": "tollgate, full path (Redis Cluster, 3 primaries)",
     }
     for c in contenders:
         m = med[c]
@@ -529,8 +550,8 @@ def main():
         if args.quick:
             return
         redis_work = bench.redis_work()
-        for c in ["tollgate_full", "tollgate_memory", "nginx_lua_redis", "nginx_limit_req", "plain_pingora",
-                  "pingora_contract"]:
+        for c in ["tollgate_full", "tollgate_memory", "tollgate_cluster", "nginx_lua_redis", "nginx_limit_req",
+                  "plain_pingora", "pingora_contract"]:
             bench.procs.stop(c)
         accuracy = bench.accuracy()
         memory = bench.memory()
