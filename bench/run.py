@@ -220,6 +220,9 @@ class Bench:
 
     def start_redis(self, name="redis", extra=()):
         port = free_port()
+        # A cluster node also listens on its port + 10 000 (the cluster bus).
+        while "--cluster-enabled" in extra and port > 55535:
+            port = free_port()
         self.procs.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                 "--appendonly", "no", "--dir", str(self.work), *extra])
         wait_port(port)

@@ -14,19 +14,18 @@
 //! Between the two steps the charged units are briefly unavailable to other
 //! callers, so a budget can be under-used for a round trip, never over-used.
 //! A refund that fails leaves the units charged until the key refills.
+//!
+//! Calls are batched per slot as on a standalone server: requests whose
+//! part waits while a call for the same slot is in flight share the next.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, ServerErrorKind};
-use tokio::sync::OnceCell;
 
 use super::keys::{KeyCache, KeyHasher};
-use super::redis::{decode, script_call, Request, DECIDE_LUA};
+use super::redis::{Batches, Decided, Request};
 use super::{gate, Charge, LimitStore, StoreError, Verdict};
 
 /// Store keys remembered per generation of the key cache.
@@ -36,11 +35,8 @@ const SLOTS: u16 = 16_384;
 
 /// Limit state in a Redis Cluster.
 pub struct ClusterStore {
-    client: ClusterClient,
-    /// Made on first use, inside the runtime that serves requests.
-    conn: OnceCell<ClusterConnection>,
+    batches: Batches,
     keys: KeyCache,
-    sha: String,
 }
 
 impl ClusterStore {
@@ -48,50 +44,15 @@ impl ClusterStore {
     /// connection is made on first use, so a gateway can start while the
     /// cluster is down.
     pub fn new(seeds: &[String], keys: KeyHasher, timeout: Duration) -> Result<Self, StoreError> {
-        let client = ClusterClientBuilder::new(seeds.to_vec())
-            .connection_timeout(timeout.max(Duration::from_millis(100)))
-            .response_timeout(timeout)
-            .retries(1)
-            .build()
-            .map_err(backend)?;
         Ok(Self {
-            client,
-            conn: OnceCell::new(),
+            batches: Batches::cluster(seeds, timeout)?,
             keys: KeyCache::new(keys, CACHED_KEYS),
-            sha: redis::Script::new(DECIDE_LUA).get_hash().to_string(),
         })
     }
 
-    async fn connection(&self) -> Result<ClusterConnection, StoreError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| self.client.get_async_connection())
-            .await
-            .map_err(backend)?;
-        Ok(conn.clone())
-    }
-
-    /// One script call for keys of one slot: the verdicts and the store
-    /// time they were decided at.
-    async fn call(&self, request: Request) -> Result<(Vec<Verdict>, u64), StoreError> {
-        let mut conn = self.connection().await?;
-        let limits = request.limits.len();
-        let once = std::slice::from_ref(&request);
-        let reply: Vec<u8> = match script_call("EVALSHA", &self.sha, once.iter(), 0)
-            .query_async(&mut conn)
-            .await
-        {
-            // That node lost its script cache (or never had it): EVAL sends
-            // the text, which the node then keeps.
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                script_call("EVAL", DECIDE_LUA, once.iter(), 0)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(backend)?
-            }
-            other => other.map_err(backend)?,
-        };
-        decode(&reply, limits)
+    /// One slot's part of a request, in that slot's next script call.
+    async fn call(&self, slot: u16, request: Request) -> Result<Decided, StoreError> {
+        self.batches.submit(slot, request).await
     }
 }
 
@@ -107,14 +68,6 @@ pub fn slot(key: &str) -> u16 {
             .map(|close| &rest[..close])
     });
     crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % SLOTS
-}
-
-fn backend(e: RedisError) -> StoreError {
-    if e.is_timeout() {
-        StoreError::Timeout
-    } else {
-        StoreError::Backend(e.to_string())
-    }
 }
 
 #[async_trait]
@@ -141,7 +94,7 @@ impl LimitStore for ClusterStore {
         };
 
         // 1. Every slot decides its part, all at once.
-        let decided = join_all(slots.iter().map(|(_, m)| self.call(part(m, 0)))).await;
+        let decided = join_all(slots.iter().map(|(s, m)| self.call(*s, part(m, 0)))).await;
         let mut verdicts: Vec<Option<Verdict>> = vec![None; charges.len()];
         for ((_, members), result) in slots.iter().zip(&decided) {
             if let Ok((v, _)) = result {
@@ -164,7 +117,7 @@ impl LimitStore for ClusterStore {
 
         // 2. Give back what a slot charged in groups denied after all.
         let mut refunds = Vec::new();
-        for ((_, members), result) in slots.iter().zip(&decided) {
+        for ((slot, members), result) in slots.iter().zip(&decided) {
             let Ok((v, at)) = result else { continue };
             let slot_gate = gate(
                 members.iter().map(|&i| charges[i]),
@@ -189,7 +142,7 @@ impl LimitStore for ClusterStore {
                     v.remaining += charges[i].cost;
                 }
             }
-            refunds.push(self.call(part(&undo, *at)));
+            refunds.push(self.call(*slot, part(&undo, *at)));
         }
         for refund in join_all(refunds).await {
             if let Err(e) = refund {
@@ -204,12 +157,7 @@ impl LimitStore for ClusterStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.connection().await?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .map(drop)
-            .map_err(backend)
+        self.batches.ping().await
     }
 }
 

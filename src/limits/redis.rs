@@ -6,14 +6,17 @@
 //! together as the next call: one `EVALSHA` then decides a whole batch, one
 //! request after the other, reading and writing each key once. At low load
 //! a request goes out at once; under load the batches grow, and the work
-//! per request (in Redis and in this process) falls.
+//! per request (in Redis and in this process) falls. The batching serves
+//! Redis Cluster too ([`super::cluster`]), with one queue per hash slot.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot, OnceCell};
 
@@ -82,29 +85,128 @@ impl Request {
     }
 }
 
-/// A request waiting in the batch queue.
+/// The verdicts of a request and the store time they were reached at.
+pub(super) type Decided = (Vec<Verdict>, u64);
+
+/// A request waiting in a batch queue.
 struct Job {
     request: Request,
-    reply: oneshot::Sender<Result<Vec<Verdict>, StoreError>>,
+    reply: oneshot::Sender<Result<Decided, StoreError>>,
 }
 
-/// The connection and the script, shared by the driver and its callers.
+/// Where script calls go.
+enum Link {
+    /// One server, over a connection made on first use and remade
+    /// whenever it breaks.
+    Single {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        conn: OnceCell<ConnectionManager>,
+    },
+    /// A cluster: each call goes to the node of its keys' slot.
+    Cluster {
+        client: ClusterClient,
+        conn: OnceCell<ClusterConnection>,
+    },
+}
+
+/// The connection and the script, shared by the drivers and their callers.
 struct Connection {
-    client: redis::Client,
-    config: ConnectionManagerConfig,
-    /// Made on first use, inside the runtime that serves requests.
-    conn: OnceCell<ConnectionManager>,
+    /// Connected on first use, inside the runtime that serves requests.
+    link: Link,
     sha: String,
     timeout: Duration,
     /// Tests only: the script takes its time from here instead of `TIME`.
     clock: Option<ManualClock>,
 }
 
+/// Script calls batched per hash slot: requests that wait while a call for
+/// their slot is in flight go out together in its next call. A standalone
+/// server has one queue (slot 0).
+pub(super) struct Batches {
+    connection: Arc<Connection>,
+    queues: std::sync::Mutex<HashMap<u16, mpsc::Sender<Job>, ahash::RandomState>>,
+}
+
+impl Batches {
+    fn new(link: Link, timeout: Duration) -> Self {
+        Self {
+            connection: Arc::new(Connection {
+                link,
+                sha: redis::Script::new(DECIDE_LUA).get_hash().to_string(),
+                timeout,
+                clock: None,
+            }),
+            queues: Default::default(),
+        }
+    }
+
+    /// Calls for a cluster reached through `seeds`.
+    pub fn cluster(seeds: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        let client = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+            .connection_timeout(timeout.max(Duration::from_millis(100)))
+            .response_timeout(timeout)
+            .retries(1)
+            .build()
+            .map_err(backend)?;
+        let link = Link::Cluster {
+            client,
+            conn: OnceCell::new(),
+        };
+        Ok(Self::new(link, timeout))
+    }
+
+    /// Queues one request (all its keys in `slot`) for the next script call
+    /// of that slot, and waits for its part of the answer.
+    pub async fn submit(&self, slot: u16, request: Request) -> Result<Decided, StoreError> {
+        if request.limits.len() > usize::from(u16::MAX) {
+            // The script reads a request's limit count as 16 bits.
+            return Err(StoreError::Backend(format!(
+                "{} shared limits on one request; at most {} fit one script call",
+                request.limits.len(),
+                u16::MAX
+            )));
+        }
+        let (reply, rx) = oneshot::channel();
+        let queue = {
+            let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+            queues
+                .entry(slot)
+                .or_insert_with(|| {
+                    let (tx, rx) = mpsc::channel(QUEUE);
+                    tokio::spawn(drive(rx, self.connection.clone()));
+                    tx
+                })
+                .clone()
+        };
+        queue
+            .try_send(Job { request, reply })
+            .map_err(|_| StoreError::Backend("the store queue is full".into()))?;
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError::Backend("the store driver stopped".into())))
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let ping = redis::cmd("PING");
+        match &self.connection.link {
+            Link::Single { .. } => {
+                let mut conn = self.connection.single().await.map_err(backend)?;
+                ping.query_async::<String>(&mut conn).await
+            }
+            Link::Cluster { .. } => {
+                let mut conn = self.connection.cluster().await.map_err(backend)?;
+                ping.query_async::<String>(&mut conn).await
+            }
+        }
+        .map(drop)
+        .map_err(backend)
+    }
+}
+
 /// Limit state in one Redis server (or one primary).
 pub struct RedisStore {
-    connection: Arc<Connection>,
+    batches: Batches,
     keys: KeyCache,
-    queue: OnceCell<mpsc::Sender<Job>>,
 }
 
 impl RedisStore {
@@ -117,65 +219,35 @@ impl RedisStore {
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
+        let link = Link::Single {
+            client,
+            config,
+            conn: OnceCell::new(),
+        };
         Ok(Self {
-            connection: Arc::new(Connection {
-                client,
-                config,
-                conn: OnceCell::new(),
-                sha: redis::Script::new(DECIDE_LUA).get_hash().to_string(),
-                timeout,
-                clock: None,
-            }),
+            batches: Batches::new(link, timeout),
             keys: KeyCache::new(keys, CACHED_KEYS),
-            queue: OnceCell::new(),
         })
     }
 
     /// Makes the script use this clock instead of the server's `TIME`, so
     /// that tests can hold it against the in-process store step by step.
     pub fn with_test_clock(mut self, clock: ManualClock) -> Self {
-        if let Some(conn) = Arc::get_mut(&mut self.connection) {
+        if let Some(conn) = Arc::get_mut(&mut self.batches.connection) {
             conn.clock = Some(clock);
         }
         self
     }
 
-    /// The queue to the driver, started on first use.
-    async fn queue(&self) -> &mpsc::Sender<Job> {
-        self.queue
-            .get_or_init(|| async {
-                let (tx, rx) = mpsc::channel(QUEUE);
-                tokio::spawn(drive(rx, self.connection.clone()));
-                tx
-            })
-            .await
-    }
-
-    /// Queues one request for the next script call and waits for its part
-    /// of the answer.
     async fn submit(
         &self,
         charges: &[&Charge],
         blocked_from: u8,
         refund_at: u64,
     ) -> Result<Vec<Verdict>, StoreError> {
-        if charges.len() > usize::from(u16::MAX) {
-            // The script reads a request's limit count as 16 bits.
-            return Err(StoreError::Backend(format!(
-                "{} shared limits on one request; at most {} fit one script call",
-                charges.len(),
-                u16::MAX
-            )));
-        }
-        let (reply, rx) = oneshot::channel();
         let keys = charges.iter().map(|c| self.keys.key(c)).collect();
         let request = Request::new(keys, charges, blocked_from, refund_at);
-        self.queue()
-            .await
-            .try_send(Job { request, reply })
-            .map_err(|_| StoreError::Backend("the store queue is full".into()))?;
-        rx.await
-            .unwrap_or_else(|_| Err(StoreError::Backend("the store driver stopped".into())))
+        self.batches.submit(0, request).await.map(|(v, _)| v)
     }
 
     /// Gives back what a decision at store time `spent_at` charged for these
@@ -235,8 +307,8 @@ const VERDICT: usize = 4 * NUMBER;
 fn dispatch(batch: Vec<Job>, result: Result<Vec<u8>, StoreError>) {
     let limits: usize = batch.iter().map(|j| j.request.limits.len()).sum();
     let decoded = result.and_then(|reply| decode(&reply, limits));
-    let verdicts = match decoded {
-        Ok((verdicts, _)) => verdicts,
+    let (verdicts, at) = match decoded {
+        Ok(decoded) => decoded,
         Err(e) => {
             return batch
                 .into_iter()
@@ -246,13 +318,13 @@ fn dispatch(batch: Vec<Job>, result: Result<Vec<u8>, StoreError>) {
     let mut verdicts = verdicts.into_iter();
     for job in batch {
         let mine = verdicts.by_ref().take(job.request.limits.len()).collect();
-        let _ = job.reply.send(Ok(mine));
+        let _ = job.reply.send(Ok((mine, at)));
     }
 }
 
 /// The script's reply for `limits` limits: their verdicts in order, and the
 /// store time they were decided at.
-pub(super) fn decode(reply: &[u8], limits: usize) -> Result<(Vec<Verdict>, u64), StoreError> {
+fn decode(reply: &[u8], limits: usize) -> Result<(Vec<Verdict>, u64), StoreError> {
     let expected = limits * VERDICT + NUMBER;
     if reply.len() != expected {
         return Err(StoreError::Backend(format!(
@@ -285,12 +357,29 @@ fn verdict(bytes: &[u8]) -> Verdict {
 }
 
 impl Connection {
-    async fn connection(&self) -> Result<ConnectionManager, RedisError> {
-        let conn = self
-            .conn
+    async fn single(&self) -> Result<ConnectionManager, RedisError> {
+        let Link::Single {
+            client,
+            config,
+            conn,
+        } = &self.link
+        else {
+            unreachable!("a standalone link");
+        };
+        let conn = conn
             .get_or_try_init(|| async {
-                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             })
+            .await?;
+        Ok(conn.clone())
+    }
+
+    async fn cluster(&self) -> Result<ClusterConnection, RedisError> {
+        let Link::Cluster { client, conn } = &self.link else {
+            unreachable!("a cluster link");
+        };
+        let conn = conn
+            .get_or_try_init(|| client.get_async_connection())
             .await?;
         Ok(conn.clone())
     }
@@ -307,19 +396,33 @@ impl Connection {
     }
 
     async fn call(&self, batch: &[Job]) -> Result<Vec<u8>, StoreError> {
-        let mut conn = self.connection().await.map_err(backend)?;
-        let cmd = self.evalsha(batch);
-        match cmd.query_async(&mut conn).await {
+        match &self.link {
+            Link::Single { .. } => {
+                let mut conn = self.single().await.map_err(backend)?;
+                self.run(&mut conn, batch).await
+            }
+            Link::Cluster { .. } => {
+                let mut conn = self.cluster().await.map_err(backend)?;
+                self.run(&mut conn, batch).await
+            }
+        }
+    }
+
+    async fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        batch: &[Job],
+    ) -> Result<Vec<u8>, StoreError> {
+        match self.evalsha(batch).query_async(conn).await {
+            // The server lost its script cache (a restart, SCRIPT FLUSH) or a
+            // cluster node never had it: EVAL sends the text, which the
+            // server then keeps for the next EVALSHA.
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                // The server lost its script cache (a restart, SCRIPT FLUSH):
-                // load it again and retry once.
-                redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(DECIDE_LUA)
-                    .query_async::<String>(&mut conn)
+                let now = self.clock.as_ref().map_or(0, |c| c.now_ms());
+                script_call("EVAL", DECIDE_LUA, batch.iter().map(|j| &j.request), now)
+                    .query_async(conn)
                     .await
-                    .map_err(backend)?;
-                cmd.query_async(&mut conn).await.map_err(backend)
+                    .map_err(backend)
             }
             other => other.map_err(backend),
         }
@@ -329,7 +432,7 @@ impl Connection {
 /// The script call (`EVALSHA` with the script's hash, or `EVAL` with its
 /// text) for some requests: their distinct keys, then all their numbers in
 /// one binary argument (see `lua/decide.lua`). `now` 0 means Redis's time.
-pub(super) fn script_call<'a>(
+fn script_call<'a>(
     command: &str,
     script: &str,
     requests: impl Iterator<Item = &'a Request> + Clone,
@@ -394,11 +497,6 @@ impl LimitStore for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.connection.connection().await.map_err(backend)?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .map(drop)
-            .map_err(backend)
+        self.batches.ping().await
     }
 }

@@ -129,8 +129,16 @@ impl RedisServer {
     }
 
     fn start_in(dir: tempfile::TempDir, args: Vec<String>) -> Self {
+        // A cluster node also listens on its port + 10 000 (the cluster bus).
+        let clustered = args.iter().any(|a| a == "--cluster-enabled");
+        let port = move || loop {
+            let port = super::free_port();
+            if !clustered || port <= 55_535 {
+                return port;
+            }
+        };
         let mut server = RedisServer {
-            port: super::free_port(),
+            port: port(),
             tls_port: None,
             child: None,
             dir,
@@ -142,7 +150,7 @@ impl RedisServer {
             if server.try_spawn() {
                 return server;
             }
-            server.port = super::free_port();
+            server.port = port();
         }
         panic!("redis-server did not start");
     }
