@@ -61,6 +61,22 @@ fn window(limit: u64, secs: u64) -> Window {
     Window::seconds(limit, secs)
 }
 
+/// Runs the futures as concurrent tasks on `rt`; their outputs, in order.
+fn concurrently<T, F>(rt: &tokio::runtime::Runtime, futures: Vec<F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    rt.block_on(async {
+        let tasks: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    })
+}
+
 /// The store takes charges by reference.
 fn refs(charges: &[Charge]) -> Vec<&Charge> {
     charges.iter().collect()
@@ -343,23 +359,17 @@ fn lua_and_rust_agree_on_random_sequences() {
                     .collect();
                 // Sent together: the store may batch them into one call,
                 // which must decide them as if one after the other.
-                let got: Vec<Vec<Verdict>> = rt.block_on(async {
-                    let tasks: Vec<_> = requests
+                let got: Vec<Vec<Verdict>> = concurrently(
+                    &rt,
+                    requests
                         .iter()
                         .cloned()
                         .map(|(charges, blocked)| {
                             let redis = redis.clone();
-                            tokio::spawn(
-                                async move { redis.decide(&refs(&charges), blocked).await },
-                            )
+                            async move { redis.decide(&refs(&charges), blocked).await.unwrap() }
                         })
-                        .collect();
-                    let mut out = Vec::new();
-                    for t in tasks {
-                        out.push(t.await.unwrap().unwrap());
-                    }
-                    out
-                });
+                        .collect(),
+                );
                 for ((charges, blocked), got) in requests.iter().zip(&got) {
                     let expected = memory.decide_now(charges, *blocked).0;
                     prop_assert_eq!(got, &expected, "charges {:?}", charges);
@@ -455,21 +465,15 @@ fn concurrent_requests_are_batched_and_decided_as_if_one_by_one() {
         memory.decide_now(std::slice::from_ref(c), NONE_BLOCKED);
     }
     let _: String = server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
-    let got: Vec<Vec<Verdict>> = rt.block_on(async {
-        let tasks: Vec<_> = (0..40)
+    let got: Vec<Vec<Verdict>> = concurrently(
+        &rt,
+        (0..40)
             .map(|i| {
                 let (redis, charges) = (redis.clone(), request(i));
-                tokio::spawn(
-                    async move { redis.decide(&refs(&charges), NONE_BLOCKED).await.unwrap() },
-                )
+                async move { redis.decide(&refs(&charges), NONE_BLOCKED).await.unwrap() }
             })
-            .collect();
-        let mut out = Vec::new();
-        for t in tasks {
-            out.push(t.await.unwrap());
-        }
-        out
-    });
+            .collect(),
+    );
     let expected: Vec<Vec<Verdict>> = (0..40)
         .map(|i| memory.decide_now(&request(i), NONE_BLOCKED).0)
         .collect();
@@ -527,23 +531,19 @@ fn cluster_decisions_across_slots_stay_all_or_nothing_under_concurrency() {
         c
     };
     let rt = runtime();
-    let admitted: Vec<bool> = rt.block_on(async {
-        let tasks: Vec<_> = (0..60)
+    let admitted: Vec<bool> = concurrently(
+        &rt,
+        (0..60)
             .map(|i| {
                 let store = store.clone();
                 let charges = vec![own(i, 1), charge("global", "g", global, 1)];
-                tokio::spawn(async move {
+                async move {
                     let v = store.decide(&refs(&charges), NONE_BLOCKED).await.unwrap();
                     v.iter().all(|v| v.allowed)
-                })
+                }
             })
-            .collect();
-        let mut out = Vec::new();
-        for t in tasks {
-            out.push(t.await.unwrap());
-        }
-        out
-    });
+            .collect(),
+    );
     assert_eq!(admitted.iter().filter(|a| **a).count(), 25);
     // Every denied request's unit went back to its tenant: all 5 fit again
     // there, and 4 where the request was admitted.
