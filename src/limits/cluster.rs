@@ -24,12 +24,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 
-use super::keys::{KeyCache, KeyHasher};
+use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
 use super::redis::{Batches, Decided, Request};
 use super::{gate, Charge, LimitStore, StoreError, Verdict};
 
-/// Store keys remembered per generation of the key cache.
-const CACHED_KEYS: usize = 16_384;
 /// Hash slots of a Redis Cluster.
 const SLOTS: u16 = 16_384;
 

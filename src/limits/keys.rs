@@ -65,6 +65,9 @@ impl KeyHasher {
     }
 }
 
+/// Store keys a shared store remembers per generation of its [`KeyCache`].
+pub const CACHED_KEYS: usize = 16_384;
+
 /// Store keys of recent callers: a repeat caller costs one map lookup
 /// instead of two HMACs and a string. Two generations bound it: when the
 /// young one is full it becomes the old one (dropping the previous old

@@ -21,7 +21,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot, OnceCell};
 
 use super::algorithm::Params;
-use super::keys::{KeyCache, KeyHasher};
+use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
 use super::{Charge, LimitStore, Source, StoreError, Verdict, NONE_BLOCKED};
 use crate::clock::{Clock, ManualClock};
 
@@ -36,8 +36,6 @@ const MAX_BATCH: usize = 128;
 const MAX_CALLS_IN_FLIGHT: usize = 1;
 /// Requests waiting for a call, at most; beyond that the store is failing.
 const QUEUE: usize = 4096;
-/// Store keys remembered per generation of the key cache.
-const CACHED_KEYS: usize = 16_384;
 
 /// One limit as the script reads it.
 pub(super) struct Spec {
