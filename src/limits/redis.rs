@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::RedisFuture;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot, OnceCell};
 
@@ -139,6 +140,22 @@ impl Batches {
         }
     }
 
+    /// Calls for one server.
+    fn single(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let link = Link::Single {
+            client,
+            config,
+            conn: OnceCell::new(),
+        };
+        Ok(Self::new(link, timeout))
+    }
+
     /// Calls for a cluster reached through `seeds`.
     pub fn cluster(seeds: &[String], timeout: Duration) -> Result<Self, StoreError> {
         let client = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
@@ -185,19 +202,12 @@ impl Batches {
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let ping = redis::cmd("PING");
-        match &self.connection.link {
-            Link::Single { .. } => {
-                let mut conn = self.connection.single().await.map_err(backend)?;
-                ping.query_async::<String>(&mut conn).await
-            }
-            Link::Cluster { .. } => {
-                let mut conn = self.connection.cluster().await.map_err(backend)?;
-                ping.query_async::<String>(&mut conn).await
-            }
-        }
-        .map(drop)
-        .map_err(backend)
+        let mut conn = self.connection.connect().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(backend)
     }
 }
 
@@ -211,19 +221,8 @@ impl RedisStore {
     /// Prepares a connection; it is made on first use and remade whenever it
     /// breaks, so a gateway can start while Redis is down.
     pub fn new(url: &str, keys: KeyHasher, timeout: Duration) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(backend)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let link = Link::Single {
-            client,
-            config,
-            conn: OnceCell::new(),
-        };
         Ok(Self {
-            batches: Batches::new(link, timeout),
+            batches: Batches::single(url, timeout)?,
             keys: KeyCache::new(keys, CACHED_KEYS),
         })
     }
@@ -355,74 +354,85 @@ fn verdict(bytes: &[u8]) -> Verdict {
 }
 
 impl Connection {
-    async fn single(&self) -> Result<ConnectionManager, RedisError> {
-        let Link::Single {
-            client,
-            config,
-            conn,
-        } = &self.link
-        else {
-            unreachable!("a standalone link");
-        };
-        let conn = conn
-            .get_or_try_init(|| async {
-                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-            })
-            .await?;
-        Ok(conn.clone())
+    /// The connection, made on first use (and, for a standalone server,
+    /// remade by the manager whenever it breaks).
+    async fn connect(&self) -> Result<Conn, StoreError> {
+        match &self.link {
+            Link::Single {
+                client,
+                config,
+                conn,
+            } => conn
+                .get_or_try_init(|| async {
+                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                })
+                .await
+                .map(|c| Conn::Single(c.clone())),
+            Link::Cluster { client, conn } => conn
+                .get_or_try_init(|| client.get_async_connection())
+                .await
+                .map(|c| Conn::Cluster(c.clone())),
+        }
+        .map_err(backend)
     }
 
-    async fn cluster(&self) -> Result<ClusterConnection, RedisError> {
-        let Link::Cluster { client, conn } = &self.link else {
-            unreachable!("a cluster link");
-        };
-        let conn = conn
-            .get_or_try_init(|| client.get_async_connection())
-            .await?;
-        Ok(conn.clone())
-    }
-
-    /// The script call for a batch: distinct keys, then every job's
-    /// numbers in one binary argument (see `lua/decide.lua`).
-    fn evalsha(&self, batch: &[Job]) -> redis::Cmd {
-        script_call(
-            "EVALSHA",
-            &self.sha,
-            batch.iter().map(|j| &j.request),
-            self.clock.as_ref().map_or(0, |c| c.now_ms()),
-        )
+    /// The script call for a batch (see [`script_call`]), `EVALSHA` with the
+    /// script's hash or `EVAL` with its text.
+    fn script(&self, command: &str, script: &str, batch: &[Job]) -> redis::Cmd {
+        let now = self.clock.as_ref().map_or(0, |c| c.now_ms());
+        script_call(command, script, batch.iter().map(|j| &j.request), now)
     }
 
     async fn call(&self, batch: &[Job]) -> Result<Vec<u8>, StoreError> {
-        match &self.link {
-            Link::Single { .. } => {
-                let mut conn = self.single().await.map_err(backend)?;
-                self.run(&mut conn, batch).await
-            }
-            Link::Cluster { .. } => {
-                let mut conn = self.cluster().await.map_err(backend)?;
-                self.run(&mut conn, batch).await
-            }
-        }
-    }
-
-    async fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        batch: &[Job],
-    ) -> Result<Vec<u8>, StoreError> {
-        match self.evalsha(batch).query_async(conn).await {
+        let mut conn = self.connect().await?;
+        match self
+            .script("EVALSHA", &self.sha, batch)
+            .query_async(&mut conn)
+            .await
+        {
             // The server lost its script cache (a restart, SCRIPT FLUSH) or a
             // cluster node never had it: EVAL sends the text, which the
             // server then keeps for the next EVALSHA.
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let now = self.clock.as_ref().map_or(0, |c| c.now_ms());
-                script_call("EVAL", DECIDE_LUA, batch.iter().map(|j| &j.request), now)
-                    .query_async(conn)
-                    .await
-                    .map_err(backend)
-            }
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => self
+                .script("EVAL", DECIDE_LUA, batch)
+                .query_async(&mut conn)
+                .await
+                .map_err(backend),
             other => other.map_err(backend),
+        }
+    }
+}
+
+/// A connection of either kind.
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
         }
     }
 }
