@@ -26,7 +26,7 @@ use futures_util::future::join_all;
 
 use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
 use super::redis::{Batches, Decided, Request};
-use super::{gate, Charge, LimitStore, StoreError, Verdict};
+use super::{gate, undone, Charge, LimitStore, StoreError, Verdict};
 
 /// Hash slots of a Redis Cluster.
 const SLOTS: u16 = 16_384;
@@ -125,10 +125,7 @@ impl LimitStore for ClusterStore {
             let undo: Vec<usize> = members
                 .iter()
                 .zip(v)
-                .filter(|(&i, v)| {
-                    let group = charges[i].group;
-                    v.allowed && group < slot_gate && group >= final_gate
-                })
+                .filter(|(&i, v)| undone(charges[i], v, slot_gate, final_gate))
                 .map(|(&i, _)| i)
                 .collect();
             if undo.is_empty() {
@@ -165,8 +162,8 @@ mod tests {
 
     #[test]
     fn slots_follow_the_cluster_specification() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        // CRC16/XMODEM's check value.
+        // CRC16/XMODEM's check value, then values from the Redis Cluster
+        // specification and `CLUSTER KEYSLOT`.
         assert_eq!(slot("123456789"), 0x31C3);
         assert_eq!(slot("foo"), 12_182);
         assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::breaker::{Breaker, Permit};
 use super::memory::MemoryStore;
-use super::{gate, Charge, LimitStore, Source, StoreError, Verdict, NONE_BLOCKED};
+use super::{gate, undone, Charge, LimitStore, Source, StoreError, Verdict, NONE_BLOCKED};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::OnStoreError;
 use crate::metrics::Metrics;
@@ -168,7 +168,7 @@ impl Limiter {
         let undo: Vec<&Charge> = charges
             .iter()
             .zip(verdicts)
-            .filter(|(c, v)| v.allowed && c.group < spent_below && c.group >= final_gate)
+            .filter(|(c, v)| undone(c, v, spent_below, final_gate))
             .map(|(c, _)| *c)
             .collect();
         if !undo.is_empty() {

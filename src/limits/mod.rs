@@ -145,6 +145,13 @@ pub fn gate<'a>(
         .fold(blocked_from, u8::min)
 }
 
+/// Whether a charge that a part of a decision spent (it was admitted and
+/// its group lay below that part's gate, `spent_below`) must be given back
+/// because the whole decision stops charging at `final_gate`.
+pub fn undone(charge: &Charge, verdict: &Verdict, spent_below: u8, final_gate: u8) -> bool {
+    verdict.allowed && charge.group < spent_below && charge.group >= final_gate
+}
+
 /// The identity a request presents to its limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Identity<'a> {
