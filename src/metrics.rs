@@ -249,11 +249,6 @@ impl PolicyMetrics {
         }
     }
 
-    /// The process-wide metrics.
-    pub fn all(&self) -> &Metrics {
-        &self.metrics
-    }
-
     fn route(&self, route: Option<RouteId>) -> usize {
         route.map_or(self.routes.len() - 1, |r| r.min(self.routes.len() - 1))
     }
