@@ -9,11 +9,12 @@ use http::HeaderMap;
 use tollgate::client_ip::{self, ClientIpConfig};
 use tollgate::clock::ManualClock;
 use tollgate::config::OnStoreError;
+use tollgate::edge::target::{normalize, EncodedSlash};
 use tollgate::limits::algorithm::{Bucket, Params, MICRO};
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::{Charge, NONE_BLOCKED};
-use tollgate::routes::{normalize_path, PathTemplate, Router};
+use tollgate::routes::{PathTemplate, Router};
 
 fn client_ip(c: &mut Criterion) {
     let config = ClientIpConfig {
@@ -50,7 +51,11 @@ fn routes(c: &mut Criterion) {
     }
     c.bench_function("route_match_placeholders", |b| {
         b.iter(|| {
-            let path = normalize_path(black_box("/v1/tenants/acme/reports/42")).unwrap();
+            let path = normalize(
+                black_box(b"/v1/tenants/acme/reports/42"),
+                EncodedSlash::Reject,
+            )
+            .unwrap();
             router.find("GET", &path).copied()
         })
     });

@@ -11,10 +11,10 @@ use pingora::http::RequestHeader;
 use crate::auth::{self, Credential};
 use crate::client_ip;
 use crate::config::{LimitId, Mode, PlanId, PoolId, RouteId, Target};
+use crate::edge::target;
 use crate::limits::{combine, Charge, Decision, Identity, Source, Verdict};
 use crate::metrics::DecisionOutcome;
 use crate::respond::{RateHeaders, Rejection};
-use crate::routes::normalize_path;
 use crate::runtime::Runtime;
 use crate::top::Caller;
 
@@ -32,6 +32,12 @@ pub struct Facts {
     pub cost: u64,
     /// The limits that denied the request, if any did.
     pub violated: Vec<Arc<str>>,
+    /// The normalized origin-form target, when it differs from the one
+    /// received: the upstream gets this one.
+    pub rewritten_target: Option<String>,
+    /// The matched route's body bound and upgrade permission.
+    pub max_body_bytes: u64,
+    pub upgrade: bool,
 }
 
 impl Facts {
@@ -77,15 +83,33 @@ pub async fn admit(
     if !policy.ip_rules.admits(ip) {
         return Err(Rejection::Forbidden);
     }
-    let path = normalize_path(req.uri.path()).map_err(|_| Rejection::NotFound)?;
+    let host = req
+        .headers
+        .get(http::header::HOST)
+        .map(http::HeaderValue::as_bytes)
+        .or_else(|| req.uri.authority().map(|a| a.as_str().as_bytes()));
+    let target = target::parse(req.raw_path(), host, policy.server.edge.encoded_slash).map_err(
+        |e| match e {
+            e if e.is_not_found() => Rejection::NotFound,
+            e => Rejection::BadRequest { detail: e.detail() },
+        },
+    )?;
     let route = policy
         .routes
-        .find(req.method.as_str(), &path)
+        .find(req.method.as_str(), &target.path)
         .ok_or(Rejection::NotFound)?;
     facts.route = Some(route.name.clone());
     facts.route_id = Some(route.id);
     facts.route_header = Some(route.class_header.clone());
     facts.cost = route.cost;
+    facts.max_body_bytes = route.max_body_bytes;
+    facts.upgrade = route.upgrade;
+    if target.rewritten {
+        facts.rewritten_target = Some(target.origin_form());
+    }
+    if declared_length(req).is_some_and(|n| n > route.max_body_bytes) {
+        return Err(Rejection::PayloadTooLarge);
+    }
 
     let credential = if route.auth_required {
         auth::presented_key(&req.headers, &policy.auth.header)
@@ -141,6 +165,18 @@ pub async fn admit(
             content_type: content_type.clone(),
         },
     })
+}
+
+/// The request's `content-length`, when it has one (the edge already
+/// refused malformed or conflicting ones).
+fn declared_length(req: &RequestHeader) -> Option<u64> {
+    req.headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl Facts {

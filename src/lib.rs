@@ -7,6 +7,7 @@ pub mod auth;
 pub mod client_ip;
 pub mod clock;
 pub mod config;
+pub mod edge;
 pub mod health;
 pub mod limits;
 pub mod metrics;

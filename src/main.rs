@@ -16,6 +16,9 @@ use pingora::services::listening::Service;
 
 use tollgate::admin::{Admin, AdminAccess};
 use tollgate::config::{self, Backend, StoreSettings};
+use tollgate::edge::app::Edge;
+use tollgate::edge::listener::Listener;
+use tollgate::edge::logs::ClientErrorLog;
 use tollgate::health::HealthChecker;
 use tollgate::limits::breaker::Breaker;
 use tollgate::limits::cluster::ClusterStore;
@@ -115,15 +118,19 @@ fn hash_key() -> anyhow::Result<String> {
 }
 
 fn init_logs(json: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
+    // Bad requests are the clients' doing: their lines are limited.
+    let client_errors = ClientErrorLog::new(std::time::Duration::from_secs(1)).install();
     if json {
-        builder.json().init();
+        builder.json().finish().with(client_errors).init();
     } else {
-        builder.init();
+        builder.finish().with(client_errors).init();
     }
 }
 
@@ -172,17 +179,24 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         policy,
         services.clone(),
     )));
-    let reloader = Arc::new(Reloader::new(path, live.clone(), services));
+    let reloader = Arc::new(Reloader::new(path, live.clone(), services.clone()));
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    // One proxy serves every listener; each listener has its own edge, which
+    // counts and bounds its connections.
+    let proxy = Arc::new(pingora::proxy::http_proxy(
         &server.configuration,
         Gateway::new(live.clone()),
-        "tollgate proxy",
-    );
+    ));
     for addr in &settings.listen {
-        proxy.add_tcp(&addr.to_string());
+        let name = addr.to_string();
+        let listener = Listener::new(&name, &services.metrics);
+        let mut service = Service::new(
+            format!("tollgate proxy {name}"),
+            Edge::new(proxy.clone(), live.clone(), listener),
+        );
+        service.add_tcp(&name);
+        server.add_service(service);
     }
-    server.add_service(proxy);
     server.add_service(background_service(
         "health checks",
         HealthChecker::new(live.clone()),

@@ -27,6 +27,8 @@ pub struct Metrics {
     pub upstream_seconds: HistogramVec,
     pub config_reloads: IntCounterVec,
     pub config_info: IntGaugeVec,
+    pub connections: IntGaugeVec,
+    pub connections_rejected: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -154,6 +156,18 @@ impl Metrics {
                 "The live policy version (value 1).",
                 &["policy_version"],
             ),
+            connections: gauge(
+                &r,
+                "tollgate_connections",
+                "Open client connections by listener.",
+                &["listener"],
+            ),
+            connections_rejected: counter(
+                &r,
+                "tollgate_connections_rejected_total",
+                "Client connections refused or closed by an edge bound, by listener and reason.",
+                &["listener", "reason"],
+            ),
             registry: r,
         }
     }
@@ -196,6 +210,7 @@ outcomes! {
         Unauthorized => "unauthorized",
         Forbidden => "forbidden",
         NotFound => "not_found",
+        BadRequest => "bad_request",
         StoreUnavailable => "store_unavailable",
         Overloaded => "overloaded",
     }

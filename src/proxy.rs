@@ -12,13 +12,14 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::HeaderName;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::protocols::l4::socket::SocketAddr as PeerAddr;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::admission::{self, Admitted, Facts};
+use crate::edge::conn::Guarded;
+use crate::edge::headers::{self, Forwarding};
 use crate::metrics::Outcome;
 use crate::pools::{PoolPermit, PoolRefusal};
 use crate::respond::Rejection;
@@ -31,14 +32,6 @@ use crate::runtime::Runtime;
 const TENANT_ID: &str = "x-tenant-id";
 const CREDENTIAL_ID: &str = "x-credential-id";
 const ROUTE_CLASS: &str = "x-route-class";
-const X_FORWARDED_FOR: &str = "x-forwarded-for";
-static X_FORWARDED_FOR_NAME: HeaderName = HeaderName::from_static(X_FORWARDED_FOR);
-/// Headers the gateway owns on the upstream request: client copies are dropped.
-static IDENTITY_HEADERS: [HeaderName; 3] = [
-    HeaderName::from_static(TENANT_ID),
-    HeaderName::from_static(CREDENTIAL_ID),
-    HeaderName::from_static(ROUTE_CLASS),
-];
 
 /// One denial in this many is logged at info level.
 const DENIAL_LOG_SAMPLE: u64 = 100;
@@ -56,6 +49,8 @@ pub struct RequestCtx {
     outcome: Option<Outcome>,
     started: Option<Instant>,
     upstream_started: Option<Instant>,
+    /// Request body bytes read so far, held to the route's bound.
+    body_bytes: u64,
 }
 
 /// The gateway: the live policy, swapped atomically on reload.
@@ -98,31 +93,6 @@ impl Gateway {
 fn peer_ip(addr: Option<&PeerAddr>) -> IpAddr {
     addr.and_then(PeerAddr::as_inet)
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip().to_canonical())
-}
-
-/// Appends an address in its usual text form; IPv4 without the formatting
-/// machinery, which costs more than the rest of the header rewrite.
-fn push_ip(out: &mut String, ip: IpAddr) {
-    match ip {
-        IpAddr::V4(a) => {
-            for (i, octet) in a.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push('.');
-                }
-                if octet >= 100 {
-                    out.push(char::from(b'0' + octet / 100));
-                }
-                if octet >= 10 {
-                    out.push(char::from(b'0' + octet / 10 % 10));
-                }
-                out.push(char::from(b'0' + octet % 10));
-            }
-        }
-        IpAddr::V6(_) => {
-            use std::fmt::Write;
-            let _ = write!(out, "{ip}");
-        }
-    }
 }
 
 /// Writes a complete response from the gateway itself.
@@ -174,7 +144,12 @@ impl ProxyHttp for Gateway {
             Err(rejection) => rejection.outcome(),
         });
         match prepared {
-            Ok(Admitted::Forward(_)) => Ok(false),
+            Ok(Admitted::Forward(_)) => {
+                if !ctx.facts.upgrade {
+                    headers::refuse_upgrade(session.req_header_mut())?;
+                }
+                Ok(false)
+            }
             Ok(Admitted::Respond {
                 status,
                 body,
@@ -212,13 +187,27 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        for name in &IDENTITY_HEADERS {
-            // Most requests carry none of them: look before touching the
-            // case-preserving header maps.
-            if upstream.headers.contains_key(name) {
-                upstream.remove_header(name);
-            }
+        if let Some(target) = &ctx.facts.rewritten_target {
+            let uri = target
+                .parse()
+                .or_else(|e| Error::e_because(ErrorType::InternalError, "normalized target", e))?;
+            upstream.set_uri(uri);
         }
+        let Some(rt) = &ctx.runtime else {
+            return Error::e_explain(ErrorType::InternalError, "no policy for request");
+        };
+        let peer = peer_ip(session.client_addr());
+        let auth = &rt.policy.auth;
+        headers::rewrite(
+            upstream,
+            &Forwarding {
+                peer,
+                client: ctx.facts.client_ip.unwrap_or(peer),
+                peer_trusted: rt.policy.client_ip.is_trusted(peer),
+                scheme: "http",
+                strip_key: (!auth.forward_key).then_some(&auth.header),
+            },
+        )?;
         if let Some(c) = &ctx.facts.credential {
             upstream.insert_header(TENANT_ID, c.tenant_header.clone())?;
             upstream.insert_header(CREDENTIAL_ID, c.id_header.clone())?;
@@ -226,19 +215,26 @@ impl ProxyHttp for Gateway {
         if let Some(class) = &ctx.facts.route_header {
             upstream.insert_header(ROUTE_CLASS, class.clone())?;
         }
-        let mut forwarded = String::with_capacity(64);
-        if let Some(Ok(prior)) = upstream
-            .headers
-            .get(&X_FORWARDED_FOR_NAME)
-            .map(|v| v.to_str())
-        {
-            if !prior.trim().is_empty() {
-                forwarded.push_str(prior);
-                forwarded.push_str(", ");
+        Ok(())
+    }
+
+    async fn request_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
+        if ctx.body_bytes > ctx.facts.max_body_bytes {
+            ctx.outcome = Some(Outcome::BadRequest);
+            return Error::e_explain(ErrorType::HTTPStatus(413), "request body too large");
+        }
+        if end_of_stream {
+            if let Some(guard) = Guarded::of(session.stream()) {
+                guard.body_finished();
             }
         }
-        push_ip(&mut forwarded, peer_ip(session.client_addr()));
-        upstream.insert_header(X_FORWARDED_FOR, forwarded)?;
         Ok(())
     }
 
@@ -336,27 +332,6 @@ impl Gateway {
                     .top
                     .record(&caller, ctx.facts.cost, admitted == Outcome::Allowed);
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::push_ip;
-
-    #[test]
-    fn addresses_print_as_usual() {
-        for ip in [
-            "0.0.0.0",
-            "127.0.0.1",
-            "10.20.255.9",
-            "203.0.113.100",
-            "::1",
-            "2001:db8::7",
-        ] {
-            let mut out = String::new();
-            push_ip(&mut out, ip.parse().unwrap());
-            assert_eq!(out, ip);
         }
     }
 }

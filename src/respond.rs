@@ -20,6 +20,15 @@ pub enum Rejection {
     Forbidden,
     /// No route matches (or the path has dot-segments).
     NotFound,
+    /// The request cannot be read as sent: its framing, its target or its
+    /// path (400).
+    BadRequest { detail: &'static str },
+    /// The request's head or body did not arrive in time (408).
+    RequestTimeout,
+    /// The request line and headers exceed `server.limits.max_header_bytes` (431).
+    HeaderTooLarge,
+    /// The body exceeds the route's `max_body_bytes` (413).
+    PayloadTooLarge,
     /// A caller's limit denied; nothing was charged.
     RateLimited {
         violated: Vec<Arc<str>>,
@@ -42,6 +51,10 @@ impl Rejection {
             Rejection::Unauthorized => 401,
             Rejection::Forbidden => 403,
             Rejection::NotFound => 404,
+            Rejection::BadRequest { .. } => 400,
+            Rejection::RequestTimeout => 408,
+            Rejection::PayloadTooLarge => 413,
+            Rejection::HeaderTooLarge => 431,
             Rejection::RateLimited { .. } => 429,
             Rejection::ProxyFailed { status } => *status,
             Rejection::StoreUnavailable { .. }
@@ -56,6 +69,10 @@ impl Rejection {
             Rejection::Unauthorized => Outcome::Unauthorized,
             Rejection::Forbidden => Outcome::Forbidden,
             Rejection::NotFound => Outcome::NotFound,
+            Rejection::BadRequest { .. }
+            | Rejection::RequestTimeout
+            | Rejection::HeaderTooLarge
+            | Rejection::PayloadTooLarge => Outcome::BadRequest,
             Rejection::RateLimited { .. } => Outcome::Limited,
             Rejection::StoreUnavailable { .. } => Outcome::StoreUnavailable,
             Rejection::Overloaded { .. } | Rejection::NoHealthyUpstream { .. } => {
@@ -86,6 +103,22 @@ impl Rejection {
                 "not-found",
                 "Not Found",
                 "No route matches this request.".into(),
+            ),
+            Rejection::BadRequest { detail } => ("bad-request", "Bad Request", (*detail).into()),
+            Rejection::RequestTimeout => (
+                "request-timeout",
+                "Request Timeout",
+                "The request was not received in time.".into(),
+            ),
+            Rejection::HeaderTooLarge => (
+                "header-too-large",
+                "Request Header Fields Too Large",
+                "The request line and headers are too large.".into(),
+            ),
+            Rejection::PayloadTooLarge => (
+                "payload-too-large",
+                "Content Too Large",
+                "The request body is larger than this route accepts.".into(),
             ),
             Rejection::RateLimited { violated, .. } => (
                 "rate-limited",
@@ -161,11 +194,17 @@ impl Rejection {
 
 fn proxy_failure(status: u16) -> (&'static str, &'static str, String) {
     match status {
+        504 => (
+            "gateway-timeout",
+            "Gateway Timeout",
+            "The upstream service did not answer in time.".into(),
+        ),
         502 => (
             "bad-gateway",
             "Bad Gateway",
             "The upstream service did not answer.".into(),
         ),
+        413 => Rejection::PayloadTooLarge.problem(),
         400..=499 => (
             "bad-request",
             "Bad Request",

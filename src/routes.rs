@@ -4,17 +4,13 @@
 //! path template both match wins; no match means 404. The matched route's
 //! name is the route class used in rate-limit keys, metrics and logs, so raw
 //! paths (which carry IDs and tokens) never reach label sets. Request paths
-//! are normalised first with [`normalize_path`]: runs of `/` are collapsed
-//! and dot-segments, including percent-encoded ones, are rejected, so that
-//! `/public/../admin` cannot be used to pick a cheaper route than the
-//! upstream would actually serve.
+//! are matched once normalized by [`crate::edge::target`], which is also
+//! the path the upstream receives.
 //!
 //! Template segments are literals (exact, case-sensitive), `{name}` (exactly
 //! one non-empty segment) or `**` (only last; zero or more segments). A
 //! trailing slash is significant: `/a` matches `/a` only and `/a/` matches
 //! `/a/` only, because the empty final segment is compared literally.
-
-use std::borrow::Cow;
 
 /// One parsed template segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,43 +131,6 @@ fn parse_segment(raw: &str) -> Result<Segment, TemplateError> {
         return Err(TemplateError::InvalidPlaceholder(raw.to_owned()));
     }
     Ok(Segment::Literal(raw.to_owned()))
-}
-
-/// Why a request path was rejected by [`normalize_path`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum PathError {
-    /// A `.` or `..` segment, literal or percent-encoded.
-    #[error("path contains a dot-segment")]
-    DotSegment,
-    /// The path is empty or does not begin with `/`.
-    #[error("path must start with \"/\"")]
-    NotAbsolute,
-}
-
-/// Normalises a request path for matching.
-///
-/// Cuts at a stray `?`, collapses runs of `/` and rejects `.`/`..` segments,
-/// including percent-encoded forms such as `%2e%2e` or `.%2E`, because an
-/// upstream may decode and resolve them after we have chosen a route. A
-/// trailing slash is kept. Borrows when nothing needed changing.
-pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
-    let path = path.split_once('?').map_or(path, |(before, _)| before);
-    if !path.starts_with('/') {
-        return Err(PathError::NotAbsolute);
-    }
-    if path.split('/').any(is_dot_segment) {
-        return Err(PathError::DotSegment);
-    }
-    if !path.contains("//") {
-        return Ok(Cow::Borrowed(path));
-    }
-    let mut collapsed = String::with_capacity(path.len());
-    for c in path.chars() {
-        if !(c == '/' && collapsed.ends_with('/')) {
-            collapsed.push(c);
-        }
-    }
-    Ok(Cow::Owned(collapsed))
 }
 
 /// Whether a segment is `.` or `..`, with any dot optionally written `%2e`.
@@ -337,31 +296,5 @@ mod tests {
         router.push(vec!["GET".to_owned()], t("/healthz"), 1);
         assert_eq!(router.find("GET", "/other"), None);
         assert_eq!(router.find("DELETE", "/healthz"), None);
-    }
-
-    #[test]
-    fn normalize_collapses_slashes() {
-        assert_eq!(normalize_path("//a///b").unwrap(), "/a/b");
-        assert!(matches!(normalize_path("//a///b"), Ok(Cow::Owned(_))));
-        assert_eq!(normalize_path("/a//b/?x=//").unwrap(), "/a/b/");
-    }
-
-    #[test]
-    fn normalize_keeps_clean_paths_borrowed() {
-        assert!(matches!(normalize_path("/a/b/"), Ok(Cow::Borrowed(_))));
-        assert!(matches!(normalize_path("/a?q=1"), Ok(Cow::Borrowed("/a"))));
-        assert!(matches!(normalize_path("/a/.../b"), Ok(Cow::Borrowed(_))));
-        assert!(matches!(normalize_path("/a/.hidden"), Ok(Cow::Borrowed(_))));
-    }
-
-    #[test]
-    fn normalize_rejects_dot_segments() {
-        let bad = ["/a/../b", "/a/./b", "/..", "/.", "/a/%2e%2e/b", "/a/%2E./b"];
-        for path in bad.into_iter().chain(["/a/.%2E/b", "/a/%2e"]) {
-            assert_eq!(normalize_path(path), Err(PathError::DotSegment), "{path}");
-        }
-        assert_eq!(normalize_path("a/b"), Err(PathError::NotAbsolute));
-        assert_eq!(normalize_path(""), Err(PathError::NotAbsolute));
-        assert_eq!(normalize_path("?x"), Err(PathError::NotAbsolute));
     }
 }

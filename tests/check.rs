@@ -26,7 +26,7 @@ fn example_policies_are_valid() {
 }
 
 const FIXTURES: &[(&str, &str)] = &[
-    ("unknown_field", "tests/config/unknown_field.yaml:6:5: routes[0]: unknown field `limtis`, expected one of `name`, `methods`, `path`, `auth`, `upstream`, `respond`, `cost`, `limits`"),
+    ("unknown_field", "tests/config/unknown_field.yaml:6:5: routes[0]: unknown field `limtis`, expected one of `name`, `methods`, `path`, `auth`, `upstream`, `respond`, `cost`, `limits`, `max_body_bytes`, `upgrade`"),
     ("unknown_algorithm", "tests/config/unknown_algorithm.yaml:3:43: limits.per-tenant.algorithm: unknown variant `leaky_bucket`, expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log`"),
     ("yaml_syntax", "tests/config/yaml_syntax.yaml:4:1: did not find expected ',' or '}' at line 4 column 1, while parsing a flow mapping at line 3 column 5"),
     ("dangling_limit", "tests/config/dangling_limit.yaml: routes[0].limits[1]: unknown limit \"per-tenat\""),
@@ -53,6 +53,11 @@ const FIXTURES: &[(&str, &str)] = &[
     ("redis_without_urls", "tests/config/redis_without_urls.yaml: store.urls: backend redis needs at least one url"),
     ("redis_several_urls", "tests/config/redis_several_urls.yaml: store.urls: backend redis takes one url, got 2; several seed nodes are for redis_cluster"),
     ("unauthenticated_tenant_limit", "tests/config/unauthenticated_tenant_limit.yaml: routes[0].limits[0]: limit \"per-tenant\" is keyed by credential or tenant but the route has `auth: none`"),
+    ("respond_bad_status", "tests/config/respond_bad_status.yaml: routes[0].respond.status: must be between 200 and 599, got 101"),
+    ("respond_no_content_body", "tests/config/respond_no_content_body.yaml: routes[0].respond.body: status 204 has no body"),
+    ("respond_content_type_control", "tests/config/respond_content_type_control.yaml: routes[0].respond.content_type: must be a header value without control characters"),
+    ("too_deep", "tests/config/too_deep.yaml: nested deeper than 64 levels"),
+    ("bad_timeout", "tests/config/bad_timeout.yaml: server.timeouts.header_read_ms: must be between 1 and 3600000, got 0"),
 ];
 
 #[test]

@@ -67,16 +67,94 @@ pub fn load(path: &Path) -> Result<Policy, ConfigError> {
     validate::policy(raw, path, &base)
 }
 
+/// Policy and keys files larger than this are refused unread.
+const MAX_FILE_BYTES: u64 = 64 << 20;
+/// Deeper nesting is refused before parsing: no policy needs it, and a
+/// parser's work on it grows faster than its size.
+const MAX_DEPTH: usize = 64;
+
 fn read(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let read_error = |source| ConfigError::Read {
         file: path.display().to_string(),
         source,
-    })
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(file, MAX_FILE_BYTES + 1),
+        &mut text,
+    )
+    .map_err(read_error)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(ConfigError::Syntax {
+            file: path.display().to_string(),
+            location: Location(None),
+            message: format!("file is larger than {} MiB", MAX_FILE_BYTES >> 20),
+        });
+    }
+    Ok(text)
+}
+
+/// An upper bound of a YAML document's nesting: block levels by
+/// indentation (and `- ` items opening on one line), plus flow levels by
+/// brackets. Stops counting past `limit`.
+fn nesting_depth(text: &str, limit: usize) -> usize {
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    let mut deepest = 0usize;
+    for line in text.lines() {
+        let content = line.trim_start_matches(' ');
+        if content.is_empty() || content.starts_with('#') {
+            continue;
+        }
+        let mut column = line.len() - content.len();
+        let mut rest = content;
+        loop {
+            while indents.last().is_some_and(|&top| top > column) {
+                indents.pop();
+            }
+            if indents.last() != Some(&column) {
+                indents.push(column);
+            }
+            match rest.strip_prefix("- ").or_else(|| rest.strip_prefix("? ")) {
+                Some(after) => {
+                    let item = after.trim_start_matches(' ');
+                    column += rest.len() - item.len();
+                    rest = item;
+                }
+                None => break,
+            }
+        }
+        let mut quote = None;
+        for b in rest.bytes() {
+            match (quote, b) {
+                (None, b'\'' | b'"') => quote = Some(b),
+                (Some(q), _) if q == b => quote = None,
+                (None, b'#') => break,
+                (None, b'[' | b'{') => flow += 1,
+                (None, b']' | b'}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+            deepest = deepest.max(indents.len() + flow);
+        }
+        deepest = deepest.max(indents.len() + flow);
+        if deepest > limit {
+            break;
+        }
+    }
+    deepest
 }
 
 /// Parses YAML into a raw schema type, turning serde's message into
 /// `file:line:column: path: message`.
 fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
+    if nesting_depth(text, MAX_DEPTH) > MAX_DEPTH {
+        return Err(ConfigError::Syntax {
+            file: path.display().to_string(),
+            location: Location(None),
+            message: format!("nested deeper than {MAX_DEPTH} levels"),
+        });
+    }
     serde_yaml::from_str(text).map_err(|e| {
         let location = Location(e.location().map(|l| (l.line(), l.column())));
         let mut message = e.to_string();
@@ -98,4 +176,62 @@ fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, C
 fn load_keys_file(path: &Path) -> Result<schema::RawKeysFile, ConfigError> {
     let text = read(path)?;
     parse(path, &text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nesting_is_bounded_in_every_style() {
+        let flow = format!("a: {}{}", "[".repeat(100), "]".repeat(100));
+        assert!(nesting_depth(&flow, MAX_DEPTH) > MAX_DEPTH);
+        let block: String = (0..100)
+            .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
+            .collect();
+        assert!(nesting_depth(&block, MAX_DEPTH) > MAX_DEPTH);
+        let items = format!("{}x\n", "- ".repeat(100));
+        assert!(nesting_depth(&items, MAX_DEPTH) > MAX_DEPTH);
+        let quoted = format!("a: \"{}\"\n# {}\n", "[".repeat(100), "{".repeat(100));
+        assert!(nesting_depth(&quoted, MAX_DEPTH) <= 2);
+    }
+
+    #[test]
+    fn the_shipped_policies_are_shallow() {
+        for file in ["config/quickstart.yaml", "config/production.yaml"] {
+            let text =
+                std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+            assert!(nesting_depth(&text, MAX_DEPTH) < 10, "{file}");
+        }
+    }
+
+    #[test]
+    fn ipv4_mapped_networks_mean_their_ipv4_network() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        let text = "version: 1\nclient_ip: { trusted_proxies: [\"::ffff:10.0.0.0/104\"] }\n\
+                    ip_rules: { deny: [\"::ffff:127.0.0.1\", \"2001:db8::/32\"] }\n\
+                    routes: [{ name: r, path: /, auth: none, respond: { status: 200 } }]\n";
+        std::fs::write(&file, text).unwrap();
+        let policy = load(&file).unwrap();
+        assert_eq!(
+            policy.client_ip.trusted_proxies,
+            ["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]
+        );
+        assert!(policy.client_ip.is_trusted("10.1.2.3".parse().unwrap()));
+        assert!(!policy.ip_rules.admits("127.0.0.1".parse().unwrap()));
+        assert!(policy.ip_rules.admits("127.0.0.2".parse().unwrap()));
+        assert!(!policy.ip_rules.admits("2001:db8::1".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_deep_document_is_refused_quickly() {
+        let deep = format!(
+            "version: 1\nroutes: {}{}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let err = parse::<schema::RawConfig>(Path::new("deep.yaml"), &deep).unwrap_err();
+        assert_eq!(err.to_string(), "deep.yaml: nested deeper than 64 levels");
+    }
 }

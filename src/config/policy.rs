@@ -12,6 +12,7 @@ use ipnet::IpNet;
 pub use super::schema::{Backend, Mode, OnStoreError, Scope};
 use crate::auth::KeyTable;
 use crate::client_ip::ClientIpConfig;
+use crate::edge::EdgeSettings;
 use crate::limits::algorithm::Params;
 use crate::routes::Router;
 
@@ -48,6 +49,8 @@ pub struct ServerSettings {
     pub threads: usize,
     pub admin_token_env: Option<String>,
     pub shutdown_grace: Duration,
+    /// `limits`, `timeouts` and `encoded_slash`: the bounds of the edge.
+    pub edge: EdgeSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +84,8 @@ pub struct AuthSettings {
     /// Lower-case header name; `authorization` means `Bearer <key>`.
     pub header: http::HeaderName,
     pub keys: KeyTable,
+    /// Whether the upstream receives the API key (`auth.forward_key`).
+    pub forward_key: bool,
 }
 
 /// Per-plan replacement parameters for some limits.
@@ -173,6 +178,10 @@ pub struct Route {
     pub pre_auth: Vec<LimitId>,
     /// The other limits, decided together after authentication.
     pub request: Vec<LimitId>,
+    /// The largest request body accepted (→ 413).
+    pub max_body_bytes: u64,
+    /// Whether `Upgrade` (WebSocket) requests pass; elsewhere it is removed.
+    pub upgrade: bool,
 }
 
 impl Policy {

@@ -78,6 +78,33 @@ pub struct RawServer {
     pub threads: Option<usize>,
     pub admin_token_env: Option<String>,
     pub shutdown_grace_seconds: Option<u64>,
+    pub limits: Option<RawServerLimits>,
+    pub timeouts: Option<RawTimeouts>,
+    pub encoded_slash: Option<EncodedSlashName>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServerLimits {
+    pub max_connections: Option<u64>,
+    pub max_header_bytes: Option<u64>,
+    pub max_body_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTimeouts {
+    pub header_read_ms: Option<u64>,
+    pub keepalive_idle_ms: Option<u64>,
+    pub body_read_ms: Option<u64>,
+    pub send_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EncodedSlashName {
+    Reject,
+    Keep,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -157,6 +184,8 @@ pub struct RawAuth {
     pub keys_file: Option<String>,
     #[serde(default)]
     pub keys: Vec<RawKey>,
+    #[serde(default)]
+    pub forward_key: bool,
 }
 
 /// The schema of `auth.keys_file`.
@@ -319,6 +348,9 @@ pub struct RawRoute {
     pub cost: Option<f64>,
     #[serde(default)]
     pub limits: Vec<String>,
+    pub max_body_bytes: Option<u64>,
+    #[serde(default)]
+    pub upgrade: bool,
 }
 
 #[derive(Debug, Deserialize)]

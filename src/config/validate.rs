@@ -13,6 +13,7 @@ use super::schema::*;
 use super::{load_keys_file, ConfigError, Problem};
 use crate::auth::{parse_digest, Credential, KeyTable};
 use crate::client_ip::{ClientIpConfig, ForwardHeader};
+use crate::edge::{EdgeSettings, EncodedSlash};
 use crate::limits::algorithm::{Bucket, Params, Window, MICRO};
 use crate::routes::{PathTemplate, Router};
 
@@ -22,6 +23,8 @@ const MAX_AMOUNT: f64 = 1e9;
 const MAX_LOG_LIMIT: f64 = 10_000.0;
 /// Longest window: one day.
 const MAX_WINDOW_SECONDS: f64 = 86_400.0;
+/// The largest `max_body_bytes`: 1 TiB.
+const MAX_BODY_BYTES: u64 = 1 << 40;
 /// Products the Redis scripts compute must stay exact in a Lua double.
 const MAX_EXACT: u64 = 1 << 53;
 
@@ -132,7 +135,7 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
         plans: &plans,
         pool_ids: &pool_ids,
     };
-    let routes = routes(&mut c, raw.routes, &ctx);
+    let routes = routes(&mut c, raw.routes, &ctx, server.edge.max_body_bytes);
     if !c.problems.is_empty() {
         return Err(ConfigError::Invalid {
             file: file.display().to_string(),
@@ -200,6 +203,66 @@ fn server(c: &mut Checker, raw: RawServer) -> ServerSettings {
         threads,
         admin_token_env: raw.admin_token_env,
         shutdown_grace: Duration::from_secs(grace),
+        edge: edge(
+            c,
+            raw.limits.unwrap_or_default(),
+            raw.timeouts.unwrap_or_default(),
+            raw.encoded_slash,
+        ),
+    }
+}
+
+/// `server.limits`, `server.timeouts` and `server.encoded_slash`, with the
+/// defaults of DESIGN §11.
+fn edge(
+    c: &mut Checker,
+    limits: RawServerLimits,
+    timeouts: RawTimeouts,
+    slash: Option<EncodedSlashName>,
+) -> EdgeSettings {
+    let d = EdgeSettings::default();
+    let ms = |c: &mut Checker, name: &str, value: Option<u64>, default: Duration| {
+        let path = format!("server.timeouts.{name}");
+        let v = c.range(
+            &path,
+            value.unwrap_or(default.as_millis() as u64),
+            1,
+            3_600_000,
+        );
+        Duration::from_millis(v)
+    };
+    EdgeSettings {
+        max_connections: c.range(
+            "server.limits.max_connections",
+            limits.max_connections.unwrap_or(d.max_connections as u64),
+            1,
+            1_000_000,
+        ) as usize,
+        max_header_bytes: c.range(
+            "server.limits.max_header_bytes",
+            limits.max_header_bytes.unwrap_or(d.max_header_bytes as u64),
+            1_024,
+            1_048_576,
+        ) as usize,
+        max_body_bytes: c.range(
+            "server.limits.max_body_bytes",
+            limits.max_body_bytes.unwrap_or(d.max_body_bytes),
+            0,
+            MAX_BODY_BYTES,
+        ),
+        header_read: ms(c, "header_read_ms", timeouts.header_read_ms, d.header_read),
+        keepalive_idle: ms(
+            c,
+            "keepalive_idle_ms",
+            timeouts.keepalive_idle_ms,
+            d.keepalive_idle,
+        ),
+        body_read: ms(c, "body_read_ms", timeouts.body_read_ms, d.body_read),
+        send: ms(c, "send_ms", timeouts.send_ms, d.send),
+        encoded_slash: match slash {
+            Some(EncodedSlashName::Keep) => EncodedSlash::Keep,
+            Some(EncodedSlashName::Reject) | None => EncodedSlash::Reject,
+        },
     }
 }
 
@@ -292,9 +355,22 @@ fn nets(c: &mut Checker, path: &str, raw: &[String]) -> Vec<IpNet> {
                     format!("{text:?} is not an IP network"),
                 );
             }
-            parsed.map(|n| n.trunc())
+            parsed.map(|n| canonical_net(n.trunc()))
         })
         .collect()
+}
+
+/// An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) is its IPv4
+/// network: addresses are compared in their canonical form, so the mapped
+/// one could never match.
+fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
+            None => net,
+        },
+        _ => net,
+    }
 }
 
 fn client_ip(c: &mut Checker, raw: RawClientIp) -> ClientIpConfig {
@@ -533,7 +609,11 @@ fn auth(
             Err(e) => return Err(e),
         }
     }
-    Ok(AuthSettings { header, keys })
+    Ok(AuthSettings {
+        header,
+        keys,
+        forward_key: raw.forward_key,
+    })
 }
 
 fn add_keys(
@@ -704,7 +784,12 @@ struct RouteContext<'a> {
     pool_ids: &'a HashMap<String, PoolId>,
 }
 
-fn routes(c: &mut Checker, raw: Vec<RawRoute>, ctx: &RouteContext<'_>) -> Router<Route> {
+fn routes(
+    c: &mut Checker,
+    raw: Vec<RawRoute>,
+    ctx: &RouteContext<'_>,
+    max_body_bytes: u64,
+) -> Router<Route> {
     let mut router = Router::new();
     let mut names = HashSet::new();
     if raw.is_empty() {
@@ -730,6 +815,12 @@ fn routes(c: &mut Checker, raw: Vec<RawRoute>, ctx: &RouteContext<'_>) -> Router
         };
         let auth_required = r.auth == AuthMode::Required;
         let (pre_auth, request) = route_limits(c, &path, &r.limits, cost, auth_required, ctx);
+        let max_body_bytes = c.range(
+            &format!("{path}.max_body_bytes"),
+            r.max_body_bytes.unwrap_or(max_body_bytes),
+            0,
+            MAX_BODY_BYTES,
+        );
         if let (Some(template), Some(target)) = (template, target) {
             // A name that is no header value already failed the name check,
             // so the policy is rejected before this placeholder could be used.
@@ -744,6 +835,8 @@ fn routes(c: &mut Checker, raw: Vec<RawRoute>, ctx: &RouteContext<'_>) -> Router
                 cost,
                 pre_auth,
                 request,
+                max_body_bytes,
+                upgrade: r.upgrade,
             };
             router.push(methods, template, route);
         }
@@ -794,13 +887,28 @@ fn target(
             id.map(Target::Upstream)
         }
         (None, Some(r)) => {
-            c.range(&format!("{path}.respond.status"), r.status, 100, 599);
+            // 1xx and 101 would switch or hold the connection; 204 and 304
+            // have no body by definition.
+            c.range(&format!("{path}.respond.status"), r.status, 200, 599);
+            if matches!(r.status, 204 | 304) && !r.body.is_empty() {
+                c.fail(
+                    format!("{path}.respond.body"),
+                    format!("status {} has no body", r.status),
+                );
+            }
+            let content_type = r
+                .content_type
+                .unwrap_or_else(|| "text/plain; charset=utf-8".into());
+            if content_type.bytes().any(|b| b.is_ascii_control()) || content_type.is_empty() {
+                c.fail(
+                    format!("{path}.respond.content_type"),
+                    "must be a header value without control characters",
+                );
+            }
             Some(Target::Respond {
                 status: r.status,
                 body: r.body.into(),
-                content_type: r
-                    .content_type
-                    .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
+                content_type,
             })
         }
     }

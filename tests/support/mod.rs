@@ -148,6 +148,15 @@ fn serve(conn: TcpStream, state: &UpstreamState) {
         if path.starts_with("/fail") {
             return;
         }
+        if path.ends_with("/big") {
+            // A response larger than any socket buffer, for clients that stop reading.
+            let body = vec![b'x'; 64 << 20];
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+            if conn.write_all(head.as_bytes()).is_err() || conn.write_all(&body).is_err() {
+                return;
+            }
+            continue;
+        }
         let echo =
             serde_json::json!({ "method": method, "path": path, "headers": headers }).to_string();
         let reply = format!(
@@ -209,11 +218,30 @@ pub fn request(
     parse(&raw)
 }
 
+/// Sends raw bytes on a fresh connection and reads until the gateway closes
+/// it (or 10 s pass): what a raw socket sees.
+pub fn raw(to: SocketAddr, bytes: &[u8]) -> String {
+    let mut stream = connect(to, None);
+    stream.write_all(bytes).expect("send");
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The status of a raw HTTP/1.1 reply (0 for none).
+pub fn status_of(reply: &str) -> u16 {
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 pub fn get(to: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
     request(to, None, "GET", path, headers)
 }
 
-fn connect(to: SocketAddr, from: Option<IpAddr>) -> TcpStream {
+pub fn connect(to: SocketAddr, from: Option<IpAddr>) -> TcpStream {
     let socket =
         socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
     if let Some(ip) = from {
@@ -231,7 +259,7 @@ fn connect(to: SocketAddr, from: Option<IpAddr>) -> TcpStream {
     stream
 }
 
-fn parse(raw: &[u8]) -> Reply {
+pub fn parse(raw: &[u8]) -> Reply {
     let text = String::from_utf8_lossy(raw);
     let (head, body) = text
         .split_once("\r\n\r\n")

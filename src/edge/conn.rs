@@ -1,0 +1,511 @@
+//! One client connection, guarded at the transport: the bounds of §11 that
+//! hold whatever the request says, enforced under Pingora's HTTP parser.
+//!
+//! [`Guarded`] wraps the accepted stream. It reads a request head into its
+//! own buffer, bounded in size (`max_header_bytes` → 431) and in time (from
+//! the first byte, `header_read_ms` → 408), checks its framing with the same
+//! parser Pingora uses (malformed, smuggling-prone framing → 400), and only
+//! then hands it on. While a request body is due, a read that waits longer
+//! than `body_read_ms` ends the request (408 when nothing was answered yet);
+//! a write the client does not take for `send_ms` fails it. Between
+//! requests a connection may idle for `keepalive_idle_ms`, then it is closed
+//! quietly. Every failure is an I/O error for the layers above, so the
+//! request ends and its pool permit is dropped, whatever phase it was in.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::{Buf, Bytes, BytesMut};
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
+    UniqueIDType,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use super::listener::{Listener, Reason};
+use super::EdgeSettings;
+use crate::respond::Rejection;
+
+/// How much of the request is still to come after its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// No body, or all of it was read.
+    Done,
+    /// `content-length` bytes still to read.
+    Length(u64),
+    /// Chunked: done when the proxy says the last chunk was read.
+    Chunked,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Waiting for a request's first byte; `fresh` on a new connection.
+    Idle { fresh: bool },
+    /// Reading a request head into `head`.
+    Head,
+    /// The head was handed on; the body (if any) and the response follow.
+    Request,
+    /// Writing an answer of our own, then closing.
+    Answering(Bytes),
+    /// Nothing more is read or written.
+    Closed,
+}
+
+/// A timer armed for the wait in progress, if any.
+struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    armed: bool,
+}
+
+impl Timer {
+    fn new() -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            armed: false,
+        }
+    }
+
+    fn arm_at(&mut self, deadline: Instant) {
+        self.sleep.as_mut().reset(deadline);
+        self.armed = true;
+    }
+
+    /// Arms the timer `after` from now unless it is already running.
+    fn arm(&mut self, after: Duration) {
+        if !self.armed {
+            self.arm_at(Instant::now() + after);
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        self.armed && self.sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// The guarded client stream (see the module docs).
+pub struct Guarded {
+    inner: Stream,
+    settings: EdgeSettings,
+    listener: Arc<Listener>,
+    phase: Phase,
+    /// A request head being read, or bytes read ahead and not yet handed on.
+    head: BytesMut,
+    /// A complete head and what followed it, handed on before new reads.
+    ready: Bytes,
+    body: Body,
+    /// Set by the proxy when a chunked body's last chunk was read.
+    body_finished: AtomicBool,
+    /// Whether any byte of a response went out for this request.
+    responded: bool,
+    read_timer: Timer,
+    write_timer: Timer,
+}
+
+impl std::fmt::Debug for Guarded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guarded")
+            .field("inner", &self.inner)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guarded {
+    /// Guards a newly accepted connection.
+    pub fn new(inner: Stream, settings: EdgeSettings, listener: Arc<Listener>) -> Self {
+        let mut guarded = Self {
+            inner,
+            settings,
+            listener,
+            phase: Phase::Idle { fresh: true },
+            head: BytesMut::new(),
+            ready: Bytes::new(),
+            body: Body::Done,
+            body_finished: AtomicBool::new(false),
+            responded: false,
+            read_timer: Timer::new(),
+            write_timer: Timer::new(),
+        };
+        let wait = guarded.settings.header_read;
+        guarded.read_timer.arm_at(Instant::now() + wait);
+        guarded
+    }
+
+    /// The guard of a session's stream, if it is one.
+    pub fn of(stream: Option<&Stream>) -> Option<&Guarded> {
+        stream?.as_any().downcast_ref::<Guarded>()
+    }
+
+    /// The previous request is over: wait for the next one under `settings`
+    /// (the live policy's, which a reload may have changed).
+    pub fn next_request(&mut self, settings: EdgeSettings) {
+        self.settings = settings;
+        self.phase = Phase::Idle { fresh: false };
+        self.body = Body::Done;
+        self.body_finished.store(false, Ordering::Relaxed);
+        self.responded = false;
+        self.write_timer.disarm();
+        self.read_timer
+            .arm_at(Instant::now() + self.settings.keepalive_idle);
+    }
+
+    /// The proxy read the last chunk of a chunked body.
+    pub fn body_finished(&self) {
+        self.body_finished.store(true, Ordering::Relaxed);
+    }
+
+    fn body_due(&self) -> bool {
+        match self.body {
+            Body::Done => false,
+            Body::Length(_) => true,
+            Body::Chunked => !self.body_finished.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Ends the request with an answer of our own (when nothing was sent
+    /// yet) and closes the connection.
+    fn answer(&mut self, rejection: Option<Rejection>) {
+        self.phase = match rejection {
+            Some(r) if !self.responded => Phase::Answering(raw_response(&r)),
+            _ => Phase::Closed,
+        };
+    }
+
+    /// Reads what the client sent into `head`.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let mut chunk = [0u8; 4096];
+        let mut buf = ReadBuf::new(&mut chunk);
+        ready!(Pin::new(&mut self.inner).poll_read(cx, &mut buf))?;
+        self.head.extend_from_slice(buf.filled());
+        Poll::Ready(Ok(buf.filled().len()))
+    }
+
+    /// Drives the read side until there are bytes to hand on, the client
+    /// closed (`Ok(false)`), or the connection is done.
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
+        loop {
+            match &self.phase {
+                Phase::Idle { fresh } => {
+                    let fresh = *fresh;
+                    if !self.head.is_empty() {
+                        self.start_head();
+                        continue;
+                    }
+                    match self.poll_fill(cx) {
+                        Poll::Ready(Ok(0)) => return Poll::Ready(Ok(false)),
+                        Poll::Ready(Ok(_)) => self.start_head(),
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending if self.read_timer.expired(cx) => {
+                            let reason = if fresh {
+                                Reason::HeaderTimeout
+                            } else {
+                                Reason::IdleTimeout
+                            };
+                            self.listener.rejected(reason);
+                            self.phase = Phase::Closed;
+                            return Poll::Ready(Ok(false));
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                Phase::Head => match self.check_head() {
+                    Some(Ok((body, n))) => {
+                        self.read_timer.disarm();
+                        // What came after the head belongs to the body.
+                        let early = (self.head.len() - n) as u64;
+                        self.body = match body {
+                            Body::Length(len) if len <= early => Body::Done,
+                            Body::Length(len) => Body::Length(len - early),
+                            other => other,
+                        };
+                        self.phase = Phase::Request;
+                        self.ready = self.head.split().freeze();
+                        return Poll::Ready(Ok(true));
+                    }
+                    Some(Err((reason, rejection))) => {
+                        self.listener.rejected(reason);
+                        self.answer(Some(rejection));
+                    }
+                    None => match self.poll_fill(cx) {
+                        Poll::Ready(Ok(0)) => {
+                            // Closed mid-head: nothing to answer to.
+                            self.phase = Phase::Closed;
+                            return Poll::Ready(Ok(false));
+                        }
+                        Poll::Ready(Ok(_)) => {}
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending if self.read_timer.expired(cx) => {
+                            self.listener.rejected(Reason::HeaderTimeout);
+                            self.answer(Some(Rejection::RequestTimeout));
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    },
+                },
+                Phase::Answering(_) => {
+                    ready!(self.poll_answer(cx))?;
+                    return Poll::Ready(Ok(false));
+                }
+                Phase::Request | Phase::Closed => return Poll::Ready(Ok(true)),
+            }
+        }
+    }
+
+    fn start_head(&mut self) {
+        self.phase = Phase::Head;
+        self.read_timer
+            .arm_at(Instant::now() + self.settings.header_read);
+    }
+
+    /// Whether `head` holds a complete, well-framed request head (its body
+    /// and length): `None` while it may still grow.
+    fn check_head(&self) -> Option<Result<(Body, usize), (Reason, Rejection)>> {
+        let too_large = (Reason::HeaderTooLarge, Rejection::HeaderTooLarge);
+        let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&self.head) {
+            Ok(httparse::Status::Complete(n)) if n > self.settings.max_header_bytes => {
+                Some(Err(too_large))
+            }
+            Ok(httparse::Status::Complete(n)) => Some(
+                super::framing(req.headers)
+                    .map(|f| match f {
+                        super::Framing::None => (Body::Done, n),
+                        super::Framing::Length(len) => (Body::Length(len), n),
+                        super::Framing::Chunked => (Body::Chunked, n),
+                    })
+                    .map_err(|detail| (Reason::BadRequest, Rejection::BadRequest { detail })),
+            ),
+            Ok(httparse::Status::Partial) if self.head.len() > self.settings.max_header_bytes => {
+                Some(Err(too_large))
+            }
+            Ok(httparse::Status::Partial) => None,
+            Err(httparse::Error::TooManyHeaders) => Some(Err(too_large)),
+            Err(e) => Some(Err((
+                Reason::BadRequest,
+                Rejection::BadRequest {
+                    detail: super::parse_error(e),
+                },
+            ))),
+        }
+    }
+
+    /// Writes our own answer, then closes the write side.
+    fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Phase::Answering(rest) = &mut self.phase {
+            if rest.is_empty() {
+                let _ = ready!(Pin::new(&mut self.inner).poll_flush(cx));
+                self.phase = Phase::Closed;
+                break;
+            }
+            match Pin::new(&mut self.inner).poll_write(cx, rest) {
+                Poll::Ready(Ok(n)) if n > 0 => rest.advance(n),
+                // A client that does not take the answer gets no more time.
+                Poll::Ready(_) => self.phase = Phase::Closed,
+                Poll::Pending if self.write_timer.expired(cx) => self.phase = Phase::Closed,
+                Poll::Pending => {
+                    self.write_timer.arm(self.settings.send);
+                    return Poll::Pending;
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// A body read (or a read while the response is under way).
+    fn poll_body(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                self.read_timer.disarm();
+                let n = (buf.filled().len() - before) as u64;
+                if let Body::Length(left) = self.body {
+                    self.body = match left.saturating_sub(n) {
+                        0 => Body::Done,
+                        left => Body::Length(left),
+                    };
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            // Reads with no body due only watch for the client going away.
+            Poll::Pending if !self.body_due() => Poll::Pending,
+            Poll::Pending => {
+                self.read_timer.arm(self.settings.body_read);
+                if !self.read_timer.expired(cx) {
+                    return Poll::Pending;
+                }
+                self.listener.rejected(Reason::BodyTimeout);
+                self.answer(Some(Rejection::RequestTimeout));
+                if let Phase::Answering(_) = self.phase {
+                    ready!(self.poll_answer(cx))?;
+                }
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "request body not received in time",
+                )))
+            }
+        }
+    }
+}
+
+/// Copies from the front of `from` into `buf`.
+fn hand_on(from: &mut Bytes, buf: &mut ReadBuf<'_>) {
+    let n = from.len().min(buf.remaining());
+    buf.put_slice(&from[..n]);
+    from.advance(n);
+}
+
+/// A complete HTTP/1.1 answer that closes the connection.
+fn raw_response(rejection: &Rejection) -> Bytes {
+    let body = rejection.body();
+    let status = rejection.status();
+    let reason = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    let mut out = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/problem+json\r\n\
+         content-length: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out.into()
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !ready!(this.poll_head(cx))? {
+            return Poll::Ready(Ok(()));
+        }
+        match this.phase {
+            Phase::Closed => Poll::Ready(Ok(())),
+            _ if !this.ready.is_empty() => {
+                hand_on(&mut this.ready, buf);
+                Poll::Ready(Ok(()))
+            }
+            _ => this.poll_body(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if matches!(this.phase, Phase::Answering(_) | Phase::Closed) {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        match Pin::new(&mut this.inner).poll_write(cx, data) {
+            Poll::Ready(result) => {
+                this.write_timer.disarm();
+                if matches!(result, Ok(n) if n > 0) {
+                    this.responded = true;
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.poll_send_stalled(cx),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_flush(cx) {
+            Poll::Ready(result) => {
+                this.write_timer.disarm();
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.poll_send_stalled(cx).map_ok(|_| ()),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl Guarded {
+    /// A write the client is not taking: pending until `send_ms` passed.
+    fn poll_send_stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.write_timer.arm(self.settings.send);
+        if !self.write_timer.expired(cx) {
+            return Poll::Pending;
+        }
+        self.listener.rejected(Reason::SendTimeout);
+        self.phase = Phase::Closed;
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "client did not read the response in time",
+        )))
+    }
+}
+
+#[async_trait]
+impl Shutdown for Guarded {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await;
+    }
+}
+
+impl UniqueID for Guarded {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for Guarded {
+    fn get_ssl(&self) -> Option<&pingora::protocols::tls::TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<pingora::protocols::ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for Guarded {
+    fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+}
+
+impl GetProxyDigest for Guarded {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for Guarded {
+    fn get_socket_digest(&self) -> Option<Arc<pingora::protocols::SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+/// Peeking would bypass the head checks: it is not offered.
+impl Peek for Guarded {}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,202 @@
+//! The guard over an in-memory connection, in paused time: each bound
+//! fires exactly at its deadline, with no real waiting.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+use super::*;
+use crate::metrics::Metrics;
+
+fn settings() -> EdgeSettings {
+    EdgeSettings {
+        max_header_bytes: 1024,
+        header_read: Duration::from_secs(2),
+        keepalive_idle: Duration::from_secs(5),
+        body_read: Duration::from_secs(3),
+        send: Duration::from_secs(4),
+        ..EdgeSettings::default()
+    }
+}
+
+/// A guarded server end, its client end, and the listener's counts.
+fn pair(buffer: usize) -> (Guarded, DuplexStream, Arc<Listener>) {
+    let (client, server) = tokio::io::duplex(buffer);
+    let metrics = Metrics::new();
+    let listener = Listener::new("test", &metrics);
+    let guarded = Guarded::new(Box::new(server), settings(), listener.clone());
+    (guarded, client, listener)
+}
+
+/// Reads what the guard hands on until it reports the end of the stream.
+async fn read_all(guarded: &mut Guarded) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    guarded.read_to_end(&mut out).await?;
+    Ok(out)
+}
+
+async fn answer(client: &mut DuplexStream) -> String {
+    let mut out = Vec::new();
+    client.read_to_end(&mut out).await.unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_that_sends_nothing_is_closed_quietly() {
+    let (mut guarded, mut client, listener) = pair(4096);
+    let started = Instant::now();
+    let mut buf = [0u8; 16];
+    assert_eq!(guarded.read(&mut buf).await.unwrap(), 0);
+    assert_eq!(started.elapsed(), settings().header_read);
+    assert_eq!(listener.rejections(Reason::HeaderTimeout), 1);
+    drop(guarded);
+    assert_eq!(answer(&mut client).await, "");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_that_trickles_gets_408_at_its_deadline() {
+    let (mut guarded, mut client, listener) = pair(4096);
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 16];
+    assert_eq!(guarded.read(&mut buf).await.unwrap(), 0);
+    assert_eq!(started.elapsed(), settings().header_read);
+    assert_eq!(listener.rejections(Reason::HeaderTimeout), 1);
+    drop(guarded);
+    let reply = answer(&mut client).await;
+    assert!(reply.starts_with("HTTP/1.1 408 "), "{reply}");
+    assert!(reply.contains("application/problem+json"));
+    assert!(reply.contains("connection: close"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_oversized_head_gets_431() {
+    let (mut guarded, mut client, listener) = pair(8192);
+    let head = format!("GET / HTTP/1.1\r\nx-big: {}\r\n", "a".repeat(2000));
+    client.write_all(head.as_bytes()).await.unwrap();
+    assert_eq!(read_all(&mut guarded).await.unwrap(), b"");
+    assert_eq!(listener.rejections(Reason::HeaderTooLarge), 1);
+    drop(guarded);
+    assert!(answer(&mut client).await.starts_with("HTTP/1.1 431 "));
+}
+
+#[tokio::test(start_paused = true)]
+async fn ambiguous_framing_gets_400_before_anyone_parses_it() {
+    let (mut guarded, mut client, listener) = pair(4096);
+    client
+        .write_all(b"POST / HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\nabc")
+        .await
+        .unwrap();
+    assert_eq!(read_all(&mut guarded).await.unwrap(), b"");
+    assert_eq!(listener.rejections(Reason::BadRequest), 1);
+    drop(guarded);
+    let reply = answer(&mut client).await;
+    assert!(reply.starts_with("HTTP/1.1 400 "), "{reply}");
+    assert!(reply.contains("Content-Length are both present"), "{reply}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_good_head_and_body_pass_unchanged() {
+    let (mut guarded, mut client, _) = pair(4096);
+    let request = b"POST /x HTTP/1.1\r\ncontent-length: 5\r\n\r\nhello";
+    client.write_all(request).await.unwrap();
+    let mut got = vec![0u8; request.len()];
+    guarded.read_exact(&mut got).await.unwrap();
+    assert_eq!(got, request);
+    // The body is complete: a read now only watches for the client leaving,
+    // however long the upstream takes.
+    let mut buf = [0u8; 8];
+    let waited = tokio::time::timeout(Duration::from_secs(600), guarded.read(&mut buf)).await;
+    assert!(waited.is_err(), "no bound while nothing is due");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_stalls_gets_408_and_ends_the_request() {
+    let (mut guarded, mut client, listener) = pair(4096);
+    client
+        .write_all(b"POST /x HTTP/1.1\r\ncontent-length: 10\r\n\r\nhel")
+        .await
+        .unwrap();
+    let mut got = vec![0u8; 40];
+    let n = guarded.read(&mut got).await.unwrap();
+    assert!(n > 0);
+    let started = Instant::now();
+    let mut buf = [0u8; 8];
+    let err = loop {
+        match guarded.read(&mut buf).await {
+            Ok(0) => panic!("eof before the timeout"),
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(started.elapsed(), settings().body_read);
+    assert_eq!(listener.rejections(Reason::BodyTimeout), 1);
+    drop(guarded);
+    assert!(answer(&mut client).await.starts_with("HTTP/1.1 408 "));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_chunked_body_is_due_until_the_proxy_says_it_ended() {
+    let (mut guarded, mut client, _) = pair(4096);
+    client
+        .write_all(b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = vec![0u8; 100];
+    assert!(guarded.read(&mut got).await.unwrap() > 0);
+    assert!(guarded.body_due());
+    guarded.body_finished();
+    assert!(!guarded.body_due());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_does_not_read_loses_the_connection() {
+    let (mut guarded, client, listener) = pair(64);
+    guarded.ready = Bytes::new();
+    guarded.phase = Phase::Request;
+    let started = Instant::now();
+    let big = vec![b'x'; 4096];
+    let err = guarded.write_all(&big).await.unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(started.elapsed(), settings().send);
+    assert_eq!(listener.rejections(Reason::SendTimeout), 1);
+    drop(client);
+}
+
+#[tokio::test(start_paused = true)]
+async fn between_requests_a_connection_may_idle_for_keepalive_idle() {
+    let (mut guarded, mut client, listener) = pair(4096);
+    client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut got = vec![0u8; 64];
+    assert!(guarded.read(&mut got).await.unwrap() > 0);
+    guarded
+        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    guarded.next_request(settings());
+    let started = Instant::now();
+    assert_eq!(guarded.read(&mut got).await.unwrap(), 0);
+    assert_eq!(started.elapsed(), settings().keepalive_idle);
+    assert_eq!(listener.rejections(Reason::IdleTimeout), 1);
+    assert_eq!(listener.rejections(Reason::HeaderTimeout), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_request_on_the_connection_is_checked_as_the_first() {
+    let (mut guarded, mut client, listener) = pair(4096);
+    client.write_all(b"GET /a HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut got = vec![0u8; 64];
+    let n = guarded.read(&mut got).await.unwrap();
+    assert_eq!(&got[..n], b"GET /a HTTP/1.1\r\n\r\n");
+    guarded.next_request(settings());
+    client
+        .write_all(b"GET /b HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(guarded.read(&mut got).await.unwrap(), 0);
+    assert_eq!(listener.rejections(Reason::BadRequest), 1);
+}

@@ -1,0 +1,133 @@
+//! One listener's connection accounting: the open-connection gauge, the
+//! `max_connections` bound, and the counts of connections an edge bound
+//! closed, with their label values resolved once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use prometheus::{IntCounter, IntGauge};
+
+use crate::metrics::Metrics;
+
+/// Why the edge refused or closed a connection (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    MaxConnections,
+    HeaderTimeout,
+    IdleTimeout,
+    BodyTimeout,
+    SendTimeout,
+    HeaderTooLarge,
+    /// A request head that cannot be read as HTTP/1.1 or is framed ambiguously.
+    BadRequest,
+}
+
+impl Reason {
+    const ALL: [Reason; 7] = [
+        Reason::MaxConnections,
+        Reason::HeaderTimeout,
+        Reason::IdleTimeout,
+        Reason::BodyTimeout,
+        Reason::SendTimeout,
+        Reason::HeaderTooLarge,
+        Reason::BadRequest,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::MaxConnections => "max_connections",
+            Reason::HeaderTimeout => "header_timeout",
+            Reason::IdleTimeout => "idle_timeout",
+            Reason::BodyTimeout => "body_timeout",
+            Reason::SendTimeout => "send_timeout",
+            Reason::HeaderTooLarge => "header_too_large",
+            Reason::BadRequest => "bad_request",
+        }
+    }
+}
+
+/// The accounting of one listener (its address is the `listener` label).
+#[derive(Debug)]
+pub struct Listener {
+    open: AtomicUsize,
+    gauge: IntGauge,
+    rejected: [IntCounter; Reason::ALL.len()],
+}
+
+impl Listener {
+    pub fn new(name: &str, metrics: &Metrics) -> Arc<Self> {
+        Arc::new(Self {
+            open: AtomicUsize::new(0),
+            gauge: metrics.connections.with_label_values(&[name]),
+            rejected: Reason::ALL.map(|r| {
+                metrics
+                    .connections_rejected
+                    .with_label_values(&[name, r.as_str()])
+            }),
+        })
+    }
+
+    /// Counts a connection closed by an edge bound.
+    pub fn rejected(&self, reason: Reason) {
+        self.rejected[reason as usize].inc();
+    }
+
+    /// Takes one of `max` connection slots, or counts the refusal.
+    pub fn admit(self: &Arc<Self>, max: usize) -> Option<Slot> {
+        let taken = self
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            });
+        if taken.is_err() {
+            self.rejected(Reason::MaxConnections);
+            return None;
+        }
+        self.gauge.inc();
+        Some(Slot(self.clone()))
+    }
+
+    /// How many connections were refused or closed for `reason`.
+    pub fn rejections(&self, reason: Reason) -> u64 {
+        self.rejected[reason as usize].get()
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
+/// An open connection's slot, given back when dropped.
+#[derive(Debug)]
+pub struct Slot(Arc<Listener>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.gauge.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_bounded_counted_and_given_back() {
+        let metrics = Metrics::new();
+        let listener = Listener::new("127.0.0.1:1", &metrics);
+        let a = listener.admit(2).unwrap();
+        let _b = listener.admit(2).unwrap();
+        assert!(listener.admit(2).is_none());
+        assert_eq!(listener.open(), 2);
+        let text = String::from_utf8(metrics.render()).unwrap();
+        assert!(text.contains(
+            "tollgate_connections_rejected_total{listener=\"127.0.0.1:1\",reason=\"max_connections\"} 1"
+        ));
+        assert!(text.contains("tollgate_connections{listener=\"127.0.0.1:1\"} 2"));
+        drop(a);
+        assert_eq!(listener.open(), 1);
+        assert!(listener.admit(2).is_some());
+    }
+}

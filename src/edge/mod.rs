@@ -1,0 +1,176 @@
+//! The edge: what a client can send, bounded and normalized before any
+//! policy sees it (DESIGN §11).
+//!
+//! - [`app`] accepts connections for one listener, within `max_connections`,
+//!   and runs Pingora's HTTP/1.1 sessions over a [`conn::Guarded`] stream.
+//! - [`conn`] enforces the size and time bounds of a connection at the
+//!   transport and checks each request head's framing before Pingora
+//!   parses it.
+//! - [`target`] normalizes the request target once; routing and forwarding
+//!   both use the result.
+//! - [`headers`] keeps the headers the gateway owns out of client hands.
+//! - [`logs`] keeps client errors from flooding the log.
+
+pub mod app;
+pub mod conn;
+pub mod headers;
+pub mod listener;
+pub mod logs;
+pub mod target;
+
+use std::time::Duration;
+
+pub use target::EncodedSlash;
+
+/// The most header lines a request may have, as in Pingora's parser.
+const MAX_HEADERS: usize = 256;
+
+/// `server.limits` and `server.timeouts`, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EdgeSettings {
+    pub max_connections: usize,
+    pub max_header_bytes: usize,
+    /// The default of routes' `max_body_bytes`.
+    pub max_body_bytes: u64,
+    pub header_read: Duration,
+    pub keepalive_idle: Duration,
+    pub body_read: Duration,
+    pub send: Duration,
+    pub encoded_slash: EncodedSlash,
+}
+
+impl Default for EdgeSettings {
+    /// The defaults of DESIGN §11.
+    fn default() -> Self {
+        Self {
+            max_connections: 10_000,
+            max_header_bytes: 65_536,
+            max_body_bytes: 10 * 1024 * 1024,
+            header_read: Duration::from_secs(10),
+            keepalive_idle: Duration::from_secs(60),
+            body_read: Duration::from_secs(30),
+            send: Duration::from_secs(30),
+            encoded_slash: EncodedSlash::Reject,
+        }
+    }
+}
+
+/// How a request's body is delimited (RFC 9112 §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// The body framing of a request head, refusing every framing that two
+/// HTTP parsers could read differently (the ground of request smuggling):
+/// `Transfer-Encoding` with `Content-Length`, any coding but a lone
+/// `chunked`, and several or malformed lengths.
+pub fn framing(headers: &[httparse::Header<'_>]) -> Result<Framing, &'static str> {
+    let mut length: Option<u64> = None;
+    let mut codings = 0usize;
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            for coding in h.value.split(|&b| b == b',') {
+                let coding = coding.trim_ascii();
+                if coding.is_empty() {
+                    continue;
+                }
+                if !coding.eq_ignore_ascii_case(b"chunked") {
+                    return Err("Only the chunked transfer coding is accepted.");
+                }
+                codings += 1;
+            }
+            if codings == 0 {
+                return Err("Transfer-Encoding is empty.");
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            let value = h.value.trim_ascii();
+            if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
+                return Err("Content-Length is not a number.");
+            }
+            let n = value.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            if length.is_some_and(|prior| prior != n) {
+                return Err("Content-Length is given twice with different values.");
+            }
+            length = Some(n);
+        }
+    }
+    match (codings, length) {
+        (0, None | Some(0)) => Ok(Framing::None),
+        (0, Some(n)) => Ok(Framing::Length(n)),
+        (1, None) => Ok(Framing::Chunked),
+        (_, None) => Err("The chunked coding is applied more than once."),
+        (_, Some(_)) => Err("Transfer-Encoding and Content-Length are both present."),
+    }
+}
+
+/// A client-facing sentence for a head the parser refused.
+fn parse_error(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "A header name is malformed.",
+        httparse::Error::HeaderValue => "A header value is malformed.",
+        httparse::Error::NewLine => "A line ending is malformed.",
+        httparse::Error::Status | httparse::Error::Token => "The request line is malformed.",
+        httparse::Error::Version => "The HTTP version is not supported.",
+        httparse::Error::TooManyHeaders => "The request has too many header lines.",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(lines: &[(&str, &str)]) -> Result<Framing, &'static str> {
+        let headers: Vec<_> = lines
+            .iter()
+            .map(|(name, value)| httparse::Header {
+                name,
+                value: value.as_bytes(),
+            })
+            .collect();
+        framing(&headers)
+    }
+
+    #[test]
+    fn plain_framings_are_read() {
+        assert_eq!(framed(&[]), Ok(Framing::None));
+        assert_eq!(framed(&[("content-length", "0")]), Ok(Framing::None));
+        assert_eq!(
+            framed(&[("Content-Length", " 12 ")]),
+            Ok(Framing::Length(12))
+        );
+        assert_eq!(
+            framed(&[("content-length", "5"), ("content-length", "5")]),
+            Ok(Framing::Length(5))
+        );
+        assert_eq!(
+            framed(&[("Transfer-Encoding", "Chunked")]),
+            Ok(Framing::Chunked)
+        );
+    }
+
+    #[test]
+    fn ambiguous_framings_are_refused() {
+        for lines in [
+            &[("transfer-encoding", "chunked"), ("content-length", "3")][..],
+            &[("content-length", "3"), ("content-length", "4")],
+            &[("content-length", "-1")],
+            &[("content-length", "+3")],
+            &[("content-length", "3,3")],
+            &[("content-length", "")],
+            &[("content-length", "99999999999999999999")],
+            &[("transfer-encoding", "gzip, chunked")],
+            &[("transfer-encoding", "chunked, chunked")],
+            &[("transfer-encoding", "xchunked")],
+            &[("transfer-encoding", "")],
+            &[
+                ("transfer-encoding", "chunked"),
+                ("transfer-encoding", "chunked"),
+            ],
+        ] {
+            assert!(framed(lines).is_err(), "{lines:?}");
+        }
+    }
+}

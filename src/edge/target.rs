@@ -1,0 +1,262 @@
+//! The request target, normalized once at the door: what routing classifies
+//! is byte for byte what the upstream receives.
+//!
+//! A target is accepted in origin-form (`/path?query`) or in absolute-form
+//! whose authority is the request's Host (`http://host/path`, rewritten to
+//! origin-form). Its path is then normalized: percent-encoded unreserved
+//! characters are decoded (`%72` → `r`), the hex digits of every other
+//! encoding are upper-cased, raw bytes that may not appear in a path are
+//! encoded, and runs of `/` are merged. Nothing is resolved: a `.` or `..`
+//! segment in any encoding is refused (404, as a path no route can have),
+//! and an encoded `/`, a `\` in any form or a NUL is a bad request (400),
+//! because an upstream that decodes them would see another path than the
+//! one classified. The query string is kept exactly as sent.
+
+use std::borrow::Cow;
+
+/// What to do with `%2F` inside a segment (`server.encoded_slash`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EncodedSlash {
+    /// A 400: an upstream that decodes it would route on another path.
+    #[default]
+    Reject,
+    /// Kept encoded, matched and forwarded as part of its segment.
+    Keep,
+}
+
+/// Why a request target was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    /// Not origin-form, and not absolute-form naming this host.
+    #[error("request target is not origin-form")]
+    NotOriginForm,
+    /// Absolute-form whose authority is not the Host header.
+    #[error("absolute-form target names another host")]
+    HostMismatch,
+    /// A `%` not followed by two hex digits.
+    #[error("malformed percent-encoding")]
+    BadEncoding,
+    /// `%2F` while `server.encoded_slash` is `reject`.
+    #[error("encoded \"/\" in the path")]
+    EncodedSlash,
+    /// `\` or `%5C`.
+    #[error("backslash in the path")]
+    Backslash,
+    /// A NUL byte, raw or `%00`.
+    #[error("NUL in the path")]
+    Nul,
+    /// A `.` or `..` segment, literal or encoded.
+    #[error("dot-segment in the path")]
+    DotSegment,
+}
+
+impl TargetError {
+    /// A sentence for the client.
+    pub fn detail(self) -> &'static str {
+        match self {
+            TargetError::NotOriginForm => "The request target must be an absolute path.",
+            TargetError::HostMismatch => "The request target names another host.",
+            TargetError::BadEncoding => "The path has a malformed percent-encoding.",
+            TargetError::EncodedSlash => "The path has an encoded \"/\".",
+            TargetError::Backslash => "The path has a backslash.",
+            TargetError::Nul => "The path has a NUL.",
+            TargetError::DotSegment => "The path has a dot-segment.",
+        }
+    }
+
+    /// Dot segments are paths no route has (404); everything else is a
+    /// malformed request (400).
+    pub fn is_not_found(self) -> bool {
+        self == TargetError::DotSegment
+    }
+}
+
+/// A request target, normalized: the path that routing sees and the
+/// upstream receives, and the query as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target<'a> {
+    pub path: Cow<'a, str>,
+    /// Without its `?`; `None` when the target had no `?`.
+    pub query: Option<&'a str>,
+    /// Whether `path?query` differs from the target as received, so the
+    /// upstream request needs a new one.
+    pub rewritten: bool,
+}
+
+impl Target<'_> {
+    /// The origin-form target to forward.
+    pub fn origin_form(&self) -> String {
+        let mut out = String::with_capacity(self.path.len() + 1 + self.query.map_or(0, str::len));
+        out.push_str(&self.path);
+        if let Some(q) = self.query {
+            out.push('?');
+            out.push_str(q);
+        }
+        out
+    }
+}
+
+/// Validates and normalizes a raw request target. `host` is the request's
+/// Host header (or HTTP/2 `:authority`), used to accept absolute-form.
+pub fn parse<'a>(
+    raw: &'a [u8],
+    host: Option<&[u8]>,
+    slash: EncodedSlash,
+) -> Result<Target<'a>, TargetError> {
+    let (origin, absolute) = match raw.first() {
+        Some(b'/') => (raw, false),
+        _ => (strip_absolute(raw, host)?, true),
+    };
+    let (path, query) = match origin.iter().position(|&b| b == b'?') {
+        Some(i) => (&origin[..i], Some(&origin[i + 1..])),
+        None => (origin, None),
+    };
+    // The query is forwarded as sent; it must still be text for the URI.
+    let query = query
+        .map(|q| std::str::from_utf8(q).map_err(|_| TargetError::BadEncoding))
+        .transpose()?;
+    let path = normalize(path, slash)?;
+    let rewritten = absolute || matches!(path, Cow::Owned(_));
+    Ok(Target {
+        path,
+        query,
+        rewritten,
+    })
+}
+
+/// The origin-form part of an absolute-form target whose authority equals
+/// `host` (compared without case, as host names are).
+fn strip_absolute<'a>(raw: &'a [u8], host: Option<&[u8]>) -> Result<&'a [u8], TargetError> {
+    let rest = strip_prefix_ignore_case(raw, b"http://")
+        .or_else(|| strip_prefix_ignore_case(raw, b"https://"))
+        .ok_or(TargetError::NotOriginForm)?;
+    let end = rest
+        .iter()
+        .position(|&b| b == b'/' || b == b'?')
+        .unwrap_or(rest.len());
+    let (authority, origin) = rest.split_at(end);
+    if authority.is_empty() || authority.contains(&b'@') {
+        return Err(TargetError::NotOriginForm);
+    }
+    if !host.is_some_and(|h| h.eq_ignore_ascii_case(authority)) {
+        return Err(TargetError::HostMismatch);
+    }
+    match origin.first() {
+        Some(b'/') => Ok(origin),
+        // `http://host` is the root.
+        None => Ok(b"/"),
+        // `http://host?q` has no path to forward as it was sent.
+        Some(_) => Err(TargetError::NotOriginForm),
+    }
+}
+
+fn strip_prefix_ignore_case<'a>(s: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    (s.len() >= prefix.len() && s[..prefix.len()].eq_ignore_ascii_case(prefix))
+        .then(|| &s[prefix.len()..])
+}
+
+/// Normalizes a raw path (starting with `/`, without its query). Borrows
+/// when the path is already normal, which is the common case.
+pub fn normalize(raw: &[u8], slash: EncodedSlash) -> Result<Cow<'_, str>, TargetError> {
+    if raw.first() != Some(&b'/') {
+        return Err(TargetError::NotOriginForm);
+    }
+    let clean = raw
+        .iter()
+        .zip(raw.iter().skip(1).chain([&0xFF]))
+        .all(|(&b, &next)| is_plain(b) && !(b == b'/' && next == b'/'));
+    let path = if clean {
+        // Only ASCII passed `is_plain`.
+        Cow::Borrowed(std::str::from_utf8(raw).map_err(|_| TargetError::BadEncoding)?)
+    } else {
+        Cow::Owned(rewrite(raw, slash)?)
+    };
+    if path.split('/').any(|s| s == "." || s == "..") {
+        return Err(TargetError::DotSegment);
+    }
+    Ok(path)
+}
+
+/// Bytes that need no work: unreserved characters and the sub-delimiters,
+/// `:`, `@` and `/` (RFC 3986 `pchar` and the separator), but not `%`.
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'-' | b'.'
+                | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+                | b':'
+                | b'@'
+                | b'/'
+        )
+}
+
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+fn push_encoded(out: &mut String, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.push('%');
+    out.push(char::from(HEX[usize::from(b >> 4)]));
+    out.push(char::from(HEX[usize::from(b & 0xF)]));
+}
+
+/// The slow path of [`normalize`]: one pass that decodes, encodes and
+/// merges slashes.
+fn rewrite(raw: &[u8], slash: EncodedSlash) -> Result<String, TargetError> {
+    let mut out = String::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let b = raw[i];
+        i += 1;
+        match b {
+            0 => return Err(TargetError::Nul),
+            b'\\' => return Err(TargetError::Backslash),
+            b'/' if out.ends_with('/') => {}
+            b'%' => {
+                let (Some(hi), Some(lo)) = (
+                    raw.get(i).copied().and_then(hex),
+                    raw.get(i + 1).copied().and_then(hex),
+                ) else {
+                    return Err(TargetError::BadEncoding);
+                };
+                i += 2;
+                match hi << 4 | lo {
+                    0 => return Err(TargetError::Nul),
+                    b'\\' => return Err(TargetError::Backslash),
+                    b'/' if slash == EncodedSlash::Reject => return Err(TargetError::EncodedSlash),
+                    v if is_unreserved(v) => out.push(char::from(v)),
+                    v => push_encoded(&mut out, v),
+                }
+            }
+            b if is_plain(b) => out.push(char::from(b)),
+            b => push_encoded(&mut out, b),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;
