@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Memory held by idle and slow client connections.
+
+Starts the release tollgate on the memory store (one worker thread) in
+front of a small upstream on loopback, lets its RSS settle, then measures
+what connections add to it:
+
+  idle   N connections that each made one request and stay open
+         (keep-alive), as a browser or SDK pool leaves them;
+  heads  M connections that each send an unfinished request head just under
+         max_header_bytes and stall, as an attacker would.
+
+It reports RSS before, with the connections open, and after they were
+closed and the timeouts fired, in MiB and in KiB per connection.
+
+    python3 bench/idle_connections.py [--idle 2000] [--heads 300]
+
+Needs `cargo build --release --bin tollgate` first.
+"""
+
+import argparse
+import http.server
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BINARY = os.path.join(ROOT, "target", "release", "tollgate")
+
+POLICY = """
+version: 1
+server:
+  listen: ["127.0.0.1:{port}"]
+  admin_listen: "127.0.0.1:{admin}"
+  threads: 1
+  limits: {{ max_connections: 20000, max_header_bytes: 65536 }}
+  timeouts: {{ header_read_ms: 5000, keepalive_idle_ms: 5000 }}
+store: {{ backend: memory }}
+upstreams:
+  api: {{ servers: ["127.0.0.1:{upstream}"], max_in_flight: 64 }}
+routes:
+  - {{ name: api, path: "/**", auth: none, upstream: api }}
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Quiet(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def settle(pid, seconds=2.0):
+    """RSS once it stops moving (or after `seconds`)."""
+    last = rss_mib(pid)
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        time.sleep(0.25)
+        now = rss_mib(pid)
+        if abs(now - last) < 0.1:
+            return now
+        last = now
+    return last
+
+
+def wait_listening(port, limit=20):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"nothing listens on {port}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--idle", type=int, default=2000)
+    ap.add_argument("--heads", type=int, default=300)
+    args = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    upstream.request_queue_size = 128
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port, admin = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = os.path.join(tmp, "policy.yaml")
+        with open(policy, "w") as f:
+            f.write(POLICY.format(port=port, admin=admin, upstream=upstream.server_address[1]))
+        gw = subprocess.Popen(
+            [BINARY, "run", "--config", policy],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_listening(port)
+            base = settle(gw.pid)
+            print(f"machine: {os.uname().nodename}, {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}")
+            print(f"settled RSS at start: {base:.1f} MiB")
+
+            conns = []
+            for _ in range(args.idle):
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+                s.recv(4096)
+                conns.append(s)
+            idle = settle(gw.pid)
+            print(f"{args.idle} idle keep-alive connections: {idle:.1f} MiB "
+                  f"(+{idle - base:.1f} MiB, {(idle - base) * 1024 / args.idle:.1f} KiB each)")
+            for s in conns:
+                s.close()
+
+            heads = []
+            pad = b"x-pad: " + b"a" * 60000 + b"\r\n"
+            for _ in range(args.heads):
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(b"GET /x HTTP/1.1\r\nhost: t\r\n" + pad)
+                heads.append(s)
+            held = settle(gw.pid)
+            print(f"{args.heads} stalled 60 KiB heads: {held:.1f} MiB "
+                  f"(+{held - base:.1f} MiB, {(held - base) * 1024 / args.heads:.1f} KiB each)")
+            # The header timeout answers each with 408 and closes it.
+            time.sleep(6)
+            for s in heads:
+                s.close()
+            after = settle(gw.pid)
+            print(f"after the timeouts closed them: {after:.1f} MiB")
+        finally:
+            gw.terminate()
+            gw.wait()
+            upstream.shutdown()
+
+
+if __name__ == "__main__":
+    main()
