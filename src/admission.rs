@@ -10,7 +10,7 @@ use pingora::http::RequestHeader;
 
 use crate::auth::{self, Credential};
 use crate::client_ip;
-use crate::config::{LimitId, Mode, PlanId, PoolId, RouteId, Target};
+use crate::config::{LimitId, Mode, PlanId, PoolId, Route, RouteId, Target};
 use crate::edge::target;
 use crate::limits::{combine, Charge, Decision, Identity, Source, Verdict};
 use crate::metrics::DecisionOutcome;
@@ -63,20 +63,31 @@ pub enum Admitted {
     },
 }
 
-/// Runs the request path up to (not including) pool admission: client IP,
-/// IP rules, route, pre-auth limits, authentication, request limits.
+/// What a request will be decided on: its route and the charges of both
+/// limit groups. Made by [`plan`] without waiting on anything.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    pub route: &'a Route,
+    /// Pre-auth charges, then (when the key is valid) the request charges.
+    pub charges: Vec<Charge>,
+    /// Whether the request may go past authentication.
+    pub authenticated: bool,
+}
+
+/// Runs the request path up to the limits: client IP, IP rules, target
+/// and route, body bound, authentication, and the charges to decide.
 ///
 /// Authentication is a local table lookup, so it runs before the limits and
 /// both limit groups go to the store in one call; its result is acted on
-/// only after the pre-auth limits, so callers observe the design's order: a
-/// request denied by its IP limit gets 429 whatever its key, and a bad key
-/// is charged to its IP before it gets 401.
-pub async fn admit(
-    rt: &Runtime,
+/// only in [`conclude`], after the pre-auth limits, so callers observe the
+/// design's order: a request denied by its IP limit gets 429 whatever its
+/// key, and a bad key is charged to its IP before it gets 401.
+pub fn plan<'a>(
+    rt: &'a Runtime,
     peer: IpAddr,
     req: &RequestHeader,
     facts: &mut Facts,
-) -> Result<Admitted, Rejection> {
+) -> Result<Plan<'a>, Rejection> {
     let policy = &rt.policy;
     let ip = client_ip::resolve(peer, &req.headers, &policy.client_ip);
     facts.client_ip = Some(ip);
@@ -137,23 +148,30 @@ pub async fn admit(
             REQUEST,
         ));
     }
-    let verdicts = if charges.is_empty() {
-        Vec::new()
-    } else {
-        rt.limiter().decide(&charges).await
-    };
-    record_decisions(rt, &charges, &verdicts);
-    if policy.ratelimit_headers {
-        facts.rate_headers = RateHeaders::most_constrained(&charges, &verdicts);
-    }
+    Ok(Plan {
+        route,
+        charges,
+        authenticated,
+    })
+}
 
-    check_group(rt, &charges, &verdicts, PRE_AUTH).inspect_err(|r| facts.note(r))?;
-    if !authenticated {
+/// Acts on the limits' verdicts, group by group: the pre-auth limits, then
+/// authentication, then the request limits.
+pub fn conclude(
+    rt: &Runtime,
+    plan: &Plan<'_>,
+    verdicts: &[Verdict],
+    facts: &mut Facts,
+) -> Result<Admitted, Rejection> {
+    if rt.policy.ratelimit_headers {
+        facts.rate_headers = RateHeaders::most_constrained(&plan.charges, verdicts);
+    }
+    check_group(rt, &plan.charges, verdicts, PRE_AUTH).inspect_err(|r| facts.note(r))?;
+    if !plan.authenticated {
         return Err(Rejection::Unauthorized);
     }
-    check_group(rt, &charges, &verdicts, REQUEST).inspect_err(|r| facts.note(r))?;
-
-    Ok(match &route.target {
+    check_group(rt, &plan.charges, verdicts, REQUEST).inspect_err(|r| facts.note(r))?;
+    Ok(match &plan.route.target {
         Target::Upstream(pool) => Admitted::Forward(*pool),
         Target::Respond {
             status,
@@ -165,6 +183,24 @@ pub async fn admit(
             content_type: content_type.clone(),
         },
     })
+}
+
+/// The whole request path up to pool admission: [`plan`], the one store
+/// call, the decisions counted, then [`conclude`].
+pub async fn admit(
+    rt: &Runtime,
+    peer: IpAddr,
+    req: &RequestHeader,
+    facts: &mut Facts,
+) -> Result<Admitted, Rejection> {
+    let plan = plan(rt, peer, req, facts)?;
+    let verdicts = if plan.charges.is_empty() {
+        Vec::new()
+    } else {
+        rt.limiter().decide(&plan.charges).await
+    };
+    record_decisions(rt, &plan.charges, &verdicts);
+    conclude(rt, &plan, &verdicts, facts)
 }
 
 /// The request's `content-length`, when it has one (the edge already
@@ -255,3 +291,6 @@ fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
         rt.metrics().decision(c.limit, outcome);
     }
 }
+
+#[cfg(test)]
+mod tests;
