@@ -527,9 +527,9 @@ def write_results(args, info, contenders, results, redis_work, accuracy, memory,
         lines += ["", "## Micro-benchmarks (criterion, median)", "", "| function | time |", "|---|---:|"]
         for name, ns in micro:
             lines.append(f"| {name} | {ns:.0f} ns |")
-    notes = BENCH / "NOTES.md"
-    if notes.exists():
-        lines += ["", notes.read_text().rstrip()]
+    for extra in ["connections.md", "NOTES.md"]:
+        if (BENCH / extra).exists():
+            lines += ["", (BENCH / extra).read_text().rstrip()]
     (BENCH / "RESULTS.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand};
+use pingora::listeners::ListenerConfig;
+use pingora::protocols::l4::stream::L4BufferSettings;
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -194,7 +196,12 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
             format!("tollgate proxy {name}"),
             Edge::new(proxy.clone(), live.clone(), listener),
         );
-        service.add_tcp(&name);
+        // No read buffer under the edge: it reads each head into its own
+        // bounded buffer, so a second 64 KiB one per connection would only
+        // hold memory for clients that stall.
+        service.add_listener(
+            ListenerConfig::tcp(&name).l4_buffer(L4BufferSettings::default().read(0)),
+        );
         server.add_service(service);
     }
     server.add_service(background_service(

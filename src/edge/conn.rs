@@ -151,6 +151,12 @@ impl Guarded {
     /// (the live policy's, which a reload may have changed).
     pub fn next_request(&mut self, settings: EdgeSettings) {
         self.settings = settings;
+        // Bytes not handed on yet are the next request's (pipelined): they
+        // are checked as its head, like bytes still to come.
+        if !self.ready.is_empty() {
+            let rest = std::mem::take(&mut self.ready);
+            self.head.extend_from_slice(&rest);
+        }
         self.phase = Phase::Idle { fresh: false };
         self.body = Body::Done;
         self.body_finished.store(false, Ordering::Relaxed);
@@ -184,9 +190,22 @@ impl Guarded {
 
     /// Reads what the client sent into `head`.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let mut chunk = [0u8; 4096];
+        const CHUNK: usize = 4096;
+        let mut chunk = [0u8; CHUNK];
         let mut buf = ReadBuf::new(&mut chunk);
         ready!(Pin::new(&mut self.inner).poll_read(cx, &mut buf))?;
+        let needed = self.head.len() + buf.filled().len();
+        if needed > self.head.capacity() {
+            // Small heads fit one chunk; a larger one grows once, to the
+            // bound, instead of doubling: every doubling would leave its
+            // predecessor behind in the allocator, per connection.
+            let target = if needed <= CHUNK {
+                CHUNK
+            } else {
+                needed.max(self.settings.max_header_bytes + CHUNK)
+            };
+            self.head.reserve(target - self.head.len());
+        }
         self.head.extend_from_slice(buf.filled());
         Poll::Ready(Ok(buf.filled().len()))
     }

@@ -200,3 +200,20 @@ async fn a_second_request_on_the_connection_is_checked_as_the_first() {
     assert_eq!(guarded.read(&mut got).await.unwrap(), 0);
     assert_eq!(listener.rejections(Reason::BadRequest), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pipelined_request_is_checked_as_its_own_head() {
+    let (mut guarded, mut client, listener) = pair(4096);
+    client
+        .write_all(b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n")
+        .await
+        .unwrap();
+    // The proxy takes only the first request's bytes.
+    let mut first = vec![0u8; 19];
+    guarded.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"GET /a HTTP/1.1\r\n\r\n");
+    guarded.next_request(settings());
+    let mut got = vec![0u8; 64];
+    assert_eq!(guarded.read(&mut got).await.unwrap(), 0);
+    assert_eq!(listener.rejections(Reason::BadRequest), 1);
+}
