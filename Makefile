@@ -53,10 +53,12 @@ check-config: build
 	./target/debug/tollgate check --config config/quickstart.yaml
 	./target/debug/tollgate check --config config/production.yaml
 
-# Runs every test, then sums the per-binary results into one closing line.
+# Runs every test (unit, binary and integration tests; the benches and the
+# example are not built here, `make lint` checks that they compile), then
+# sums the per-binary results into one closing line.
 test: deps
 	@mkdir -p target
-	@set -o pipefail; $(CARGO) test --all-targets 2>&1 | tee target/test.log
+	@set -o pipefail; $(CARGO) test --lib --bins --tests 2>&1 | tee target/test.log
 	@awk '/^test result:/ { passed += $$4; failed += $$6 } \
 	  END { printf "tests: %d passed, %d failed\n", passed, failed }' target/test.log
 
@@ -64,6 +66,8 @@ bench: bench-deps
 	$(CARGO) build --release --bin tollgate --example plain_proxy
 	python3 bench/run.py $(BENCH_ARGS)
 
+# Formatting, then clippy on every target: the benches and the example are
+# compiled here, so they cannot rot while `make test` skips them.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings

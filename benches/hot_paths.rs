@@ -10,11 +10,11 @@ use tollgate::client_ip::{self, ClientIpConfig};
 use tollgate::clock::ManualClock;
 use tollgate::config::OnStoreError;
 use tollgate::edge::target::{normalize, EncodedSlash};
-use tollgate::limits::algorithm::{Bucket, Params, MICRO};
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::{Charge, NONE_BLOCKED};
 use tollgate::routes::{PathTemplate, Router};
+use tollgate::testing::{self, bucket_params};
 
 fn client_ip(c: &mut Criterion) {
     let config = ClientIpConfig {
@@ -61,29 +61,17 @@ fn routes(c: &mut Criterion) {
     });
 }
 
+/// A tenant-scoped charge, decided in this process.
 fn charge(name: &str, key: &str) -> Charge {
     Charge {
-        limit: 0,
-        name: name.into(),
-        params: Params::TokenBucket(Bucket {
-            capacity: 1_000 * MICRO,
-            per_ms: 1_000_000,
-        }),
-        key: key.into(),
         tenant: Some("acme".into()),
-        cost: 1,
-        enforce: true,
-        group: 1,
-        local: true,
         on_store_error: OnStoreError::Local,
+        ..testing::local_charge(name, key, bucket_params(1_000, 1_000), 1)
     }
 }
 
 fn decisions(c: &mut Criterion) {
-    let p = Params::TokenBucket(Bucket {
-        capacity: 100 * MICRO,
-        per_ms: 50_000,
-    });
+    let p = bucket_params(100, 50);
     let mut state = p.fresh(0);
     let mut now = 0;
     c.bench_function("token_bucket_refresh_check_spend", |b| {

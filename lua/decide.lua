@@ -57,6 +57,8 @@
 
 local MICRO = 1000000
 local SLACK = 1000
+-- Algorithm numbers (kind), as src/limits/redis/codec.rs sends them.
+local TOKEN_BUCKET, GCRA, FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG = 1, 2, 3, 4, 5
 
 local now = tonumber(ARGV[1])
 if now == 0 then
@@ -130,20 +132,20 @@ local function state(k, kind, a, b)
   if not s then
     s = { kind = kind }
     S[k] = s
-    if kind == 1 then
+    if kind == TOKEN_BUCKET then
       local bal, at = fields(raw[k])
       if not bal then bal, at = a, now end
       local t = math.max(now, at)
       s.x, s.y = math.min(a, bal + (t - at) * b), t
-    elseif kind == 2 then
+    elseif kind == GCRA then
       local tat, frac = fields(raw[k])
       if not tat or tat < now then tat, frac = now, 0 end
       s.x, s.y = tat, frac
-    elseif kind == 3 then
+    elseif kind == FIXED_WINDOW then
       local start, count = fields(raw[k])
       if not start or now >= start + b then start, count = align(now, b), 0 end
       s.x, s.y = start, count
-    elseif kind == 4 then
+    elseif kind == SLIDING_WINDOW then
       local start, curr, prev = fields(raw[k])
       if not start or now >= start + 2 * b then
         start, curr, prev = align(now, b), 0, 0
@@ -151,7 +153,7 @@ local function state(k, kind, a, b)
         start, prev, curr = start + b, curr, 0
       end
       s.x, s.y, s.z = start, curr, prev
-    else
+    elseif kind == SLIDING_LOG then
       -- MGET saw a string here: the limit used another algorithm before.
       if raw[k] then redis.call('DEL', KEYS[k]) end
       local flat = redis.call('ZRANGE', KEYS[k], 0, -1, 'WITHSCORES')
@@ -173,29 +175,37 @@ local function state(k, kind, a, b)
       s.expired = first > 1
       s.added = {}
       s.removed = {}
+    else
+      error('decide.lua: unknown algorithm ' .. tostring(kind))
     end
   end
   return s
 end
 
+-- A GCRA state's debt in micro-tokens: how far its theoretical arrival
+-- time lies ahead of now.
+local function debt(s, b) return (s.x - now) * b + s.y end
+
 local function check(s, a, b, cost)
   local k = s.kind
-  if k == 1 then return check_bucket(a, b, s.x, cost) end
-  if k == 2 then return check_bucket(a, b, math.max(0, a - ((s.x - now) * b + s.y)), cost) end
-  if k == 3 then return check_counter(a, s.y, cost, s.x + b - math.max(now, s.x)) end
-  if k == 4 then return check_sliding(a, b, s.y, s.z, cost, math.max(now, s.x) - s.x) end
+  if k == TOKEN_BUCKET then return check_bucket(a, b, s.x, cost) end
+  if k == GCRA then return check_bucket(a, b, math.max(0, a - debt(s, b)), cost) end
+  if k == FIXED_WINDOW then return check_counter(a, s.y, cost, s.x + b - math.max(now, s.x)) end
+  if k == SLIDING_WINDOW then
+    return check_sliding(a, b, s.y, s.z, cost, math.max(now, s.x) - s.x)
+  end
   return check_log(a, b, s, cost)
 end
 
 local function spend(s, b, cost)
   local k = s.kind
-  if k == 1 then
+  if k == TOKEN_BUCKET then
     s.x = s.x - cost * MICRO
-  elseif k == 2 then
+  elseif k == GCRA then
     local owed = s.y + cost * MICRO
     local whole = math.floor(owed / b)
     s.x, s.y = s.x + whole, owed - whole * b
-  elseif k == 3 or k == 4 then
+  elseif k == FIXED_WINDOW or k == SLIDING_WINDOW then
     s.y = s.y + cost
   else
     s.total = s.total + cost
@@ -206,15 +216,15 @@ end
 
 local function refund(s, a, b, cost, spent_at)
   local k = s.kind
-  if k == 1 then
+  if k == TOKEN_BUCKET then
     s.x = math.min(a, s.x + cost * MICRO)
-  elseif k == 2 then
-    local debt = math.max(0, (s.x - now) * b + s.y - cost * MICRO)
-    local whole = math.floor(debt / b)
-    s.x, s.y = now + whole, debt - whole * b
-  elseif k == 3 then
+  elseif k == GCRA then
+    local owed = math.max(0, debt(s, b) - cost * MICRO)
+    local whole = math.floor(owed / b)
+    s.x, s.y = now + whole, owed - whole * b
+  elseif k == FIXED_WINDOW then
     if spent_at >= s.x and spent_at < s.x + b then s.y = math.max(0, s.y - cost) end
-  elseif k == 4 then
+  elseif k == SLIDING_WINDOW then
     if spent_at >= s.x then
       s.y = math.max(0, s.y - cost)
     elseif spent_at + b >= s.x then
@@ -236,13 +246,13 @@ end
 -- Milliseconds until the key is back to its initial state.
 local function reset(s, a, b)
   local k = s.kind
-  if k == 1 then return math.ceil((a - s.x) / b) end
-  if k == 2 then return math.ceil(((s.x - now) * b + s.y) / b) end
-  if k == 3 then
+  if k == TOKEN_BUCKET then return math.ceil((a - s.x) / b) end
+  if k == GCRA then return math.ceil(debt(s, b) / b) end
+  if k == FIXED_WINDOW then
     if s.y > 0 then return math.max(0, s.x + b - now) end
     return 0
   end
-  if k == 4 then
+  if k == SLIDING_WINDOW then
     local windows = 0
     if s.y > 0 then windows = 2 elseif s.z > 0 then windows = 1 end
     return math.max(0, s.x + windows * b - now)
@@ -287,9 +297,9 @@ end
 for k, s in pairs(S) do
   local key = KEYS[k]
   local ttl = string.format('%d', reset(s, s.a, s.b) + SLACK)
-  if s.kind == 1 or s.kind == 2 or s.kind == 3 then
+  if s.kind == TOKEN_BUCKET or s.kind == GCRA or s.kind == FIXED_WINDOW then
     redis.call('SET', key, string.format('%d:%d', s.x, s.y), 'PX', ttl)
-  elseif s.kind == 4 then
+  elseif s.kind == SLIDING_WINDOW then
     redis.call('SET', key, string.format('%d:%d:%d', s.x, s.y, s.z), 'PX', ttl)
   else
     if s.expired then

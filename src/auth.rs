@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use crate::config::PlanId;
+use crate::limits::PlanId;
 
 /// A validated credential: who is calling, on behalf of which tenant.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,4 +17,6 @@ pub mod reload;
 pub mod respond;
 pub mod routes;
 pub mod runtime;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 pub mod top;

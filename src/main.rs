@@ -175,7 +175,8 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         pools: Pools::new(metrics.clone()),
         metrics,
         top: Top::new(),
-        redactor: Redactor::new(),
+        redactor: Redactor::new()
+            .context("reading /dev/urandom for the key of hashed identities")?,
     });
     let live = Arc::new(ArcSwap::from_pointee(Runtime::new(
         policy,
@@ -189,12 +190,16 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         &server.configuration,
         Gateway::new(live.clone()),
     ));
+    let edge_settings: tollgate::edge::app::Settings = {
+        let live = live.clone();
+        Arc::new(move || live.load().policy.server.edge)
+    };
     for addr in &settings.listen {
         let name = addr.to_string();
         let listener = Listener::new(&name, &services.metrics);
         let mut service = Service::new(
             format!("tollgate proxy {name}"),
-            Edge::new(proxy.clone(), live.clone(), listener),
+            Edge::new(proxy.clone(), edge_settings.clone(), listener),
         );
         // No read buffer under the edge: it reads each head into its own
         // bounded buffer, so a second 64 KiB one per connection would only

@@ -10,9 +10,6 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::{LimitId, Policy, RouteId};
-use crate::limits::StoreError;
-
 pub struct Metrics {
     registry: Registry,
     pub requests: IntCounterVec,
@@ -172,8 +169,9 @@ impl Metrics {
         }
     }
 
-    pub fn store_error(&self, e: &StoreError) {
-        self.store_errors.with_label_values(&[e.reason()]).inc();
+    /// One failed store call, by its `reason` label.
+    pub fn store_error(&self, reason: &str) {
+        self.store_errors.with_label_values(&[reason]).inc();
     }
 
     /// The text exposition of every series.
@@ -247,10 +245,10 @@ fn cells<T>(n: usize) -> Vec<OnceLock<T>> {
 }
 
 impl PolicyMetrics {
-    pub fn new(metrics: Arc<Metrics>, policy: &Policy) -> Self {
-        let mut routes: Vec<Arc<str>> = policy.routes.iter().map(|r| r.name.clone()).collect();
+    /// The series of a policy's route classes and limits, in the policy's
+    /// order (their indices are the policy's route and limit ids).
+    pub fn new(metrics: Arc<Metrics>, mut routes: Vec<Arc<str>>, limits: Vec<Arc<str>>) -> Self {
         routes.push("unmatched".into());
-        let limits: Vec<Arc<str>> = policy.limits.iter().map(|l| l.name.clone()).collect();
         Self {
             requests: routes.iter().map(|_| cells(Outcome::ALL.len())).collect(),
             upstream: cells(routes.len()),
@@ -264,12 +262,12 @@ impl PolicyMetrics {
         }
     }
 
-    fn route(&self, route: Option<RouteId>) -> usize {
+    fn route(&self, route: Option<usize>) -> usize {
         route.map_or(self.routes.len() - 1, |r| r.min(self.routes.len() - 1))
     }
 
     /// One finished request of a route class (`None`: no route matched).
-    pub fn request(&self, route: Option<RouteId>, outcome: Outcome) {
+    pub fn request(&self, route: Option<usize>, outcome: Outcome) {
         let r = self.route(route);
         self.requests[r][outcome as usize]
             .get_or_init(|| {
@@ -281,7 +279,7 @@ impl PolicyMetrics {
     }
 
     /// The upstream response time of a route class.
-    pub fn upstream_seconds(&self, route: Option<RouteId>, seconds: f64) {
+    pub fn upstream_seconds(&self, route: Option<usize>, seconds: f64) {
         let r = self.route(route);
         self.upstream[r]
             .get_or_init(|| {
@@ -293,7 +291,7 @@ impl PolicyMetrics {
     }
 
     /// One decision of a limit.
-    pub fn decision(&self, limit: LimitId, outcome: DecisionOutcome) {
+    pub fn decision(&self, limit: usize, outcome: DecisionOutcome) {
         let Some(cells) = self.decisions.get(limit) else {
             return;
         };

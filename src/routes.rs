@@ -12,6 +12,9 @@
 //! trailing slash is significant: `/a` matches `/a` only and `/a/` matches
 //! `/a/` only, because the empty final segment is compared literally.
 
+/// Index of a route in the policy, in the order routes are listed.
+pub type RouteId = usize;
+
 /// One parsed template segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {

@@ -32,7 +32,11 @@ pub struct Runtime {
 impl Runtime {
     pub fn new(policy: Policy, services: Arc<Services>) -> Self {
         let pools = services.pools.reconcile(&policy.upstreams);
-        let metrics = PolicyMetrics::new(services.metrics.clone(), &policy);
+        let metrics = PolicyMetrics::new(
+            services.metrics.clone(),
+            policy.routes.iter().map(|r| r.name.clone()).collect(),
+            policy.limits.iter().map(|l| l.name.clone()).collect(),
+        );
         Self {
             policy,
             pools,

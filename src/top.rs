@@ -24,14 +24,15 @@ pub struct Redactor {
 }
 
 impl Redactor {
-    pub fn new() -> Self {
+    /// A redactor keyed from the kernel's randomness. Without it there is
+    /// no key that hides identities, so this fails rather than fall back to
+    /// a guessable one.
+    pub fn new() -> std::io::Result<Self> {
         let mut key = [0u8; 32];
-        // The kernel's randomness; on failure a fixed key still hides raw
-        // values from casual readers.
-        let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut key));
-        Self {
+        std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut key))?;
+        Ok(Self {
             mac: Hmac::new_from_slice(&key).expect("HMAC accepts any key length"),
-        }
+        })
     }
 
     /// A caller as `kind:tag`, its identity replaced by its tag.
@@ -47,12 +48,6 @@ impl Redactor {
         let mut mac = self.mac.clone();
         mac.update(identity.as_bytes());
         hex::encode(&mac.finalize().into_bytes()[..6])
-    }
-}
-
-impl Default for Redactor {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -180,7 +175,7 @@ mod tests {
                 top.record(&Caller::Ip(net), 1, true);
             }
         }
-        let r = Redactor::new();
+        let r = Redactor::new().unwrap();
         let report = top.report(3, true, &r);
         assert_eq!(report[0].caller, "credential:big");
         assert_eq!((report[0].admitted_cost, report[0].denied_cost), (400, 100));
@@ -191,7 +186,7 @@ mod tests {
     fn identities_are_hashed_unless_revealed() {
         let top = Top::new();
         top.record(&Caller::Credential("acme-ci".into()), 3, true);
-        let r = Redactor::new();
+        let r = Redactor::new().unwrap();
         let hidden = &top.report(1, false, &r)[0].caller;
         assert!(
             hidden.starts_with("credential:") && !hidden.contains("acme"),

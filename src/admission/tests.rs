@@ -46,7 +46,7 @@ fn runtime() -> Runtime {
         pools: Pools::new(metrics.clone()),
         metrics,
         top: Top::new(),
-        redactor: Redactor::new(),
+        redactor: Redactor::new().unwrap(),
     });
     Runtime::new(policy, services)
 }

@@ -9,21 +9,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use ipnet::IpNet;
 
-pub use super::schema::{Backend, Mode, OnStoreError, Scope};
+pub use super::schema::{Backend, Scope};
 use crate::auth::KeyTable;
 use crate::client_ip::ClientIpConfig;
 use crate::edge::EdgeSettings;
 use crate::limits::algorithm::Params;
+pub use crate::limits::{KeyDims, LimitId, Mode, OnStoreError, PlanId};
+pub use crate::routes::RouteId;
 use crate::routes::Router;
 
-/// Index of a limit in [`Policy::limits`].
-pub type LimitId = usize;
 /// Index of an upstream pool in [`Policy::upstreams`].
 pub type PoolId = usize;
-/// Index of a route in [`Policy::routes`], in the order they are listed.
-pub type RouteId = usize;
-/// Index of a plan in [`Policy::plans`].
-pub type PlanId = usize;
 
 /// One complete, validated policy file.
 #[derive(Debug)]
@@ -102,15 +98,6 @@ impl Plan {
             .find(|(id, _)| *id == limit)
             .map(|(_, p)| *p)
     }
-}
-
-/// The identity dimensions a limit's key is built from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct KeyDims {
-    pub ip: bool,
-    pub credential: bool,
-    pub tenant: bool,
-    pub route: bool,
 }
 
 /// A named limit, validated.

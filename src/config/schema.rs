@@ -8,6 +8,8 @@ use std::marker::PhantomData;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+pub use crate::limits::{Mode, OnStoreError};
+
 /// A YAML mapping whose keys must be unique: a repeated name is an error,
 /// not a silent overwrite of the first entry.
 #[derive(Debug)]
@@ -259,23 +261,6 @@ impl fmt::Display for AlgorithmName {
 pub enum Placement {
     Local,
     Shared,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnStoreError {
-    Open,
-    #[default]
-    Closed,
-    Local,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    #[default]
-    Enforce,
-    Shadow,
 }
 
 #[derive(Debug, Deserialize)]

@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
@@ -19,27 +18,29 @@ use pingora::server::ShutdownWatch;
 use super::conn::Guarded;
 use super::listener::Listener;
 use super::EdgeSettings;
-use crate::runtime::Runtime;
+
+/// Where the live bounds come from: the live policy's, read at each
+/// connection and each request, so a reload applies from the next request.
+pub type Settings = Arc<dyn Fn() -> EdgeSettings + Send + Sync>;
 
 /// One listener's application around the shared HTTP proxy `A`.
 pub struct Edge<A> {
     proxy: Arc<A>,
-    live: Arc<ArcSwap<Runtime>>,
+    settings: Settings,
     listener: Arc<Listener>,
 }
 
 impl<A> Edge<A> {
-    pub fn new(proxy: Arc<A>, live: Arc<ArcSwap<Runtime>>, listener: Arc<Listener>) -> Self {
+    pub fn new(proxy: Arc<A>, settings: Settings, listener: Arc<Listener>) -> Self {
         Self {
             proxy,
-            live,
+            settings,
             listener,
         }
     }
 
-    /// The live policy's bounds: a reload applies from the next request.
     fn settings(&self) -> EdgeSettings {
-        self.live.load().policy.server.edge
+        (self.settings)()
     }
 }
 

@@ -25,7 +25,9 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 
 use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
-use super::redis::{Batches, Decided, Request};
+use super::redis::batch::Batches;
+use super::redis::codec::{Decided, Request};
+use super::redis::conn::Connection;
 use super::{gate, undone, Charge, LimitStore, StoreError, Verdict};
 
 /// Hash slots of a Redis Cluster.
@@ -43,7 +45,7 @@ impl ClusterStore {
     /// cluster is down.
     pub fn new(seeds: &[String], keys: KeyHasher, timeout: Duration) -> Result<Self, StoreError> {
         Ok(Self {
-            batches: Batches::cluster(seeds, timeout)?,
+            batches: Batches::new(Connection::cluster(seeds, timeout)?),
             keys: KeyCache::new(keys, CACHED_KEYS),
         })
     }

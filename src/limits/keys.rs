@@ -147,24 +147,13 @@ impl Generations {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::OnStoreError;
-    use crate::limits::algorithm::{Bucket, Params};
+    use crate::testing::{self, bucket_params};
 
+    /// A charge of the `per-tenant` limit for `key`, scoped to `tenant`.
     fn charge(key: &str, tenant: Option<&str>) -> Charge {
         Charge {
-            limit: 0,
-            name: "per-tenant".into(),
-            params: Params::TokenBucket(Bucket {
-                capacity: 1,
-                per_ms: 1,
-            }),
-            key: key.into(),
             tenant: tenant.map(Into::into),
-            cost: 1,
-            enforce: true,
-            group: 1,
-            local: false,
-            on_store_error: OnStoreError::Closed,
+            ..testing::charge("per-tenant", key, bucket_params(1, 1), 1)
         }
     }
 

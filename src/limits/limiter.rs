@@ -9,13 +9,16 @@
 //! is ever admitted beyond a budget.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::breaker::{Breaker, Permit};
 use super::memory::MemoryStore;
-use super::{gate, undone, Charge, LimitStore, Source, StoreError, Verdict, NONE_BLOCKED};
+use super::{
+    gate, undone, Charge, LimitStore, OnStoreError, Source, StoreError, Verdict, NONE_BLOCKED,
+};
 use crate::clock::{Clock, MonotonicClock};
-use crate::config::OnStoreError;
 use crate::metrics::Metrics;
 
 /// The shared store with its guards: a bound on every call and a breaker.
@@ -27,20 +30,35 @@ pub struct Shared {
     pub instances: u32,
 }
 
-/// Decides requests' charges.
-pub struct Limiter {
-    local: Arc<MemoryStore>,
+/// Decides requests' charges: local ones in `local`, shared ones through
+/// `shared`'s store, the breaker timed by `C`.
+pub struct Limiter<C: Clock = MonotonicClock> {
+    local: Arc<MemoryStore<C>>,
     shared: Option<Shared>,
-    clock: MonotonicClock,
+    clock: C,
     metrics: Arc<Metrics>,
 }
 
 impl Limiter {
+    /// A limiter on the process's monotonic clock.
     pub fn new(local: Arc<MemoryStore>, shared: Option<Shared>, metrics: Arc<Metrics>) -> Self {
+        Self::with_clock(MonotonicClock::new(), local, shared, metrics)
+    }
+}
+
+impl<C: Clock> Limiter<C> {
+    /// A limiter whose breaker reads `clock` (the in-process store has its
+    /// own; tests give both the same one).
+    pub fn with_clock(
+        clock: C,
+        local: Arc<MemoryStore<C>>,
+        shared: Option<Shared>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             local,
             shared,
-            clock: MonotonicClock::new(),
+            clock,
             metrics,
         }
     }
@@ -123,7 +141,7 @@ impl Limiter {
     ) -> Result<Vec<Verdict>, StoreError> {
         let permit = shared.breaker.permit(self.clock.now_ms());
         if permit == Permit::Refuse {
-            self.metrics.store_error(&StoreError::CircuitOpen);
+            self.metrics.store_error(StoreError::CircuitOpen.reason());
             return Err(StoreError::CircuitOpen);
         }
         let started = Instant::now();
@@ -131,7 +149,7 @@ impl Limiter {
             match tokio::time::timeout(shared.timeout, shared.store.decide(charges, blocked_from))
                 .await
             {
-                Ok(Ok(v)) if v.len() != charges.len() => Err(StoreError::Backend(format!(
+                Ok(Ok(v)) if v.len() != charges.len() => Err(StoreError::Reply(format!(
                     "{} verdicts for {} charges",
                     v.len(),
                     charges.len()
@@ -150,7 +168,7 @@ impl Limiter {
             .set(i64::from(shared.breaker.is_open()));
         if let Err(e) = &result {
             tracing::warn!(error = %e, "limit store call failed");
-            self.metrics.store_error(e);
+            self.metrics.store_error(e.reason());
         }
         result
     }
@@ -231,3 +249,6 @@ fn failed(allowed: bool, source: Source) -> Verdict {
         source,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -93,10 +93,10 @@ impl<C: Clock> MemoryStore<C> {
         let gate = super::gate(charges(), |i| checks[i].allowed, blocked_from);
         let mut verdicts = Vec::with_capacity(shard_ids.len());
         for ((c, &s), check) in charges().zip(&shard_ids).zip(&checks) {
-            // The first pass made every slot.
-            let Some(slot) = locked(&mut guards, s).slots.get_mut(&c.key) else {
-                continue;
-            };
+            let slot = locked(&mut guards, s)
+                .slots
+                .get_mut(&c.key)
+                .expect("the first pass made a slot for every charge");
             let spend = check.allowed && c.group < gate;
             if spend {
                 c.params.spend(&mut slot.state, c.cost, now);
@@ -189,7 +189,10 @@ impl<C: Clock> MemoryStore<C> {
 
 /// The locked shard `i` among the guards of one decision.
 fn locked<'a>(guards: &'a mut [(usize, MutexGuard<'_, Shard>)], i: usize) -> &'a mut Shard {
-    let at = guards.iter().position(|(s, _)| *s == i).unwrap_or(0);
+    let at = guards
+        .iter()
+        .position(|(s, _)| *s == i)
+        .expect("every shard of a decision is locked before it is used");
     &mut guards[at].1
 }
 

@@ -17,8 +17,45 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::config::{KeyDims, LimitId, OnStoreError};
 use algorithm::Params;
+
+/// Index of a limit in the policy's list of limits.
+pub type LimitId = usize;
+/// Index of a plan in the policy's list of plans.
+pub type PlanId = usize;
+
+/// The identity dimensions a limit's key is built from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct KeyDims {
+    pub ip: bool,
+    pub credential: bool,
+    pub tenant: bool,
+    pub route: bool,
+}
+
+/// What a shared limit does while the store is failing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreError {
+    /// Admit.
+    Open,
+    /// Refuse with 503.
+    #[default]
+    Closed,
+    /// Enforce this instance's share of the budget.
+    Local,
+}
+
+/// Whether a limit may deny.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Denials refuse the request.
+    #[default]
+    Enforce,
+    /// Decided and counted, never denying.
+    Shadow,
+}
 
 /// No group is blocked: every group may be charged.
 pub const NONE_BLOCKED: u8 = u8::MAX;
@@ -90,14 +127,28 @@ pub enum Decision {
 }
 
 /// Why a store could not decide.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
+    /// No answer within `store.timeout_ms`.
     #[error("store call timed out")]
     Timeout,
+    /// The breaker is open: no call was made.
     #[error("store circuit is open")]
     CircuitOpen,
-    #[error("store error: {0}")]
-    Backend(String),
+    /// The store could not be reached, or the connection broke.
+    #[error("store connection failed: {0}")]
+    Connection(String),
+    /// The store answered with an error of its own: a failing script, or a
+    /// refusal such as `READONLY` or `BUSY`.
+    #[error("store script failed: {0}")]
+    Script(String),
+    /// The store answered something that is not a decision of this call.
+    #[error("store reply unreadable: {0}")]
+    Reply(String),
+    /// The gateway did not send the call (its queue was full, or the call
+    /// cannot be encoded).
+    #[error("store call refused: {0}")]
+    Refused(String),
 }
 
 impl StoreError {
@@ -106,7 +157,10 @@ impl StoreError {
         match self {
             StoreError::Timeout => "timeout",
             StoreError::CircuitOpen => "circuit_open",
-            StoreError::Backend(_) => "backend",
+            StoreError::Connection(_) => "connection",
+            StoreError::Script(_) => "script",
+            StoreError::Reply(_) => "reply",
+            StoreError::Refused(_) => "refused",
         }
     }
 }

@@ -46,7 +46,7 @@ fn healthy_servers_take_turns() {
     assert_eq!(p.pick(), Err(PoolRefusal::NoHealthyServer));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn permits_are_bounded_queued_and_released_by_drop() {
     let (p, metrics) = pool(&upstream(&["127.0.0.1:1"], 2, 1, 50));
     let a = p.admit().await.unwrap();
@@ -59,11 +59,13 @@ async fn permits_are_bounded_queued_and_released_by_drop() {
     };
     tokio::task::yield_now().await;
     // The queue holds one: a fourth is refused at once.
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    tokio::time::advance(Duration::from_millis(5)).await;
+    assert_eq!(metrics.pool_waiting.with_label_values(&["api"]).get(), 1);
     assert_eq!(p.admit().await.err(), Some(PoolRefusal::Saturated));
     drop(a);
     assert_eq!(waiter.await.unwrap().err(), None);
-    // With nothing released, a waiter times out.
+    // With nothing released, a waiter times out (paused time jumps to the
+    // timeout once nothing else can run).
     let _c = p.admit().await.unwrap();
     assert_eq!(p.admit().await.err(), Some(PoolRefusal::Saturated));
     assert_eq!(metrics.pool_rejections.with_label_values(&["api"]).get(), 2);
@@ -73,7 +75,7 @@ async fn permits_are_bounded_queued_and_released_by_drop() {
     assert_eq!(metrics.pool_waiting.with_label_values(&["api"]).get(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_reload_resizes_the_pool_in_place() {
     let metrics = Arc::new(Metrics::new());
     let pools = Pools::new(metrics);
@@ -98,7 +100,8 @@ async fn a_reload_resizes_the_pool_in_place() {
     tokio::task::yield_now().await;
     assert!(smaller.admit().await.is_err());
     drop(more);
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Lets the task that takes back the owed permits run.
+    tokio::time::advance(Duration::from_millis(10)).await;
     let only = smaller.admit().await.unwrap();
     assert!(smaller.admit().await.is_err());
     drop(only);

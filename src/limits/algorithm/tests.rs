@@ -1,13 +1,6 @@
 use super::*;
+use crate::testing::{bucket, window};
 use proptest::prelude::*;
-
-fn bucket(capacity: u64, per_second: u64) -> Bucket {
-    Bucket::per_second(capacity, per_second)
-}
-
-fn window(limit: u64, secs: u64) -> Window {
-    Window::seconds(limit, secs)
-}
 
 /// Refresh, check and spend when allowed: one decision on one key.
 fn take(p: &Params, s: &mut State, cost: u64, now: u64) -> Check {

@@ -1,27 +1,8 @@
 use super::*;
 use crate::clock::ManualClock;
-use crate::config::OnStoreError;
 use crate::limits::algorithm::{Bucket, Window, MICRO};
 use crate::limits::{combine, Decision, NONE_BLOCKED};
-
-pub(crate) fn charge(name: &str, key: &str, params: Params, cost: u64, enforce: bool) -> Charge {
-    Charge {
-        limit: 0,
-        name: name.into(),
-        params,
-        key: key.into(),
-        tenant: None,
-        cost,
-        enforce,
-        group: 1,
-        local: true,
-        on_store_error: OnStoreError::Closed,
-    }
-}
-
-fn bucket(capacity: u64, per_second: u64) -> Params {
-    Params::TokenBucket(Bucket::per_second(capacity, per_second))
-}
+use crate::testing::{bucket_params, local_charge};
 
 fn decide(store: &MemoryStore<ManualClock>, charges: &[Charge]) -> Vec<Verdict> {
     store.decide_now(charges, NONE_BLOCKED).0
@@ -31,8 +12,8 @@ fn decide(store: &MemoryStore<ManualClock>, charges: &[Charge]) -> Vec<Verdict> 
 fn a_denial_by_one_limit_charges_none() {
     let store = MemoryStore::new(ManualClock::new(1_000));
     let both = [
-        charge("tenant", "t", bucket(1, 1), 1, true),
-        charge("credential", "c", bucket(10, 1), 1, true),
+        local_charge("tenant", "t", bucket_params(1, 1), 1),
+        local_charge("credential", "c", bucket_params(10, 1), 1),
     ];
     assert_eq!(combine(&both, &decide(&store, &both), 1), Decision::Allow);
     let denied = decide(&store, &both);
@@ -49,8 +30,11 @@ fn a_denial_by_one_limit_charges_none() {
 fn shadow_limits_never_gate() {
     let store = MemoryStore::new(ManualClock::new(1_000));
     let pair = [
-        charge("shadow", "s", bucket(1, 1), 1, false),
-        charge("real", "r", bucket(5, 1), 1, true),
+        Charge {
+            enforce: false,
+            ..local_charge("shadow", "s", bucket_params(1, 1), 1)
+        },
+        local_charge("real", "r", bucket_params(5, 1), 1),
     ];
     for _ in 0..3 {
         assert_eq!(combine(&pair, &decide(&store, &pair), 1), Decision::Allow);
@@ -63,10 +47,10 @@ fn shadow_limits_never_gate() {
 #[test]
 fn a_failed_earlier_group_blocks_later_ones_but_keeps_its_own_charges() {
     let store = MemoryStore::new(ManualClock::new(1_000));
-    let mut ip = charge("ip", "ip", bucket(2, 1), 1, true);
+    let mut ip = local_charge("ip", "ip", bucket_params(2, 1), 1);
     ip.group = 0;
-    let tenant = charge("tenant", "t", bucket(5, 1), 1, true);
-    let spent = [charge("spent", "x", bucket(1, 1), 1, true)];
+    let tenant = local_charge("tenant", "t", bucket_params(5, 1), 1);
+    let spent = [local_charge("spent", "x", bucket_params(1, 1), 1)];
     decide(&store, &spent);
     // Group 1 fails on `spent`: the ip limit (group 0) is still charged.
     let v = decide(&store, &[ip.clone(), tenant.clone(), spent[0].clone()]);
@@ -81,8 +65,8 @@ fn refunds_give_back_exactly_what_was_spent() {
     let clock = ManualClock::new(5_000);
     let store = MemoryStore::new(clock.clone());
     let charges = [
-        charge("b", "b", bucket(5, 1), 2, true),
-        charge(
+        local_charge("b", "b", bucket_params(5, 1), 2),
+        local_charge(
             "g",
             "g",
             Params::Gcra(Bucket {
@@ -90,9 +74,8 @@ fn refunds_give_back_exactly_what_was_spent() {
                 per_ms: 1_000,
             }),
             2,
-            true,
         ),
-        charge(
+        local_charge(
             "f",
             "f",
             Params::FixedWindow(Window {
@@ -100,9 +83,8 @@ fn refunds_give_back_exactly_what_was_spent() {
                 window_ms: 10_000,
             }),
             2,
-            true,
         ),
-        charge(
+        local_charge(
             "s",
             "s",
             Params::SlidingWindow(Window {
@@ -110,9 +92,8 @@ fn refunds_give_back_exactly_what_was_spent() {
                 window_ms: 10_000,
             }),
             2,
-            true,
         ),
-        charge(
+        local_charge(
             "l",
             "l",
             Params::SlidingLog(Window {
@@ -120,7 +101,6 @@ fn refunds_give_back_exactly_what_was_spent() {
                 window_ms: 10_000,
             }),
             2,
-            true,
         ),
     ];
     let (_, at) = store.decide_now(&charges, NONE_BLOCKED);
@@ -137,8 +117,8 @@ fn retry_after_is_the_longest_wait_in_whole_seconds() {
     // At 1 s into a 10 s window the window limit waits 9 s, the bucket 1 s.
     let store = MemoryStore::new(ManualClock::new(1_000));
     let both = [
-        charge("a", "a", bucket(1, 1), 1, true),
-        charge(
+        local_charge("a", "a", bucket_params(1, 1), 1),
+        local_charge(
             "b",
             "b",
             Params::FixedWindow(Window {
@@ -146,7 +126,6 @@ fn retry_after_is_the_longest_wait_in_whole_seconds() {
                 window_ms: 10_000,
             }),
             1,
-            true,
         ),
     ];
     decide(&store, &both);
@@ -166,7 +145,12 @@ fn expired_keys_are_swept() {
     for i in 0..100 {
         decide(
             &store,
-            &[charge("ip", &format!("k{i}"), bucket(10, 10), 1, true)],
+            &[local_charge(
+                "ip",
+                &format!("k{i}"),
+                bucket_params(10, 10),
+                1,
+            )],
         );
     }
     assert_eq!(store.len(), 100);
@@ -181,8 +165,8 @@ fn expired_keys_are_swept() {
 #[test]
 fn changed_parameters_keep_the_spent_budget() {
     let store = MemoryStore::new(ManualClock::new(1_000));
-    decide(&store, &[charge("l", "k", bucket(10, 1), 8, true)]);
-    let v = decide(&store, &[charge("l", "k", bucket(5, 1), 1, true)]);
+    decide(&store, &[local_charge("l", "k", bucket_params(10, 1), 8)]);
+    let v = decide(&store, &[local_charge("l", "k", bucket_params(5, 1), 1)]);
     assert!(v[0].allowed);
     assert_eq!(v[0].remaining, 1, "2 left of the old bucket, minus 1");
 }

@@ -1,0 +1,259 @@
+//! The limiter against a scripted store, on a clock moved by hand and in
+//! paused tokio time: merging, refunds, failure modes and the breaker,
+//! without Redis and without waiting.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::testing::{bucket_params, charge, local_charge};
+
+/// One scripted answer of the fake store.
+enum Answer {
+    /// One verdict per charge: admitted or not.
+    Verdicts(Vec<bool>),
+    Fail(StoreError),
+    /// Never answers within any timeout.
+    Slow,
+    /// Answers with no verdicts at all.
+    Short,
+}
+
+/// A store that answers from a script and records what it was asked.
+#[derive(Default)]
+struct FakeStore {
+    answers: Mutex<VecDeque<Answer>>,
+    /// For each call: the charges' keys and the gate it was given.
+    calls: Mutex<Vec<(Vec<String>, u8)>>,
+}
+
+impl FakeStore {
+    fn answering(answers: impl IntoIterator<Item = Answer>) -> Arc<Self> {
+        Arc::new(Self {
+            answers: Mutex::new(answers.into_iter().collect()),
+            calls: Mutex::default(),
+        })
+    }
+
+    fn calls(&self) -> Vec<(Vec<String>, u8)> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+fn store_verdict(allowed: bool) -> Verdict {
+    Verdict {
+        allowed,
+        remaining: u64::from(allowed),
+        wait_ms: (!allowed).then_some(1_000),
+        reset_ms: 1_000,
+        source: Source::Store,
+    }
+}
+
+#[async_trait]
+impl LimitStore for FakeStore {
+    async fn decide(
+        &self,
+        charges: &[&Charge],
+        blocked_from: u8,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let keys = charges.iter().map(|c| c.key.clone()).collect();
+        self.calls.lock().unwrap().push((keys, blocked_from));
+        let answer = self.answers.lock().unwrap().pop_front();
+        match answer.expect("a scripted answer for every call") {
+            Answer::Verdicts(v) => Ok(v.into_iter().map(store_verdict).collect()),
+            Answer::Fail(e) => Err(e),
+            Answer::Slow => {
+                tokio::time::sleep(Duration::from_secs(3_600)).await;
+                Ok(Vec::new())
+            }
+            Answer::Short => Ok(Vec::new()),
+        }
+    }
+}
+
+/// A local charge of `group` against a bucket of `capacity`.
+fn local(key: &str, group: u8, capacity: u64) -> Charge {
+    Charge {
+        group,
+        ..local_charge(key, key, bucket_params(capacity, 1), 1)
+    }
+}
+
+/// A shared charge of `group` with its failure mode.
+fn shared(key: &str, group: u8, on_store_error: OnStoreError) -> Charge {
+    Charge {
+        group,
+        on_store_error,
+        ..charge(key, key, bucket_params(4, 1), 1)
+    }
+}
+
+struct Setup {
+    limiter: Limiter<ManualClock>,
+    clock: ManualClock,
+    metrics: Arc<Metrics>,
+}
+
+fn limiter(store: Option<Arc<FakeStore>>) -> Setup {
+    let clock = ManualClock::new(1_000_000);
+    let metrics = Arc::new(Metrics::new());
+    let shared = store.map(|store| Shared {
+        store,
+        breaker: Breaker::new(2, Duration::from_secs(1)),
+        timeout: Duration::from_millis(20),
+        instances: 2,
+    });
+    let local = Arc::new(MemoryStore::new(clock.clone()));
+    Setup {
+        limiter: Limiter::with_clock(clock.clone(), local, shared, metrics.clone()),
+        clock,
+        metrics,
+    }
+}
+
+fn allowed(verdicts: &[Verdict]) -> Vec<bool> {
+    verdicts.iter().map(|v| v.allowed).collect()
+}
+
+fn errors(metrics: &Metrics, reason: &str) -> u64 {
+    metrics.store_errors.with_label_values(&[reason]).get()
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_store_every_charge_is_decided_here() {
+    let s = limiter(None);
+    let charges = [local("a", 1, 1), shared("b", 1, OnStoreError::Closed)];
+    assert_eq!(allowed(&s.limiter.decide(&charges).await), [true, true]);
+    assert_eq!(allowed(&s.limiter.decide(&charges).await), [false, true]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn verdicts_come_back_in_the_charges_order() {
+    let store = FakeStore::answering([Answer::Verdicts(vec![false, true])]);
+    let s = limiter(Some(store.clone()));
+    let charges = [
+        shared("s1", 1, OnStoreError::Closed),
+        local("l1", 1, 5),
+        shared("s2", 1, OnStoreError::Closed),
+    ];
+    let verdicts = s.limiter.decide(&charges).await;
+    assert_eq!(allowed(&verdicts), [false, true, true]);
+    assert_eq!(
+        store.calls(),
+        [(vec!["s1".into(), "s2".into()], NONE_BLOCKED)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_local_denial_blocks_its_group_in_the_store_call() {
+    let store = FakeStore::answering([Answer::Verdicts(vec![true]), Answer::Verdicts(vec![true])]);
+    let s = limiter(Some(store.clone()));
+    let charges = [local("ip", 0, 1), shared("tenant", 1, OnStoreError::Closed)];
+    s.limiter.decide(&charges).await;
+    let verdicts = s.limiter.decide(&charges).await;
+    assert_eq!(allowed(&verdicts), [false, true]);
+    let gates: Vec<u8> = store.calls().into_iter().map(|(_, g)| g).collect();
+    assert_eq!(gates, [NONE_BLOCKED, 0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_denial_gives_back_the_local_charges_of_its_group() {
+    let store = FakeStore::answering([
+        Answer::Verdicts(vec![false]),
+        Answer::Verdicts(vec![true]),
+        Answer::Verdicts(vec![true]),
+    ]);
+    let s = limiter(Some(store));
+    // The local limit holds one unit: the denied decision must not spend it.
+    let charges = [
+        local("mine", 1, 1),
+        shared("theirs", 1, OnStoreError::Closed),
+    ];
+    assert_eq!(allowed(&s.limiter.decide(&charges).await), [true, false]);
+    assert_eq!(allowed(&s.limiter.decide(&charges).await), [true, true]);
+    assert_eq!(allowed(&s.limiter.decide(&charges).await), [false, true]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_switches_each_limit_to_its_failure_mode() {
+    let store = FakeStore::answering([Answer::Slow]);
+    let s = limiter(Some(store));
+    let charges = [
+        local("mine", 1, 1),
+        shared("open", 1, OnStoreError::Open),
+        shared("closed", 1, OnStoreError::Closed),
+        shared("fallback", 1, OnStoreError::Local),
+    ];
+    let verdicts = s.limiter.decide(&charges).await;
+    let sources: Vec<Source> = verdicts.iter().map(|v| v.source).collect();
+    assert_eq!(
+        sources,
+        [
+            Source::Store,
+            Source::FailOpen,
+            Source::FailClosed,
+            Source::Fallback
+        ]
+    );
+    // The closed limit blocks its group: nothing of it is spent, so the
+    // local limit's one unit is still there once the store answers.
+    assert_eq!(allowed(&verdicts), [true, true, false, true]);
+    assert_eq!(errors(&s.metrics, "timeout"), 1);
+    let again = [local("mine", 1, 1)];
+    assert_eq!(allowed(&s.limiter.decide(&again).await), [true]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_local_fallback_holds_a_share_of_the_budget() {
+    let store = FakeStore::answering([
+        Answer::Fail(StoreError::Connection("down".into())),
+        Answer::Fail(StoreError::Connection("down".into())),
+    ]);
+    let s = limiter(Some(store));
+    // Capacity 4 over 2 instances: 2 here.
+    let charges = [shared("fallback", 1, OnStoreError::Local)];
+    let mut admitted = 0;
+    for _ in 0..5 {
+        admitted += usize::from(s.limiter.decide(&charges).await[0].allowed);
+    }
+    assert_eq!(admitted, 2);
+    assert_eq!(errors(&s.metrics, "connection"), 2);
+    assert_eq!(errors(&s.metrics, "circuit_open"), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_of_the_wrong_length_is_a_store_failure() {
+    let store = FakeStore::answering([Answer::Short]);
+    let s = limiter(Some(store));
+    let verdicts = s
+        .limiter
+        .decide(&[shared("x", 1, OnStoreError::Open)])
+        .await;
+    assert_eq!(verdicts[0].source, Source::FailOpen);
+    assert_eq!(errors(&s.metrics, "reply"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_opens_then_lets_one_probe_through() {
+    let down = || Answer::Fail(StoreError::Connection("down".into()));
+    let store = FakeStore::answering([down(), down(), Answer::Verdicts(vec![true])]);
+    let s = limiter(Some(store.clone()));
+    let charges = [shared("x", 1, OnStoreError::Closed)];
+    for _ in 0..3 {
+        let v = s.limiter.decide(&charges).await;
+        assert_eq!(v[0].source, Source::FailClosed);
+    }
+    assert_eq!(store.calls().len(), 2, "no call while the circuit is open");
+    assert_eq!(s.metrics.store_circuit_open.get(), 1);
+    assert_eq!(s.limiter.unavailable_retry_after(), 1);
+
+    s.clock.advance(1_000);
+    let v = s.limiter.decide(&charges).await;
+    assert_eq!(v[0].source, Source::Store, "the probe went through");
+    assert_eq!(store.calls().len(), 3);
+    assert_eq!(s.metrics.store_circuit_open.get(), 0);
+}

@@ -1,0 +1,179 @@
+//! The wire format of `lua/decide.lua`: what a script call carries and what
+//! it answers, as plain bytes. Nothing here talks to Redis, so the format is
+//! tested on its own, in both directions.
+//!
+//! A call carries its distinct keys as `KEYS`, then `ARGV[1]` the time (0:
+//! the server's `TIME`), `ARGV[2]` the number of requests and `ARGV[3]` one
+//! binary string: per request its gate (1 byte), its limit count (2 bytes)
+//! and its refund time (8 bytes), then per limit the key's index (4 bytes),
+//! the algorithm (1 byte), its two parameters and the cost (8 bytes each)
+//! and its flags (1 byte). All numbers are little-endian. The reply is one
+//! binary string: four `i64`s per limit (admitted, remaining, wait or -1,
+//! reset), then the store time of the decision.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::super::algorithm::Params;
+use super::super::{Charge, Source, StoreError, Verdict};
+
+/// The decision script, embedded at build time.
+pub const DECIDE_LUA: &str = include_str!("../../../lua/decide.lua");
+
+/// The algorithm numbers the script knows (`KIND` in `lua/decide.lua`).
+pub mod kind {
+    pub const TOKEN_BUCKET: u8 = 1;
+    pub const GCRA: u8 = 2;
+    pub const FIXED_WINDOW: u8 = 3;
+    pub const SLIDING_WINDOW: u8 = 4;
+    pub const SLIDING_LOG: u8 = 5;
+}
+
+/// Bytes of one request's header in the call.
+const REQUEST_HEAD: usize = 1 + 2 + 8;
+/// Bytes of one limit in the call.
+const LIMIT: usize = 4 + 1 + 3 * 8 + 1;
+/// Bytes of one number in the script's reply.
+const NUMBER: usize = 8;
+/// Bytes of one limit's verdict in the script's reply.
+const VERDICT: usize = 4 * NUMBER;
+
+/// One limit as the script reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec {
+    pub kind: u8,
+    pub a: u64,
+    pub b: u64,
+    pub cost: u64,
+    /// `group * 2 + 1` when enforced, `group * 2` for shadow limits.
+    pub flags: u8,
+}
+
+impl Spec {
+    /// The script's numbers for one charge.
+    pub fn of(charge: &Charge) -> Self {
+        debug_assert!(charge.group < 128, "flags hold the group in 7 bits");
+        let (kind, a, b) = match charge.params {
+            Params::TokenBucket(b) => (kind::TOKEN_BUCKET, b.capacity, b.per_ms),
+            Params::Gcra(b) => (kind::GCRA, b.capacity, b.per_ms),
+            Params::FixedWindow(w) => (kind::FIXED_WINDOW, w.limit, w.window_ms),
+            Params::SlidingWindow(w) => (kind::SLIDING_WINDOW, w.limit, w.window_ms),
+            Params::SlidingLog(w) => (kind::SLIDING_LOG, w.limit, w.window_ms),
+        };
+        Spec {
+            kind,
+            a,
+            b,
+            cost: charge.cost,
+            flags: charge.group * 2 + u8::from(charge.enforce),
+        }
+    }
+}
+
+/// One request's shared limits, as the script reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub keys: Vec<Arc<str>>,
+    pub limits: Vec<Spec>,
+    pub blocked_from: u8,
+    /// 0 to decide; otherwise the store time at which these charges were
+    /// spent by a decision since undone, to give them back.
+    pub refund_at: u64,
+}
+
+impl Request {
+    /// The script's view of some charges, stored under `keys`.
+    pub fn new(keys: Vec<Arc<str>>, charges: &[&Charge], blocked_from: u8, refund_at: u64) -> Self {
+        Self {
+            keys,
+            limits: charges.iter().map(|c| Spec::of(c)).collect(),
+            blocked_from,
+            refund_at,
+        }
+    }
+}
+
+/// The verdicts of a request and the store time they were reached at.
+pub type Decided = (Vec<Verdict>, u64);
+
+/// The arguments of one script call for some requests.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Call<'a> {
+    /// Distinct keys, in first-use order.
+    pub keys: Vec<&'a str>,
+    pub requests: usize,
+    /// Every request's numbers.
+    pub bytes: Vec<u8>,
+}
+
+/// Encodes some requests as one call.
+pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'a> {
+    let mut index: HashMap<&str, u32, ahash::RandomState> = HashMap::default();
+    let mut keys: Vec<&str> = Vec::new();
+    let size = requests
+        .clone()
+        .map(|r| REQUEST_HEAD + r.limits.len() * LIMIT)
+        .sum();
+    let mut bytes = Vec::with_capacity(size);
+    let mut count = 0;
+    for r in requests {
+        count += 1;
+        bytes.push(r.blocked_from);
+        bytes.extend_from_slice(&(r.limits.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(&r.refund_at.to_le_bytes());
+        for (key, l) in r.keys.iter().zip(&r.limits) {
+            let k = *index.entry(key).or_insert_with(|| {
+                keys.push(key);
+                keys.len() as u32
+            });
+            bytes.extend_from_slice(&k.to_le_bytes());
+            bytes.push(l.kind);
+            for n in [l.a, l.b, l.cost] {
+                bytes.extend_from_slice(&n.to_le_bytes());
+            }
+            bytes.push(l.flags);
+        }
+    }
+    Call {
+        keys,
+        requests: count,
+        bytes,
+    }
+}
+
+/// The script's reply for `limits` limits: their verdicts in order, and the
+/// store time they were decided at.
+pub fn decode(reply: &[u8], limits: usize) -> Result<Decided, StoreError> {
+    let expected = limits * VERDICT + NUMBER;
+    if reply.len() != expected {
+        return Err(StoreError::Reply(format!(
+            "decide.lua replied {} bytes, expected {expected}",
+            reply.len()
+        )));
+    }
+    let (verdicts, time) = reply.split_at(limits * VERDICT);
+    let verdicts = verdicts.chunks_exact(VERDICT).map(verdict).collect();
+    Ok((verdicts, number(time, 0).max(0) as u64))
+}
+
+/// The `i`th little-endian `i64` of `bytes`.
+fn number(bytes: &[u8], i: usize) -> i64 {
+    let mut word = [0u8; NUMBER];
+    word.copy_from_slice(&bytes[i * NUMBER..(i + 1) * NUMBER]);
+    i64::from_le_bytes(word)
+}
+
+/// One limit's verdict: four little-endian `i64`s.
+fn verdict(bytes: &[u8]) -> Verdict {
+    let n = |i: usize| number(bytes, i);
+    Verdict {
+        allowed: n(0) == 1,
+        remaining: n(1).max(0) as u64,
+        wait_ms: u64::try_from(n(2)).ok(),
+        reset_ms: n(3).max(0) as u64,
+        source: Source::Store,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+//! The link to Redis: one server's multiplexed connection that remakes
+//! itself, or a cluster's, and the script call on it (`EVALSHA`, with
+//! `EVAL` once when the server has lost the script).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::RedisFuture;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use tokio::sync::OnceCell;
+
+use super::codec::{self, Request, DECIDE_LUA};
+use crate::clock::Clock;
+use crate::limits::StoreError;
+
+/// Where script calls go.
+enum Link {
+    /// One server, over a connection made on first use and remade
+    /// whenever it breaks.
+    Single {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        conn: OnceCell<ConnectionManager>,
+    },
+    /// A cluster: each call goes to the node of its keys' slot.
+    Cluster {
+        client: ClusterClient,
+        conn: OnceCell<ClusterConnection>,
+    },
+}
+
+/// The connection and the script, shared by the batch drivers.
+pub struct Connection {
+    /// Connected on first use, inside the runtime that serves requests.
+    link: Link,
+    sha: String,
+    /// The bound of one call.
+    pub timeout: Duration,
+    /// Where the script's time comes from: the server's `TIME` when `None`.
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Connection {
+    fn new(link: Link, timeout: Duration, clock: Option<Arc<dyn Clock>>) -> Self {
+        Self {
+            link,
+            sha: redis::Script::new(DECIDE_LUA).get_hash().to_string(),
+            timeout,
+            clock,
+        }
+    }
+
+    /// Calls for one server at `url`.
+    pub fn single(
+        url: &str,
+        timeout: Duration,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let link = Link::Single {
+            client,
+            config,
+            conn: OnceCell::new(),
+        };
+        Ok(Self::new(link, timeout, clock))
+    }
+
+    /// Calls for a cluster reached through `seeds`.
+    pub fn cluster(seeds: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        let client = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+            .connection_timeout(timeout.max(Duration::from_millis(100)))
+            .response_timeout(timeout)
+            .retries(1)
+            .build()
+            .map_err(backend)?;
+        let link = Link::Cluster {
+            client,
+            conn: OnceCell::new(),
+        };
+        Ok(Self::new(link, timeout, None))
+    }
+
+    /// The connection, made on first use (and, for a standalone server,
+    /// remade by the manager whenever it breaks).
+    async fn connect(&self) -> Result<Conn, StoreError> {
+        match &self.link {
+            Link::Single {
+                client,
+                config,
+                conn,
+            } => conn
+                .get_or_try_init(|| async {
+                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                })
+                .await
+                .map(|c| Conn::Single(c.clone())),
+            Link::Cluster { client, conn } => conn
+                .get_or_try_init(|| client.get_async_connection())
+                .await
+                .map(|c| Conn::Cluster(c.clone())),
+        }
+        .map_err(backend)
+    }
+
+    /// `PING`, for readiness.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.connect().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(backend)
+    }
+
+    /// The script call for some requests, `EVALSHA` with the script's hash
+    /// or `EVAL` with its text.
+    fn script<'a>(
+        &self,
+        command: &str,
+        script: &str,
+        requests: impl Iterator<Item = &'a Request> + Clone,
+    ) -> redis::Cmd {
+        let now = self.clock.as_ref().map_or(0, |c| c.now_ms());
+        let call = codec::encode(requests);
+        let mut cmd = redis::cmd(command);
+        cmd.arg(script).arg(call.keys.len()).arg(&call.keys);
+        cmd.arg(now).arg(call.requests).arg(&call.bytes[..]);
+        cmd
+    }
+
+    /// Decides some requests in one script call; the raw reply.
+    pub async fn call<'a>(
+        &self,
+        requests: impl Iterator<Item = &'a Request> + Clone,
+    ) -> Result<Vec<u8>, StoreError> {
+        let mut conn = self.connect().await?;
+        match self
+            .script("EVALSHA", &self.sha, requests.clone())
+            .query_async(&mut conn)
+            .await
+        {
+            // The server lost its script cache (a restart, SCRIPT FLUSH) or a
+            // cluster node never had it: EVAL sends the text, which the
+            // server then keeps for the next EVALSHA.
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => self
+                .script("EVAL", DECIDE_LUA, requests)
+                .query_async(&mut conn)
+                .await
+                .map_err(backend),
+            other => other.map_err(backend),
+        }
+    }
+}
+
+/// A connection of either kind.
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// A Redis error, by what went wrong: the link, the server's own answer, or
+/// a reply this gateway cannot read.
+fn backend(e: RedisError) -> StoreError {
+    match e.kind() {
+        _ if e.is_timeout() => StoreError::Timeout,
+        ErrorKind::Server(_) => StoreError::Script(e.to_string()),
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::Reply(e.to_string()),
+        _ => StoreError::Connection(e.to_string()),
+    }
+}

@@ -1,0 +1,105 @@
+//! The shared store on Redis. Every request's shared limits are decided by
+//! `lua/decide.lua` in one round trip, over one multiplexed connection that
+//! reconnects by itself.
+//!
+//! - [`codec`]: the script's arguments and reply, as bytes;
+//! - [`batch`]: requests that wait while a call is in flight share the
+//!   next one (per hash slot, so Redis Cluster uses it too);
+//! - [`conn`]: the link to one server or a cluster, and the script call.
+
+pub mod batch;
+pub mod codec;
+pub mod conn;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
+use super::{Charge, LimitStore, StoreError, Verdict, NONE_BLOCKED};
+use crate::clock::Clock;
+use batch::Batches;
+use codec::Request;
+use conn::Connection;
+
+pub use codec::DECIDE_LUA;
+
+/// Limit state in one Redis server (or one primary).
+pub struct RedisStore {
+    batches: Batches,
+    keys: KeyCache,
+}
+
+impl RedisStore {
+    /// Prepares a connection; it is made on first use and remade whenever it
+    /// breaks, so a gateway can start while Redis is down. The script reads
+    /// the server's `TIME`.
+    pub fn new(url: &str, keys: KeyHasher, timeout: Duration) -> Result<Self, StoreError> {
+        Self::connect(url, keys, timeout, None)
+    }
+
+    /// As [`RedisStore::new`], with the script's time read from `clock`
+    /// instead of the server: to hold the script against the in-process
+    /// store step by step. A gateway never does this (DESIGN §4: time comes
+    /// from the Redis server).
+    pub fn with_clock(
+        url: &str,
+        keys: KeyHasher,
+        timeout: Duration,
+        clock: impl Clock,
+    ) -> Result<Self, StoreError> {
+        Self::connect(url, keys, timeout, Some(Arc::new(clock)))
+    }
+
+    fn connect(
+        url: &str,
+        keys: KeyHasher,
+        timeout: Duration,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            batches: Batches::new(Connection::single(url, timeout, clock)?),
+            keys: KeyCache::new(keys, CACHED_KEYS),
+        })
+    }
+
+    async fn submit(
+        &self,
+        charges: &[&Charge],
+        blocked_from: u8,
+        refund_at: u64,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let keys = charges.iter().map(|c| self.keys.key(c)).collect();
+        let request = Request::new(keys, charges, blocked_from, refund_at);
+        self.batches.submit(0, request).await.map(|(v, _)| v)
+    }
+
+    /// Gives back what a decision at store time `spent_at` charged for these
+    /// charges, as [`MemoryStore::refund`] does.
+    ///
+    /// [`MemoryStore::refund`]: super::memory::MemoryStore::refund
+    pub async fn refund(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError> {
+        if charges.is_empty() {
+            return Ok(());
+        }
+        self.submit(charges, NONE_BLOCKED, spent_at.max(1))
+            .await
+            .map(drop)
+    }
+}
+
+#[async_trait]
+impl LimitStore for RedisStore {
+    async fn decide(
+        &self,
+        charges: &[&Charge],
+        blocked_from: u8,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        self.submit(charges, blocked_from, 0).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.batches.ping().await
+    }
+}
