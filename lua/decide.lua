@@ -24,11 +24,10 @@
 --                       cluster, another slot denied): give them back
 --          then per limit:
 --          key      I4  index into KEYS
---          kind     B   1 token_bucket, 2 gcra   (a = capacity in
---                                                 micro-tokens, b =
---                                                 micro-tokens per ms)
---                       3 fixed_window, 4 sliding_window, 5 sliding_log
---                                                (a = limit, b = window in ms)
+--          kind     B   TOKEN_BUCKET, GCRA  (a = capacity in micro-tokens,
+--                                            b = micro-tokens per ms)
+--                       FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG
+--                                           (a = limit, b = window in ms)
 --          a, b     i8  as above
 --          cost     i8  whole units
 --          flags    B   group * 2 + 1 for enforce, group * 2 for shadow
@@ -51,39 +50,59 @@
 -- back whatever the outcome. Keys expire one second after they would be
 -- back to their initial state.
 --
--- State: token_bucket "balance:at", gcra "tat:frac", fixed_window
--- "start:count", sliding_window "start:curr:prev" (strings); sliding_log a
--- sorted set of "time:cost:total" scored by time.
+-- State records what wrote it. A string key is binary: the algorithm (B),
+-- the number that gives the state its meaning (i8: a GCRA's rate, a
+-- window's length, 0 for a token bucket), then the state's numbers (i8
+-- each): token_bucket balance, at; gcra tat, frac; fixed_window start,
+-- count; sliding_window start, curr, prev. State of another algorithm or
+-- meaning, of another length or of an older format is not read: the key
+-- starts afresh, as in the in-process store.
+--
+-- A sliding_log is a sorted set scored by admission time, each member the
+-- binary (big-endian i8 each, so that members of one instant sort by it)
+-- running total of the log up to and including it, its cost and the
+-- window it was written under. The total inside the window
+-- is the newest running total minus the one before the oldest entry still
+-- inside, found with one range query; expired entries are pruned a bounded
+-- number at a time. So a decision reads O(log n) of the set however many
+-- entries it holds; only a denial's retry time searches it, in O(log² n).
 
 local MICRO = 1000000
 local SLACK = 1000
+-- Expired log entries removed per decision, at most.
+local PRUNE = 64
 -- Algorithm numbers (kind), as src/limits/redis/codec.rs sends them.
 local TOKEN_BUCKET, GCRA, FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG = 1, 2, 3, 4, 5
+-- Binary state: format and length by algorithm.
+local FORMAT = { '<Bi8i8i8', '<Bi8i8i8', '<Bi8i8i8', '<Bi8i8i8i8' }
+local LENGTH = { 25, 25, 25, 33 }
+-- Big-endian, so that entries of one instant sort by running total.
+local ENTRY = '>i8i8i8'
+
+local pack, unpack_ = struct.pack, struct.unpack
+local floor, max, min = math.floor, math.max, math.min
+local call = redis.call
 
 local now = tonumber(ARGV[1])
 if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local t = call('TIME')
+  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
-local raw = redis.call('MGET', unpack(KEYS))
+local raw = call('MGET', unpack(KEYS))
 
 local function align(t, w) return t - t % w end
-
-local function fields(v)
-  local x, y, z = string.match(v or '', '^(%d+):(%d+):?(%d*)$')
-  return tonumber(x), tonumber(y), tonumber(z)
-end
+local function int(n) return string.format('%d', n) end
 
 -- The check of a bucket holding `balance`: allowed, remaining, wait.
 local function check_bucket(cap, per_ms, balance, cost)
   local need = cost * MICRO
-  if need > cap then return false, math.floor(balance / MICRO), -1 end
-  if balance >= need then return true, math.floor((balance - need) / MICRO), 0 end
-  return false, math.floor(balance / MICRO), math.ceil((need - balance) / per_ms)
+  if need > cap then return false, floor(balance / MICRO), -1 end
+  if balance >= need then return true, floor((balance - need) / MICRO), 0 end
+  return false, floor(balance / MICRO), math.ceil((need - balance) / per_ms)
 end
 
 local function check_counter(limit, count, cost, until_next)
-  local left = math.max(0, limit - count)
+  local left = max(0, limit - count)
   if cost > limit then return false, left, -1 end
   if cost <= left then return true, left - cost, 0 end
   return false, left, until_next
@@ -92,35 +111,94 @@ end
 local function check_sliding(limit, len, curr, prev, cost, elapsed)
   local used = prev * (len - elapsed) + curr * len
   local budget = limit * len
-  local left = math.floor(math.max(0, budget - used) / len)
+  local left = floor(max(0, budget - used) / len)
   if cost > limit then return false, left, -1 end
   if used + cost * len <= budget then
-    return true, math.floor((budget - used - cost * len) / len), 0
+    return true, floor((budget - used - cost * len) / len), 0
   end
   local to_roll = len - elapsed
   local wait
   if curr + cost <= limit then
-    wait = math.max(0, to_roll - math.floor((limit - curr - cost) * len / prev))
+    wait = max(0, to_roll - floor((limit - curr - cost) * len / prev))
   else
-    wait = to_roll + math.max(0, len - math.floor((limit - cost) * len / curr))
+    wait = to_roll + max(0, len - floor((limit - cost) * len / curr))
   end
-  return false, left, math.max(1, wait)
+  return false, left, max(1, wait)
+end
+
+-- A log entry: running total, cost, window; nil when it is not one.
+local function entry(member)
+  if not member or #member ~= 24 then return nil end
+  return unpack_(ENTRY, member)
+end
+
+-- The time of the first stored entry whose running total reaches `target`
+-- (entries are stored in time order, so running totals rise with rank):
+-- a binary search by rank between `lo` and `hi`; nil when none does.
+local function first_reaching(key, lo, hi, target)
+  local found
+  while lo <= hi do
+    local mid = floor((lo + hi) / 2)
+    local got = call('ZRANGE', key, mid, mid, 'WITHSCORES')
+    local run = entry(got[1])
+    if run and run >= target then
+      found, hi = tonumber(got[2]), mid - 1
+    else
+      lo = mid + 1
+    end
+  end
+  return found
 end
 
 local function check_log(limit, len, s, cost)
-  local total, t = s.total, s.t
-  local left = math.max(0, limit - total)
+  local total = s.run - s.base
+  local left = max(0, limit - total)
   if cost > limit then return false, left, -1 end
   if cost <= left then return true, left - cost, 0 end
-  local still = total
-  for j = s.first, #s.entries do
-    local e = s.entries[j]
-    still = still - e[2]
-    if still + cost <= limit then
-      return false, left, math.max(1, math.max(0, e[1] + len - t))
-    end
+  -- The oldest entries leave first: the first whose leaving makes room.
+  local target = s.run + cost - limit
+  local at
+  if s.stored_run >= target then
+    at = first_reaching(s.key, s.first_rank, s.last_rank, target)
   end
-  return false, left, len
+  -- Entries of this batch were all admitted at s.t.
+  if not at then at = s.t end
+  return false, left, max(1, at + len - s.t)
+end
+
+-- Loads a sliding log: its newest entry, the oldest inside the window, and
+-- a bounded pruning of expired ones.
+local function load_log(s, k, b)
+  local key = KEYS[k]
+  -- MGET saw a string here: the limit used another algorithm before.
+  if raw[k] then call('DEL', key) end
+  s.key, s.len, s.t, s.run, s.base, s.stored_run = key, b, now, 0, 0, 0
+  s.first_rank, s.last_rank = 0, -1
+  s.added = {}
+  local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #last == 0 then return end
+  local run, _, window = entry(last[1])
+  if not run or window ~= b then
+    -- Written under another window, or in an older format: afresh.
+    call('DEL', key)
+    return
+  end
+  s.newest = tonumber(last[2])
+  s.t = max(now, s.newest)
+  s.run, s.base, s.stored_run = run, run, run
+  local first = call('ZRANGEBYSCORE', key, '(' .. int(s.t - b), '+inf', 'LIMIT', 0, 1)
+  if #first == 0 then
+    -- Everything expired: the set goes as a whole.
+    call('UNLINK', key)
+    return
+  end
+  local frun, fcost = entry(first[1])
+  s.base = frun - fcost
+  local rank = call('ZRANK', key, first[1])
+  local removed = min(rank, PRUNE)
+  if removed > 0 then call('ZREMRANGEBYRANK', key, 0, removed - 1) end
+  s.first_rank = rank - removed
+  s.last_rank = call('ZCARD', key) - 1
 end
 
 -- Loads and refreshes the state of key k; every later use in the batch
@@ -129,55 +207,41 @@ end
 local S = {}
 local function state(k, kind, a, b)
   local s = S[k]
-  if not s then
-    s = { kind = kind }
-    S[k] = s
-    if kind == TOKEN_BUCKET then
-      local bal, at = fields(raw[k])
-      if not bal then bal, at = a, now end
-      local t = math.max(now, at)
-      s.x, s.y = math.min(a, bal + (t - at) * b), t
-    elseif kind == GCRA then
-      local tat, frac = fields(raw[k])
-      if not tat or tat < now then tat, frac = now, 0 end
-      s.x, s.y = tat, frac
-    elseif kind == FIXED_WINDOW then
-      local start, count = fields(raw[k])
-      if not start or now >= start + b then start, count = align(now, b), 0 end
-      s.x, s.y = start, count
-    elseif kind == SLIDING_WINDOW then
-      local start, curr, prev = fields(raw[k])
-      if not start or now >= start + 2 * b then
-        start, curr, prev = align(now, b), 0, 0
-      elseif now >= start + b then
-        start, prev, curr = start + b, curr, 0
-      end
-      s.x, s.y, s.z = start, curr, prev
-    elseif kind == SLIDING_LOG then
-      -- MGET saw a string here: the limit used another algorithm before.
-      if raw[k] then redis.call('DEL', KEYS[k]) end
-      local flat = redis.call('ZRANGE', KEYS[k], 0, -1, 'WITHSCORES')
-      local entries = {}
-      for j = 1, #flat, 2 do
-        local _, c = fields(flat[j])
-        entries[#entries + 1] = { tonumber(flat[j + 1]), c, flat[j] }
-      end
-      local t = now
-      if #entries > 0 then t = math.max(now, entries[#entries][1]) end
-      local first, total = #entries + 1, 0
-      for j = 1, #entries do
-        if entries[j][1] + b > t then
-          if j < first then first = j end
-          total = total + entries[j][2]
-        end
-      end
-      s.entries, s.first, s.total, s.t, s.len = entries, first, total, t, b
-      s.expired = first > 1
-      s.added = {}
-      s.removed = {}
-    else
-      error('decide.lua: unknown algorithm ' .. tostring(kind))
+  if s then return s end
+  s = { kind = kind }
+  S[k] = s
+  if kind == SLIDING_LOG then
+    load_log(s, k, b)
+    return s
+  end
+  local fmt = FORMAT[kind]
+  if not fmt then error('decide.lua: unknown algorithm ' .. tostring(kind)) end
+  local meaning = 0
+  if kind ~= TOKEN_BUCKET then meaning = b end
+  s.meaning = meaning
+  local v, x, y, z = raw[k]
+  if v and #v == LENGTH[kind] then
+    local kk, m
+    kk, m, x, y, z = unpack_(fmt, v)
+    if kk ~= kind or m ~= meaning then x = nil end
+  end
+  if kind == TOKEN_BUCKET then
+    if not x then x, y = a, now end
+    local t = max(now, y)
+    s.x, s.y = min(a, x + (t - y) * b), t
+  elseif kind == GCRA then
+    if not x or x < now then x, y = now, 0 end
+    s.x, s.y = x, y
+  elseif kind == FIXED_WINDOW then
+    if not x or now >= x + b then x, y = align(now, b), 0 end
+    s.x, s.y = x, y
+  else
+    if not x or now >= x + 2 * b then
+      x, y, z = align(now, b), 0, 0
+    elseif now >= x + b then
+      x, y, z = x + b, 0, y
     end
+    s.x, s.y, s.z = x, y, z
   end
   return s
 end
@@ -189,10 +253,10 @@ local function debt(s, b) return (s.x - now) * b + s.y end
 local function check(s, a, b, cost)
   local k = s.kind
   if k == TOKEN_BUCKET then return check_bucket(a, b, s.x, cost) end
-  if k == GCRA then return check_bucket(a, b, math.max(0, a - debt(s, b)), cost) end
-  if k == FIXED_WINDOW then return check_counter(a, s.y, cost, s.x + b - math.max(now, s.x)) end
+  if k == GCRA then return check_bucket(a, b, max(0, a - debt(s, b)), cost) end
+  if k == FIXED_WINDOW then return check_counter(a, s.y, cost, s.x + b - max(now, s.x)) end
   if k == SLIDING_WINDOW then
-    return check_sliding(a, b, s.y, s.z, cost, math.max(now, s.x) - s.x)
+    return check_sliding(a, b, s.y, s.z, cost, max(now, s.x) - s.x)
   end
   return check_log(a, b, s, cost)
 end
@@ -203,43 +267,61 @@ local function spend(s, b, cost)
     s.x = s.x - cost * MICRO
   elseif k == GCRA then
     local owed = s.y + cost * MICRO
-    local whole = math.floor(owed / b)
+    local whole = floor(owed / b)
     s.x, s.y = s.x + whole, owed - whole * b
   elseif k == FIXED_WINDOW or k == SLIDING_WINDOW then
     s.y = s.y + cost
   else
-    s.total = s.total + cost
-    s.entries[#s.entries + 1] = { s.t, cost }
-    s.added[#s.added + 1] = string.format('%d:%d:%d', s.t, cost, s.total)
+    s.run = s.run + cost
+    s.added[#s.added + 1] = pack(ENTRY, s.run, cost, s.len)
   end
+end
+
+-- Gives back a log entry admitted at `spent_at` for `cost`, the newest
+-- such; the running totals after it come down by its cost.
+local function refund_log(s, cost, spent_at)
+  local at = int(spent_at)
+  local found, found_run
+  for _, m in ipairs(call('ZRANGEBYSCORE', s.key, at, at)) do
+    local run, c = entry(m)
+    if run and c == cost and run > s.base and (not found_run or run > found_run) then
+      found, found_run = m, run
+    end
+  end
+  if not found then return end
+  -- The entries after it: those admitted since spent_at, a handful.
+  local later = call('ZRANGEBYSCORE', s.key, at, '+inf', 'WITHSCORES')
+  call('ZREM', s.key, found)
+  for i = 1, #later, 2 do
+    local r2, c2, w2 = entry(later[i])
+    if r2 and r2 > found_run then
+      call('ZREM', s.key, later[i])
+      call('ZADD', s.key, later[i + 1], pack(ENTRY, r2 - cost, c2, w2))
+    end
+  end
+  s.run, s.stored_run, s.last_rank = s.run - cost, s.stored_run - cost, s.last_rank - 1
+  local last = call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+  s.newest = tonumber(last[2])
 end
 
 local function refund(s, a, b, cost, spent_at)
   local k = s.kind
   if k == TOKEN_BUCKET then
-    s.x = math.min(a, s.x + cost * MICRO)
+    s.x = min(a, s.x + cost * MICRO)
   elseif k == GCRA then
-    local owed = math.max(0, debt(s, b) - cost * MICRO)
-    local whole = math.floor(owed / b)
+    local owed = max(0, debt(s, b) - cost * MICRO)
+    local whole = floor(owed / b)
     s.x, s.y = now + whole, owed - whole * b
   elseif k == FIXED_WINDOW then
-    if spent_at >= s.x and spent_at < s.x + b then s.y = math.max(0, s.y - cost) end
+    if spent_at >= s.x and spent_at < s.x + b then s.y = max(0, s.y - cost) end
   elseif k == SLIDING_WINDOW then
     if spent_at >= s.x then
-      s.y = math.max(0, s.y - cost)
+      s.y = max(0, s.y - cost)
     elseif spent_at + b >= s.x then
-      s.z = math.max(0, s.z - cost)
+      s.z = max(0, s.z - cost)
     end
   else
-    for j = #s.entries, s.first, -1 do
-      local e = s.entries[j]
-      if e[1] == spent_at and e[2] == cost then
-        if e[3] then s.removed[#s.removed + 1] = e[3] end
-        table.remove(s.entries, j)
-        s.total = s.total - cost
-        break
-      end
-    end
+    refund_log(s, cost, spent_at)
   end
 end
 
@@ -249,15 +331,20 @@ local function reset(s, a, b)
   if k == TOKEN_BUCKET then return math.ceil((a - s.x) / b) end
   if k == GCRA then return math.ceil(debt(s, b) / b) end
   if k == FIXED_WINDOW then
-    if s.y > 0 then return math.max(0, s.x + b - now) end
+    if s.y > 0 then return max(0, s.x + b - now) end
     return 0
   end
   if k == SLIDING_WINDOW then
     local windows = 0
     if s.y > 0 then windows = 2 elseif s.z > 0 then windows = 1 end
-    return math.max(0, s.x + windows * b - now)
+    return max(0, s.x + windows * b - now)
   end
-  if #s.entries >= s.first then return math.max(0, s.entries[#s.entries][1] + b - now) end
+  if s.run > s.base then
+    -- The newest entry: of this batch, or the stored newest.
+    local newest = s.t
+    if #s.added == 0 then newest = s.newest or s.t end
+    return max(0, newest + b - now)
+  end
   return 0
 end
 
@@ -268,16 +355,16 @@ local requests, pos = ARGV[3], 1
 local L = {}
 for _ = 1, tonumber(ARGV[2]) do
   local blocked, n, refunding
-  blocked, n, refunding, pos = struct.unpack('<BI2i8', requests, pos)
+  blocked, n, refunding, pos = unpack_('<BI2i8', requests, pos)
   local gate = blocked
   if refunding > 0 then gate = -1 end
   for j = 0, n - 1 do
     local k, kind, a, b, cost, flags
-    k, kind, a, b, cost, flags, pos = struct.unpack('<I4Bi8i8i8B', requests, pos)
+    k, kind, a, b, cost, flags, pos = unpack_('<I4Bi8i8i8B', requests, pos)
     local s = state(k, kind, a, b)
     if refunding > 0 then refund(s, a, b, cost, refunding) end
     local ok, rem, wait = check(s, a, b, cost)
-    local group = math.floor(flags / 2)
+    local group = floor(flags / 2)
     if flags % 2 == 1 and not ok and group < gate then gate = group end
     local o = j * 8
     L[o + 1], L[o + 2], L[o + 3], L[o + 4] = s, a, b, cost
@@ -289,33 +376,30 @@ for _ = 1, tonumber(ARGV[2]) do
     local spent = ok and L[o + 5] < gate
     if spent then spend(s, b, cost) elseif ok and refunding == 0 then rem = rem + cost end
     s.a, s.b = a, b
-    reply[#reply + 1] = struct.pack('<i8i8i8i8', ok and 1 or 0, rem, L[o + 8], reset(s, a, b))
+    reply[#reply + 1] = pack('<i8i8i8i8', ok and 1 or 0, rem, L[o + 8], reset(s, a, b))
   end
 end
 
 -- One write per key, with the state the whole batch left.
 for k, s in pairs(S) do
   local key = KEYS[k]
-  local ttl = string.format('%d', reset(s, s.a, s.b) + SLACK)
-  if s.kind == TOKEN_BUCKET or s.kind == GCRA or s.kind == FIXED_WINDOW then
-    redis.call('SET', key, string.format('%d:%d', s.x, s.y), 'PX', ttl)
-  elseif s.kind == SLIDING_WINDOW then
-    redis.call('SET', key, string.format('%d:%d:%d', s.x, s.y, s.z), 'PX', ttl)
+  local ttl = int(reset(s, s.a, s.b) + SLACK)
+  if s.kind == SLIDING_WINDOW then
+    call('SET', key, pack(FORMAT[SLIDING_WINDOW], s.kind, s.meaning, s.x, s.y, s.z), 'PX', ttl)
+  elseif s.kind ~= SLIDING_LOG then
+    call('SET', key, pack(FORMAT[s.kind], s.kind, s.meaning, s.x, s.y), 'PX', ttl)
   else
-    if s.expired then
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', s.t - s.len))
-    end
-    if #s.removed > 0 then redis.call('ZREM', key, unpack(s.removed)) end
     if #s.added > 0 then
       local args = {}
+      local at = int(s.t)
       for _, m in ipairs(s.added) do
-        args[#args + 1] = string.format('%d', s.t)
+        args[#args + 1] = at
         args[#args + 1] = m
       end
-      redis.call('ZADD', key, unpack(args))
+      call('ZADD', key, unpack(args))
     end
-    if #s.entries >= s.first then redis.call('PEXPIRE', key, ttl) end
+    if s.run > s.base then call('PEXPIRE', key, ttl) end
   end
 end
-reply[#reply + 1] = struct.pack('<i8', now)
+reply[#reply + 1] = pack('<i8', now)
 return table.concat(reply)

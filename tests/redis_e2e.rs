@@ -344,9 +344,9 @@ routes:
     // The script's writes reach the replica, expiry included.
     let keys = primary.keys();
     assert_eq!(keys.len(), 1, "{keys:?}");
-    let state: String = primary.cmd(&["GET", &keys[0]]).unwrap();
+    let state: Vec<u8> = primary.cmd(&["GET", &keys[0]]).unwrap();
     let replicated = eventually(Duration::from_secs(5), || {
-        replica.cmd::<Option<String>>(&["GET", &keys[0]]).ok() == Some(Some(state.clone()))
+        replica.cmd::<Option<Vec<u8>>>(&["GET", &keys[0]]).ok() == Some(Some(state.clone()))
     });
     assert!(replicated, "the replica never saw {state:?}");
     let ttl: i64 = replica.cmd(&["PTTL", &keys[0]]).unwrap();
@@ -464,8 +464,12 @@ routes:
     // The two denied requests were charged to the tenant and given back:
     // its bucket holds 10 - 3 units, not 10 - 5.
     let state = cluster.get(&tenant).expect("the tenant's state");
-    let balance =
-        |state: &str| state.split(':').next().unwrap().parse::<u64>().unwrap() / 1_000_000;
+    // A token bucket's state: algorithm (1 byte), meaning (8), then the
+    // balance in micro-tokens and its time (8 each), little-endian.
+    let balance = |state: &[u8]| {
+        assert_eq!((state.len(), state[0]), (25, 1), "a token bucket's state");
+        u64::from_le_bytes(state[9..17].try_into().unwrap()) / 1_000_000
+    };
     assert_eq!(balance(&state), 7, "state {state:?}");
 
     // The node holding the global key dies: that limit fails closed (503),
@@ -475,7 +479,7 @@ routes:
             .nodes
             .iter()
             .position(|n| {
-                n.cmd::<Option<String>>(&["GET", key])
+                n.cmd::<Option<Vec<u8>>>(&["GET", key])
                     .is_ok_and(|v| v.is_some())
             })
             .unwrap()
@@ -489,7 +493,7 @@ routes:
         assert_eq!(r.status, 503, "{}", r.body);
     }
     let after = cluster.nodes[tenant_node]
-        .cmd::<String>(&["GET", &tenant])
+        .cmd::<Vec<u8>>(&["GET", &tenant])
         .unwrap();
     assert_eq!(balance(&after), 7, "state {after:?}");
 }

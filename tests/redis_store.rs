@@ -201,6 +201,82 @@ fn a_limit_that_changes_algorithm_keeps_working() {
 }
 
 #[test]
+fn a_changed_algorithm_or_window_starts_the_key_afresh() {
+    let p = Probe::new();
+    // fixed_window → sliding_window: the counter is not read as a window pair.
+    let fixed = Params::FixedWindow(window(5, 60));
+    assert!(p.at(0, fixed, 5).allowed);
+    let sliding = Params::SlidingWindow(window(5, 60));
+    let v = p.at(10, sliding, 1);
+    assert_eq!((v.allowed, v.remaining), (true, 4));
+
+    // gcra → fixed_window: a spent schedule is not read as a full window.
+    let p = Probe::new();
+    let gcra = Params::Gcra(Bucket::per_second(3, 1));
+    assert!(p.at(0, gcra, 3).allowed);
+    assert!(!p.at(0, gcra, 1).allowed);
+    let v = p.at(10, fixed, 1);
+    assert_eq!((v.allowed, v.remaining, v.wait_ms), (true, 4, Some(0)));
+
+    // A window of another length means other windows: afresh too.
+    let p = Probe::new();
+    assert!(p.at(0, Params::FixedWindow(window(1, 10)), 1).allowed);
+    assert!(!p.at(1, Params::FixedWindow(window(1, 10)), 1).allowed);
+    assert!(p.at(2, Params::FixedWindow(window(1, 20)), 1).allowed);
+    // A larger limit on the same window keeps what was counted.
+    assert!(!p.at(3, Params::FixedWindow(window(1, 20)), 1).allowed);
+    assert!(p.at(4, Params::FixedWindow(window(2, 20)), 1).allowed);
+    assert!(!p.at(5, Params::FixedWindow(window(2, 20)), 1).allowed);
+}
+
+#[test]
+fn a_full_sliding_log_is_decided_in_bounded_work() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(50_000_000);
+    let s = store(&server, &clock);
+    let rt = runtime();
+    let log = Params::SlidingLog(window(10_000, 3_600));
+    // One tenant fills the largest log allowed: 10 000 entries.
+    let heavy = charge("export", "heavy", log, 1);
+    for _ in 0..100 {
+        let batch: Vec<&Charge> = vec![&heavy; 100];
+        let v = rt.block_on(s.decide(&batch, NONE_BLOCKED)).unwrap();
+        assert!(v.iter().all(|v| v.allowed));
+        clock.advance(100);
+    }
+    let card: u64 = server.cmd(&["ZCARD", &server.keys()[0]]).unwrap();
+    assert_eq!(card, 10_000);
+    // Another tenant, whose own budget is spent, and a fresh one.
+    let spent = charge("own", "spent", bucket(1, 1), 1);
+    let fresh = charge("own", "fresh", bucket(1, 1), 1);
+    assert!(rt.block_on(s.decide(&[&spent], NONE_BLOCKED)).unwrap()[0].allowed);
+
+    server.cmd::<()>(&["CONFIG", "RESETSTAT"]).unwrap();
+    for i in 1..=20 {
+        clock.advance(10);
+        let full = rt.block_on(s.decide(&[&heavy], NONE_BLOCKED)).unwrap()[0];
+        assert!(!full.allowed);
+        // The oldest entry, written 10 000 ms before the loop, leaves first.
+        assert_eq!(full.wait_ms, Some(3_600_000 - 10_000 - 10 * i));
+        let own = rt.block_on(s.decide(&[&spent], NONE_BLOCKED)).unwrap()[0];
+        assert!(!own.allowed, "the spent tenant stays refused");
+    }
+    assert!(rt.block_on(s.decide(&[&fresh], NONE_BLOCKED)).unwrap()[0].allowed);
+    let stats: String = server.cmd(&["INFO", "commandstats"]).unwrap();
+    let line = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .unwrap_or_else(|| panic!("no script stats: {stats}"));
+    let per_call: f64 = line
+        .split(',')
+        .find_map(|f| f.strip_prefix("usec_per_call="))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    println!("script time per decision with a full log: {per_call} µs ({line})");
+    assert!(per_call < 1_000.0, "{line}");
+}
+
+#[test]
 fn keys_expire_once_back_to_their_initial_state() {
     let server = RedisServer::start();
     let clock = ManualClock::new(5_000_000);
@@ -252,25 +328,67 @@ struct Step {
     advance_ms: u64,
     /// Requests sent at once (they may share one script call).
     requests: Vec<Request>,
+    /// Limit `i` runs with its second parameters in this step when bit `i`
+    /// is set: a reload that changes the algorithm or the numbers of a key
+    /// with state, and back.
+    second: u8,
 }
 
 /// A list of (limit index, cost, group) and the first blocked group.
 type Request = (Vec<(usize, u64, u8)>, u8);
 
-fn limit_set() -> impl Strategy<Value = Vec<(Params, bool)>> {
+fn any_params() -> impl Strategy<Value = Params> {
     let bucket = (1u64..30, 1u64..4_000).prop_map(|(c, per_ms)| Bucket {
         capacity: c * MICRO + per_ms % 7,
         per_ms,
     });
     let win = (1u64..30, 1u64..4_000).prop_map(|(limit, window_ms)| Window { limit, window_ms });
-    let params = prop_oneof![
+    prop_oneof![
         bucket.clone().prop_map(Params::TokenBucket),
         bucket.prop_map(Params::Gcra),
         win.clone().prop_map(Params::FixedWindow),
         win.clone().prop_map(Params::SlidingWindow),
         win.prop_map(Params::SlidingLog),
-    ];
-    prop::collection::vec((params, prop::bool::weighted(0.8)), 1..5)
+    ]
+}
+
+/// The same algorithm with another capacity or limit: state that keeps
+/// its meaning (a bucket's balance is clamped).
+fn resized(params: Params, to: u64) -> Params {
+    match params {
+        Params::TokenBucket(b) => Params::TokenBucket(Bucket {
+            capacity: to * MICRO + b.capacity % MICRO,
+            ..b
+        }),
+        Params::Gcra(b) => Params::Gcra(Bucket {
+            capacity: to * MICRO + b.capacity % MICRO,
+            ..b
+        }),
+        Params::FixedWindow(w) => Params::FixedWindow(Window { limit: to, ..w }),
+        Params::SlidingWindow(w) => Params::SlidingWindow(Window { limit: to, ..w }),
+        Params::SlidingLog(w) => Params::SlidingLog(Window { limit: to, ..w }),
+    }
+}
+
+/// Limits: first parameters, second parameters (another algorithm, other
+/// numbers, or only another size), and whether they are enforced.
+fn limit_set() -> impl Strategy<Value = Vec<(Params, Params, bool)>> {
+    let limit = (
+        any_params(),
+        any_params(),
+        1u64..30,
+        0u8..3,
+        prop::bool::weighted(0.8),
+    )
+        .prop_map(|(first, other, size, how, enforce)| {
+            let second = match how {
+                0 => other,
+                1 => resized(first, size),
+                _ => first,
+            };
+            (first, second, enforce)
+        });
+    prop::collection::vec(limit, 1..5)
 }
 
 fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
@@ -284,13 +402,14 @@ fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
             charges.dedup_by_key(|c| c.0);
             (charges, blocked_from)
         });
-    let step =
-        (0u64..2_500, prop::collection::vec(request, 1..4)).prop_map(|(advance_ms, requests)| {
-            Step {
-                advance_ms,
-                requests,
-            }
-        });
+    let second = prop_oneof![3 => Just(0u8), 1 => any::<u8>()];
+    let step = (0u64..2_500, prop::collection::vec(request, 1..4), second).prop_map(
+        |(advance_ms, requests, second)| Step {
+            advance_ms,
+            requests,
+            second,
+        },
+    );
     prop::collection::vec(step, 1..25)
 }
 
@@ -323,7 +442,12 @@ fn lua_and_rust_agree_on_random_sequences() {
                         let charges = charges
                             .iter()
                             .map(|&(i, cost, group)| {
-                                let (params, enforce) = limits[i];
+                                let (first, second, enforce) = limits[i];
+                                let params = if step.second & (1 << i) != 0 {
+                                    second
+                                } else {
+                                    first
+                                };
                                 let key = format!("case{id}-l{i}");
                                 let mut c = charge(&format!("l{i}"), &key, params, cost);
                                 c.enforce = enforce;
@@ -389,7 +513,7 @@ fn lua_and_rust_agree_on_refunds() {
                 let charges: Vec<Charge> = picks
                     .iter()
                     .map(|&(i, cost, group)| {
-                        let (params, enforce) = limits[i];
+                        let (params, _, enforce) = limits[i];
                         let mut c =
                             charge(&format!("l{i}"), &format!("refund{id}-l{i}"), params, cost);
                         c.enforce = enforce;

@@ -21,10 +21,16 @@ pub const MICRO: u64 = 1_000_000;
 /// Parameters of one limit, in the integer units the maths uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Params {
+    /// A balance that refills continuously up to its capacity.
     TokenBucket(Bucket),
+    /// The same budget kept as a theoretical arrival time (one number).
     Gcra(Bucket),
+    /// A counter per aligned window.
     FixedWindow(Window),
+    /// The current window's counter plus the previous one's, weighted by
+    /// how much of it the rolling window still covers.
     SlidingWindow(Window),
+    /// One entry per admission: exact over the rolling window.
     SlidingLog(Window),
 }
 
@@ -84,16 +90,40 @@ impl Window {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
     /// Balance in micro-tokens as of `at`.
-    Bucket { balance: u64, at: u64 },
+    Bucket {
+        /// Micro-tokens available.
+        balance: u64,
+        /// When the balance was last brought up to date (ms).
+        at: u64,
+    },
     /// Theoretical arrival time: `tat + frac / per_ms` milliseconds.
-    Gcra { tat: u64, frac: u64 },
+    Gcra {
+        /// Whole milliseconds of the theoretical arrival time.
+        tat: u64,
+        /// The micro-tokens of a partial millisecond beyond `tat`.
+        frac: u64,
+    },
     /// Cost admitted in the window starting at `start`.
-    Window { start: u64, count: u64 },
+    Window {
+        /// The window's start (ms, aligned to its length).
+        start: u64,
+        /// Cost admitted in it.
+        count: u64,
+    },
     /// Counters of the window starting at `start` and of the one before it.
-    Sliding { start: u64, curr: u64, prev: u64 },
+    Sliding {
+        /// The current window's start (ms, aligned to its length).
+        start: u64,
+        /// Cost admitted in the current window.
+        curr: u64,
+        /// Cost admitted in the window before it.
+        prev: u64,
+    },
     /// Admitted `(time, cost)` entries inside the window, oldest first.
     Log {
+        /// `(time, cost)` of each admission, oldest first.
         entries: VecDeque<(u64, u64)>,
+        /// The sum of their costs.
         total: u64,
     },
 }
@@ -101,6 +131,7 @@ pub enum State {
 /// What one limit says about one cost at one instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Check {
+    /// Whether the cost fits.
     pub allowed: bool,
     /// Whole units left: after this cost when allowed, as of now otherwise.
     pub remaining: u64,
@@ -179,20 +210,42 @@ impl Params {
         }
     }
 
-    /// Makes a state usable with these parameters: kept when it belongs to
-    /// the same algorithm (a bucket is clamped to a smaller capacity), fresh
-    /// otherwise. Used when a reload changes a limit's numbers.
-    pub fn adopt(&self, state: State, now: u64) -> State {
+    /// The number that gives this algorithm's state its meaning, beside
+    /// the algorithm itself: a GCRA's rate (its schedule is kept in time at
+    /// that rate), a window's length (its counts belong to windows of that
+    /// length). A bucket's balance means the same at any capacity or rate.
+    /// The Redis script records it in each key's state, as the algorithm.
+    pub fn meaning(&self) -> u64 {
+        match self {
+            Params::TokenBucket(_) => 0,
+            Params::Gcra(b) => b.per_ms,
+            Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => {
+                w.window_ms
+            }
+        }
+    }
+
+    /// Whether state written under `other` means the same under `self`:
+    /// the same algorithm and the same [`Params::meaning`].
+    pub fn same_meaning(&self, other: &Params) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && self.meaning() == other.meaning()
+    }
+
+    /// Makes a state written under `old` usable with these parameters: kept
+    /// when it means the same (a bucket is clamped to a smaller capacity),
+    /// fresh otherwise, exactly as the Redis script does. Used when a reload
+    /// or a plan changes a limit's numbers.
+    pub fn adopt(&self, old: &Params, state: State, now: u64) -> State {
+        if !self.same_meaning(old) {
+            return self.fresh(now);
+        }
         match (self, state) {
             (Params::TokenBucket(b), State::Bucket { balance, at }) => State::Bucket {
                 balance: balance.min(b.capacity),
                 at,
             },
-            (Params::Gcra(_), s @ State::Gcra { .. })
-            | (Params::FixedWindow(_), s @ State::Window { .. })
-            | (Params::SlidingWindow(_), s @ State::Sliding { .. })
-            | (Params::SlidingLog(_), s @ State::Log { .. }) => s,
-            _ => self.fresh(now),
+            (_, state) => state,
         }
     }
 

@@ -48,6 +48,7 @@ impl Default for MemoryStore<MonotonicClock> {
 }
 
 impl<C: Clock> MemoryStore<C> {
+    /// An empty store on `clock`.
     pub fn new(clock: C) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -62,6 +63,7 @@ impl<C: Clock> MemoryStore<C> {
         self.keys.load(Ordering::Relaxed)
     }
 
+    /// Whether no key is live.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -164,7 +166,7 @@ impl<C: Clock> MemoryStore<C> {
         if slot.params != c.params {
             // A reload or a plan changed the numbers: keep what still applies.
             let old = std::mem::replace(&mut slot.state, c.params.fresh(now));
-            slot.state = c.params.adopt(old, now);
+            slot.state = c.params.adopt(&slot.params, old, now);
             slot.params = c.params;
         }
         slot

@@ -320,9 +320,11 @@ impl RedisCluster {
     }
 
     /// `GET` of a key, from the node that holds it.
-    pub fn get(&self, key: &str) -> Option<String> {
+    /// A string key's value (binary, as the script writes state), from
+    /// whichever node holds it.
+    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
         self.nodes
             .iter()
-            .find_map(|n| n.cmd::<Option<String>>(&["GET", key]).ok().flatten())
+            .find_map(|n| n.cmd::<Option<Vec<u8>>>(&["GET", key]).ok().flatten())
     }
 }

@@ -252,3 +252,43 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn state_is_kept_only_where_it_means_the_same() {
+    let b = Params::TokenBucket(bucket(10, 1));
+    let spent = State::Bucket {
+        balance: 8 * MICRO,
+        at: 5,
+    };
+    // Any bucket: the balance means the same, clamped to a smaller one.
+    let small = Params::TokenBucket(bucket(4, 9));
+    assert_eq!(
+        small.adopt(&b, spent.clone(), 7),
+        State::Bucket {
+            balance: 4 * MICRO,
+            at: 5
+        }
+    );
+    // A GCRA at another rate, a window of another length, another
+    // algorithm: afresh.
+    let g = Params::Gcra(bucket(10, 1));
+    let g2 = Params::Gcra(bucket(10, 2));
+    let schedule = State::Gcra { tat: 900, frac: 3 };
+    assert_eq!(g2.adopt(&g, schedule.clone(), 7), g2.fresh(7));
+    assert_eq!(
+        Params::Gcra(bucket(20, 1)).adopt(&g, schedule.clone(), 7),
+        schedule
+    );
+    let w = Params::FixedWindow(window(5, 10));
+    let counted = State::Window { start: 0, count: 3 };
+    assert_eq!(
+        Params::FixedWindow(window(9, 10)).adopt(&w, counted.clone(), 7),
+        counted
+    );
+    let longer = Params::FixedWindow(window(5, 20));
+    assert_eq!(longer.adopt(&w, counted.clone(), 7), longer.fresh(7));
+    let sliding = Params::SlidingWindow(window(5, 10));
+    assert_eq!(sliding.adopt(&w, counted, 7), sliding.fresh(7));
+    assert!(!sliding.same_meaning(&w));
+    assert!(g.same_meaning(&Params::Gcra(bucket(1, 1))));
+}
