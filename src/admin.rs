@@ -51,6 +51,8 @@ impl AdminAccess {
 }
 
 impl Admin {
+    /// Serves the live runtime; `reloader` backs `POST /admin/reload`, `access`
+    /// guards `/admin/*`.
     pub fn new(live: Arc<ArcSwap<Runtime>>, reloader: Arc<Reloader>, access: AdminAccess) -> Self {
         Self {
             live,

@@ -21,22 +21,28 @@ use crate::top::Caller;
 /// What the request path learned about one request.
 #[derive(Debug, Default)]
 pub struct Facts {
+    /// The resolved client IP, once read.
     pub client_ip: Option<IpAddr>,
     /// The route class, once a route matched.
     pub route: Option<Arc<str>>,
+    /// The matched route, by index in the policy.
     pub route_id: Option<RouteId>,
     /// The route class as an upstream header value.
     pub route_header: Option<http::HeaderValue>,
+    /// The credential of a valid API key.
     pub credential: Option<Arc<Credential>>,
+    /// `RateLimit-Policy` and `RateLimit` values, when the policy asks for them.
     pub rate_headers: Option<RateHeaders>,
+    /// The matched route's cost, charged to each of its limits.
     pub cost: u64,
     /// The limits that denied the request, if any did.
     pub violated: Vec<Arc<str>>,
     /// The normalized origin-form target, when it differs from the one
     /// received: the upstream gets this one.
     pub rewritten_target: Option<String>,
-    /// The matched route's body bound and upgrade permission.
+    /// The matched route's body bound (→ 413).
     pub max_body_bytes: u64,
+    /// Whether the matched route lets `Upgrade` (WebSocket) requests pass.
     pub upgrade: bool,
 }
 
@@ -55,10 +61,15 @@ impl Facts {
 /// What an admitted request does next.
 #[derive(Debug)]
 pub enum Admitted {
+    /// Forward to this upstream pool.
     Forward(PoolId),
+    /// Answer with the route's fixed response.
     Respond {
+        /// The status code.
         status: u16,
+        /// The response body.
         body: Bytes,
+        /// The `Content-Type` header value.
         content_type: String,
     },
 }
@@ -67,6 +78,7 @@ pub enum Admitted {
 /// limit groups. Made by [`plan`] without waiting on anything.
 #[derive(Debug)]
 pub struct Plan<'a> {
+    /// The matched route.
     pub route: &'a Route,
     /// Pre-auth charges, then (when the key is valid) the request charges.
     pub charges: Vec<Charge>,

@@ -15,10 +15,13 @@ use crate::limits::PlanId;
 pub struct Credential {
     /// Stable, non-secret credential id.
     pub id: Arc<str>,
+    /// The tenant the credential acts for.
     pub tenant: Arc<str>,
+    /// The plan whose limit overrides apply, if any.
     pub plan: Option<PlanId>,
-    /// `x-credential-id` and `x-tenant-id` for the upstream, made once.
+    /// `x-credential-id` for the upstream, made once.
     pub id_header: HeaderValue,
+    /// `x-tenant-id` for the upstream, made once.
     pub tenant_header: HeaderValue,
 }
 
@@ -55,10 +58,12 @@ impl KeyTable {
         }
     }
 
+    /// Number of credentials.
     pub fn len(&self) -> usize {
         self.by_digest.len()
     }
 
+    /// Whether the table holds no credential.
     pub fn is_empty(&self) -> bool {
         self.by_digest.is_empty()
     }

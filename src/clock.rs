@@ -20,6 +20,7 @@ pub struct MonotonicClock {
 }
 
 impl MonotonicClock {
+    /// A clock whose origin is now.
     pub fn new() -> Self {
         Self {
             origin: Instant::now(),
@@ -46,14 +47,17 @@ impl Clock for MonotonicClock {
 pub struct ManualClock(Arc<AtomicU64>);
 
 impl ManualClock {
+    /// A clock that reads `start_ms` until moved.
     pub fn new(start_ms: u64) -> Self {
         Self(Arc::new(AtomicU64::new(start_ms)))
     }
 
+    /// Sets the time to `ms`, for every clone.
     pub fn set(&self, ms: u64) {
         self.0.store(ms, Ordering::SeqCst);
     }
 
+    /// Moves the time forward by `ms`, for every clone.
     pub fn advance(&self, ms: u64) {
         self.0.fetch_add(ms, Ordering::SeqCst);
     }

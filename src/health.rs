@@ -83,6 +83,7 @@ pub struct HealthChecker {
 }
 
 impl HealthChecker {
+    /// Checks the pools of whatever runtime `live` holds at each round.
     pub fn new(live: Arc<ArcSwap<Runtime>>) -> Self {
         Self { live }
     }

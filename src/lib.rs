@@ -1,5 +1,6 @@
 //! tollgate: a rate-limiting reverse-proxy gateway for multi-tenant HTTP APIs.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod admin;
 pub mod admission;

@@ -10,21 +10,37 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// Every series the gateway exports, in its own registry.
 pub struct Metrics {
     registry: Registry,
+    /// `tollgate_requests_total{route,outcome}`.
     pub requests: IntCounterVec,
+    /// `tollgate_limit_decisions_total{limit,outcome}`.
     pub limit_decisions: IntCounterVec,
+    /// `tollgate_store_call_seconds`: duration of limit store calls.
     pub store_call_seconds: Histogram,
+    /// `tollgate_store_errors_total{reason}`: failed store calls.
     pub store_errors: IntCounterVec,
+    /// `tollgate_store_circuit_open`: 1 while the store breaker is open.
     pub store_circuit_open: IntGauge,
+    /// `tollgate_pool_in_flight{pool}`: requests holding a pool permit.
     pub pool_in_flight: IntGaugeVec,
+    /// `tollgate_pool_waiting{pool}`: requests waiting for a permit.
     pub pool_waiting: IntGaugeVec,
+    /// `tollgate_pool_rejections_total{pool}`: requests refused by a saturated pool.
     pub pool_rejections: IntCounterVec,
+    /// `tollgate_pool_wait_seconds{pool}`: time spent waiting for a permit.
     pub pool_wait_seconds: HistogramVec,
+    /// `tollgate_upstream_seconds{route}`: upstream response time.
     pub upstream_seconds: HistogramVec,
+    /// `tollgate_config_reloads_total{result}`: policy reloads.
     pub config_reloads: IntCounterVec,
+    /// `tollgate_config_info{policy_version}`: 1 for the live policy.
     pub config_info: IntGaugeVec,
+    /// `tollgate_connections{listener}`: open client connections.
     pub connections: IntGaugeVec,
+    /// `tollgate_connections_rejected_total{listener,reason}`: connections an edge
+    /// bound refused or closed.
     pub connections_rejected: IntCounterVec,
 }
 
@@ -69,6 +85,7 @@ const SECONDS: &[f64] = &[
 ];
 
 impl Metrics {
+    /// Registers every series in a fresh registry.
     pub fn new() -> Self {
         let r = Registry::new();
         let store_call_seconds = Histogram::with_opts(
@@ -185,14 +202,18 @@ impl Metrics {
 
 /// Declares an outcome label: its values, in order, as an enum.
 macro_rules! outcomes {
-    ($(#[$doc:meta])* $name:ident { $($variant:ident => $label:literal),+ $(,)? }) => {
+    (
+        $(#[$doc:meta])*
+        $name:ident { $($(#[$vdoc:meta])* $variant:ident => $label:literal),+ $(,)? }
+    ) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum $name { $($variant),+ }
+        pub enum $name { $($(#[$vdoc])* $variant),+ }
 
         impl $name {
             const ALL: &'static [$name] = &[$($name::$variant),+];
 
+            /// The label value.
             pub fn as_str(self) -> &'static str {
                 match self { $($name::$variant => $label),+ }
             }
@@ -203,13 +224,21 @@ macro_rules! outcomes {
 outcomes! {
     /// The `outcome` label of `tollgate_requests_total`.
     Outcome {
+        /// Admitted (the outcome stays so if forwarding then fails).
         Allowed => "allowed",
+        /// Denied by a rate limit (429).
         Limited => "limited",
+        /// No valid API key (401).
         Unauthorized => "unauthorized",
+        /// Refused by the IP rules (403).
         Forbidden => "forbidden",
+        /// No route matched (404).
         NotFound => "not_found",
+        /// Malformed, too large or too slow a request (400, 408, 413, 431).
         BadRequest => "bad_request",
+        /// The limit store failed and a limit says `closed` (503).
         StoreUnavailable => "store_unavailable",
+        /// The upstream pool had no room or no healthy server (503).
         Overloaded => "overloaded",
     }
 }
@@ -217,11 +246,17 @@ outcomes! {
 outcomes! {
     /// The `outcome` label of `tollgate_limit_decisions_total`.
     DecisionOutcome {
+        /// The limit admitted the cost.
         Allowed => "allowed",
+        /// An enforced limit denied.
         Limited => "limited",
+        /// A shadow limit would have denied; the request was not refused for it.
         ShadowLimited => "shadow_limited",
+        /// The store failed and the limit admitted (`on_store_error: open`).
         FailOpen => "fail_open",
+        /// The store failed and the limit refused (`on_store_error: closed`).
         FailClosed => "fail_closed",
+        /// The store failed; decided by this instance's share of the budget.
         LocalFallback => "local_fallback",
     }
 }

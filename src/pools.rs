@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 /// One server of a pool and what the health checks think of it.
 #[derive(Debug)]
 pub struct Server {
+    /// Where the server listens.
     pub addr: SocketAddr,
     healthy: AtomicBool,
     /// Consecutive check results of the current streak.
@@ -41,6 +42,7 @@ impl Server {
         }
     }
 
+    /// Whether the server is in the rotation; true until checks say otherwise.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
@@ -82,6 +84,7 @@ pub enum PoolRefusal {
 
 /// Run-time state of one upstream pool.
 pub struct Pool {
+    /// The upstream name, the `pool` label.
     pub name: Arc<str>,
     def: ArcSwap<Upstream>,
     servers: ArcSwap<Vec<Arc<Server>>>,
@@ -147,6 +150,7 @@ impl Pool {
         self.def.load_full()
     }
 
+    /// The pool's current servers, with their health.
     pub fn servers(&self) -> Arc<Vec<Arc<Server>>> {
         self.servers.load_full()
     }
@@ -249,6 +253,7 @@ pub struct Pools {
 }
 
 impl Pools {
+    /// No pools yet; each records its series in `metrics`.
     pub fn new(metrics: Arc<Metrics>) -> Self {
         Self {
             by_name: Mutex::new(HashMap::new()),

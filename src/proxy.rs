@@ -60,6 +60,7 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// A gateway serving whatever runtime `live` holds at each request.
     pub fn new(live: Arc<ArcSwap<Runtime>>) -> Self {
         Self {
             live,

@@ -14,6 +14,8 @@ use pingora::services::background::BackgroundService;
 use crate::config;
 use crate::runtime::{Runtime, Services};
 
+/// Reloads the policy file into the live runtime; shared by SIGHUP and the
+/// admin endpoint.
 pub struct Reloader {
     path: PathBuf,
     live: Arc<ArcSwap<Runtime>>,
@@ -23,6 +25,8 @@ pub struct Reloader {
 }
 
 impl Reloader {
+    /// A reloader of the policy at `path`, swapping into `live` runtimes built on
+    /// `services`.
     pub fn new(path: PathBuf, live: Arc<ArcSwap<Runtime>>, services: Arc<Services>) -> Self {
         Self {
             path,
@@ -72,6 +76,7 @@ pub struct HangupListener {
 }
 
 impl HangupListener {
+    /// Reloads through `reloader` on each SIGHUP.
     pub fn new(reloader: Arc<Reloader>) -> Self {
         Self { reloader }
     }

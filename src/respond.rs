@@ -22,7 +22,10 @@ pub enum Rejection {
     NotFound,
     /// The request cannot be read as sent: its framing, its target or its
     /// path (400).
-    BadRequest { detail: &'static str },
+    BadRequest {
+        /// What is wrong, shown as the problem's `detail`.
+        detail: &'static str,
+    },
     /// The request's head or body did not arrive in time (408).
     RequestTimeout,
     /// The request line and headers exceed `server.limits.max_header_bytes` (431).
@@ -31,21 +34,36 @@ pub enum Rejection {
     PayloadTooLarge,
     /// A caller's limit denied; nothing was charged.
     RateLimited {
+        /// Names of the limits that denied (`violated-policies`).
         violated: Vec<Arc<str>>,
+        /// Seconds for `Retry-After`; `None` when the cost can never fit.
         retry_after: Option<u64>,
     },
     /// The limit store is failing and a limit says `closed`.
-    StoreUnavailable { retry_after: u64 },
+    StoreUnavailable {
+        /// Seconds for `Retry-After`.
+        retry_after: u64,
+    },
     /// The upstream pool has no room within its queue bound.
-    Overloaded { retry_after: u64 },
+    Overloaded {
+        /// Seconds for `Retry-After`.
+        retry_after: u64,
+    },
     /// Every server of the upstream pool fails its health checks.
-    NoHealthyUpstream { retry_after: u64 },
+    NoHealthyUpstream {
+        /// Seconds for `Retry-After`.
+        retry_after: u64,
+    },
     /// The upstream could not be reached or failed (502), or the request
     /// could not be proxied for another reason (its own status: 400, 500…).
-    ProxyFailed { status: u16 },
+    ProxyFailed {
+        /// The status of the response: 502, or the failure's own.
+        status: u16,
+    },
 }
 
 impl Rejection {
+    /// The HTTP status of the response.
     pub fn status(&self) -> u16 {
         match self {
             Rejection::Unauthorized => 401,
@@ -222,7 +240,9 @@ fn proxy_failure(status: u16) -> (&'static str, &'static str, String) {
 /// describing the most constrained limit of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateHeaders {
+    /// `RateLimit-Policy`: `"name";q=QUOTA;w=SECONDS`.
     pub policy: HeaderValue,
+    /// `RateLimit`: `"name";r=REMAINING;t=SECONDS`.
     pub limit: HeaderValue,
 }
 
@@ -255,6 +275,7 @@ impl RateHeaders {
         })
     }
 
+    /// Sets both fields on a response.
     pub fn apply(&self, h: &mut ResponseHeader) -> Result<()> {
         // `&'static str` names: kept as given, without a title-cased copy.
         h.insert_header("ratelimit-policy", self.policy.clone())?;

@@ -12,24 +12,33 @@ use crate::top::{Redactor, Top};
 
 /// The process-long parts, shared by every policy that goes live.
 pub struct Services {
+    /// Decides limits; its state outlives reloads.
     pub limiter: Arc<Limiter>,
+    /// The metrics handle.
     pub metrics: Arc<Metrics>,
+    /// Upstream pools by name, kept across reloads.
     pub pools: Pools,
+    /// The heavy-hitters sketch.
     pub top: Top,
+    /// Hashes caller identities for logs and reports.
     pub redactor: Redactor,
 }
 
 /// One live policy with its pools. Requests hold an `Arc` of it from start
 /// to finish, so a request always completes under the policy it began with.
 pub struct Runtime {
+    /// The validated policy.
     pub policy: Policy,
     /// The policy's pools, indexed by [`crate::config::PoolId`].
     pub pools: Vec<Arc<Pool>>,
+    /// The process-long parts.
     pub services: Arc<Services>,
     metrics: PolicyMetrics,
 }
 
 impl Runtime {
+    /// Prepares `policy` to serve: its pools reconciled with those already
+    /// running, its metric series indexed by route and limit.
     pub fn new(policy: Policy, services: Arc<Services>) -> Self {
         let pools = services.pools.reconcile(&policy.upstreams);
         let metrics = PolicyMetrics::new(
@@ -45,6 +54,7 @@ impl Runtime {
         }
     }
 
+    /// The process-wide limiter.
     pub fn limiter(&self) -> &Limiter {
         &self.services.limiter
     }

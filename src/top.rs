@@ -55,7 +55,9 @@ impl Redactor {
 /// authentication its client network.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Caller {
+    /// An authenticated caller, by credential id.
     Credential(Arc<str>),
+    /// A caller before authentication, by client network.
     Ip(ipnet::IpNet),
 }
 
@@ -85,8 +87,11 @@ impl Counts {
 /// One row of the report.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Hitter {
+    /// `credential:ID` or `ip:NETWORK`, or its keyed hash unless revealed.
     pub caller: String,
+    /// Cost of its admitted requests.
     pub admitted_cost: u64,
+    /// Cost of its denied requests.
     pub denied_cost: u64,
     /// Upper bound of how much of the counts may belong to other callers.
     pub max_overcount: u64,
@@ -99,6 +104,7 @@ pub struct Top {
 }
 
 impl Top {
+    /// An empty sketch.
     pub fn new() -> Self {
         Self::default()
     }

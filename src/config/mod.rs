@@ -13,20 +13,31 @@ pub use policy::*;
 /// Why a configuration file was rejected.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file could not be opened or read.
     #[error("{file}: cannot read: {source}")]
     Read {
+        /// The file, as given.
         file: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The file did not parse into the schema: bad YAML, a wrong type, an unknown
+    /// key, or a file too large or nested too deep.
     #[error("{file}{location}: {message}")]
     Syntax {
+        /// The file, as given.
         file: String,
+        /// Where the parser stopped, when known.
         location: Location,
+        /// The parser's message, with the path of the offending key.
         message: String,
     },
+    /// The file parsed but broke semantic rules; every problem is listed.
     #[error("{}", render_problems(file, problems))]
     Invalid {
+        /// The file, as given.
         file: String,
+        /// Every problem found, in the order they were found.
         problems: Vec<Problem>,
     },
 }
@@ -47,7 +58,9 @@ impl fmt::Display for Location {
 /// One semantic problem: where in the document, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
+    /// Where in the document, e.g. `routes[0].limits[1]`.
     pub path: String,
+    /// What is wrong, with the offending value.
     pub message: String,
 }
 

@@ -24,46 +24,76 @@ pub type PoolId = usize;
 /// One complete, validated policy file.
 #[derive(Debug)]
 pub struct Policy {
+    /// The policy file it was loaded from, for messages and reloads.
     pub file: PathBuf,
+    /// The operator's label (`policy_version`), `"unversioned"` when absent.
     pub policy_version: String,
+    /// Listeners, threads, shutdown and edge bounds.
     pub server: ServerSettings,
+    /// The backend of shared limits and how to call it.
     pub store: StoreSettings,
+    /// How the client IP is resolved behind trusted proxies.
     pub client_ip: ClientIpConfig,
+    /// Networks denied or allowed before routing.
     pub ip_rules: IpRules,
+    /// The key header and the credentials.
     pub auth: AuthSettings,
+    /// Plans, indexed by [`PlanId`].
     pub plans: Vec<Plan>,
+    /// Limits, indexed by [`LimitId`].
     pub limits: Vec<Limit>,
+    /// Upstream pools, indexed by [`PoolId`].
     pub upstreams: Vec<Upstream>,
+    /// Routes in file order, with their path matcher.
     pub routes: Router<Route>,
+    /// Whether responses carry `RateLimit-Policy` and `RateLimit` (`draft`).
     pub ratelimit_headers: bool,
 }
 
+/// The validated `server` section.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSettings {
+    /// Client listeners; at least one.
     pub listen: Vec<SocketAddr>,
+    /// The admin listener, if any.
     pub admin_listen: Option<SocketAddr>,
+    /// Worker threads.
     pub threads: usize,
+    /// Environment variable whose value, when set, guards `/admin/*`.
     pub admin_token_env: Option<String>,
+    /// How long requests in flight may run after SIGTERM.
     pub shutdown_grace: Duration,
     /// `limits`, `timeouts` and `encoded_slash`: the bounds of the edge.
     pub edge: EdgeSettings,
 }
 
+/// The validated `store` section.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreSettings {
+    /// Where shared limits are decided.
     pub backend: Backend,
+    /// Redis URLs: one server, or the seed nodes of a cluster.
     pub urls: Vec<String>,
+    /// Bound on every store call.
     pub timeout: Duration,
+    /// Prepended to every Redis key.
     pub key_prefix: String,
+    /// Environment variable holding the HMAC secret for store keys.
     pub key_secret_env: String,
+    /// Failed store calls in a row that open the circuit breaker.
     pub failure_threshold: u32,
+    /// How long the breaker stays open before a trial call.
     pub open_for: Duration,
+    /// Instances sharing the store; the local fallback enforces 1/this of a budget.
     pub expected_instances: u32,
 }
 
+/// The validated `ip_rules` section, applied to the resolved client IP.
 #[derive(Debug, Clone, Default)]
 pub struct IpRules {
+    /// Networks refused with a 403.
     pub deny: Vec<IpNet>,
+    /// When non-empty, the only networks let through.
     pub allow: Vec<IpNet>,
 }
 
@@ -75,10 +105,12 @@ impl IpRules {
     }
 }
 
+/// The validated `auth` section.
 #[derive(Debug)]
 pub struct AuthSettings {
     /// Lower-case header name; `authorization` means `Bearer <key>`.
     pub header: http::HeaderName,
+    /// Every credential, from `keys` and the keys file.
     pub keys: KeyTable,
     /// Whether the upstream receives the API key (`auth.forward_key`).
     pub forward_key: bool,
@@ -87,11 +119,14 @@ pub struct AuthSettings {
 /// Per-plan replacement parameters for some limits.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// The plan name.
     pub name: String,
+    /// The limits this plan changes, with their replacement parameters.
     pub overrides: Vec<(LimitId, Params)>,
 }
 
 impl Plan {
+    /// The plan's parameters for `limit`, if it overrides that limit.
     pub fn params_for(&self, limit: LimitId) -> Option<Params> {
         self.overrides
             .iter()
@@ -103,25 +138,38 @@ impl Plan {
 /// A named limit, validated.
 #[derive(Debug, Clone)]
 pub struct Limit {
+    /// The limit name, used in metrics and `RateLimit` headers.
     pub name: Arc<str>,
+    /// Whether it runs before or after authentication.
     pub scope: Scope,
+    /// What its budgets are counted per.
     pub key: KeyDims,
+    /// The algorithm and its numbers, before any plan override.
     pub params: Params,
     /// Decided in this process rather than in the shared store.
     pub local: bool,
+    /// What it does while the store fails.
     pub on_store_error: OnStoreError,
+    /// Enforced, or only decided and counted (shadow).
     pub mode: Mode,
 }
 
 /// An upstream pool.
 #[derive(Debug, Clone)]
 pub struct Upstream {
+    /// The pool name, used in metrics.
     pub name: Arc<str>,
+    /// The resolved server addresses.
     pub servers: Vec<SocketAddr>,
+    /// Requests forwarded to the pool at once.
     pub max_in_flight: u32,
+    /// Requests that may wait for a permit.
     pub queue_max_waiting: u32,
+    /// Longest wait for a permit before a 503.
     pub queue_timeout: Duration,
+    /// Bound on connecting to a server.
     pub connect_timeout: Duration,
+    /// Bound on reading from a server.
     pub read_timeout: Duration,
     /// Active health checks; without them every server counts as healthy.
     pub health: Option<HealthCheck>,
@@ -130,22 +178,30 @@ pub struct Upstream {
 /// How a pool's servers are checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthCheck {
+    /// Time between probes of the pool's servers.
     pub interval: Duration,
+    /// Bound on one probe.
     pub timeout: Duration,
     /// `GET` this path and expect a 2xx or 3xx; without it, a TCP connect.
     pub path: Option<String>,
     /// Consecutive results needed to change a server's state.
     pub healthy_after: u32,
+    /// Consecutive failed probes that take a server out of the rotation.
     pub unhealthy_after: u32,
 }
 
 /// Where a route's admitted requests go.
 #[derive(Debug, Clone)]
 pub enum Target {
+    /// Forward to this upstream pool.
     Upstream(PoolId),
+    /// Answer from the gateway itself.
     Respond {
+        /// The status code, 200-599.
         status: u16,
+        /// The response body.
         body: Bytes,
+        /// The `Content-Type` header value.
         content_type: String,
     },
 }
@@ -153,13 +209,18 @@ pub enum Target {
 /// A route class.
 #[derive(Debug, Clone)]
 pub struct Route {
+    /// Index of the route in the policy, in file order.
     pub id: RouteId,
+    /// The route class, used in metrics and logs.
     pub name: Arc<str>,
     /// `x-route-class` for the upstream, made once (names are validated
     /// header-safe).
     pub class_header: http::HeaderValue,
+    /// Whether the request needs a valid API key.
     pub auth_required: bool,
+    /// Where admitted requests go.
     pub target: Target,
+    /// What one request charges each of its limits.
     pub cost: u64,
     /// `scope: pre_auth` limits, in the order the route names them.
     pub pre_auth: Vec<LimitId>,

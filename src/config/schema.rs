@@ -45,76 +45,115 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
     }
 }
 
+/// A whole policy file, as parsed.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
+    /// Schema version of the file; must be `1`.
     pub version: u32,
+    /// Free label shown by `check`, in logs, by `/readyz` and in `tollgate_config_info`;
+    /// `"unversioned"` when absent.
     #[serde(default)]
     pub policy_version: Option<String>,
+    /// Listeners, threads, shutdown and edge bounds (`server`).
     #[serde(default)]
     pub server: RawServer,
+    /// Where shared limits keep their state (`store`).
     #[serde(default)]
     pub store: RawStore,
+    /// How the client IP is read behind trusted proxies (`client_ip`).
     #[serde(default)]
     pub client_ip: RawClientIp,
+    /// Networks denied or allowed before routing (`ip_rules`).
     #[serde(default)]
     pub ip_rules: RawIpRules,
+    /// The API key header and the credentials (`auth`).
     #[serde(default)]
     pub auth: RawAuth,
+    /// Per-plan overrides: plan name → limit name → replacement numbers.
     #[serde(default)]
     pub plans: UniqueMap<UniqueMap<RawOverride>>,
+    /// Named limits that routes refer to.
     #[serde(default)]
     pub limits: UniqueMap<RawLimit>,
+    /// Named upstream pools that routes forward to.
     #[serde(default)]
     pub upstreams: UniqueMap<RawUpstream>,
+    /// Routes, matched in file order; at least one.
     pub routes: Vec<RawRoute>,
+    /// Optional response headers (`responses`).
     #[serde(default)]
     pub responses: RawResponses,
 }
 
+/// The `server` section: listeners, threads, shutdown and edge bounds.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
+    /// Client listeners as `ip:port`; `["0.0.0.0:8080"]` when absent.
     pub listen: Option<Vec<String>>,
+    /// Address of the admin listener (`/healthz`, `/readyz`, `/metrics`, `/admin/*`), if any.
     pub admin_listen: Option<String>,
+    /// Worker threads, 1-256; the number of CPUs available when absent.
     pub threads: Option<usize>,
+    /// Name of the environment variable whose value guards `/admin/*` as a bearer token.
     pub admin_token_env: Option<String>,
+    /// How long requests in flight may run after SIGTERM, 0-3600; default 10.
     pub shutdown_grace_seconds: Option<u64>,
+    /// Connection, header and body bounds (`server.limits`).
     pub limits: Option<RawServerLimits>,
+    /// Read, idle and send timeouts of client connections (`server.timeouts`).
     pub timeouts: Option<RawTimeouts>,
+    /// What `%2F` in a request path does: `reject` (400, the default) or `keep`.
     pub encoded_slash: Option<EncodedSlashName>,
 }
 
+/// The `server.limits` section: bounds on what a client may send.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServerLimits {
+    /// Open client connections per listener; beyond, new ones are closed at once. Default 10000.
     pub max_connections: Option<u64>,
+    /// Largest request line and headers; above is a 431. Default 65536.
     pub max_header_bytes: Option<u64>,
+    /// Default of `routes[].max_body_bytes`; default 10485760.
     pub max_body_bytes: Option<u64>,
 }
 
+/// The `server.timeouts` section, all in milliseconds.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTimeouts {
+    /// From a request's first byte to the end of its headers (→ 408); default 10000.
     pub header_read_ms: Option<u64>,
+    /// Idle time allowed between requests on a connection; default 60000.
     pub keepalive_idle_ms: Option<u64>,
+    /// Longest wait for the next bytes of a request body (→ 408); default 30000.
     pub body_read_ms: Option<u64>,
+    /// Longest time a client may leave a response write pending; default 30000.
     pub send_ms: Option<u64>,
 }
 
+/// The values of `server.encoded_slash`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EncodedSlashName {
+    /// A `%2F` in the path is a 400.
     Reject,
+    /// A `%2F` is kept encoded inside its segment, for matching and forwarding.
     Keep,
 }
 
+/// The values of `store.backend`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
+    /// State in this process only: one instance, no Redis.
     #[default]
     Memory,
+    /// One Redis server, at the single URL in `store.urls`.
     Redis,
+    /// A Redis Cluster, reached through the seed nodes in `store.urls`.
     RedisCluster,
 }
 
@@ -128,64 +167,92 @@ impl fmt::Display for Backend {
     }
 }
 
+/// The `store` section: the backend of shared limits and how to call it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
+    /// `memory`, `redis` or `redis_cluster`; `memory` when absent.
     #[serde(default)]
     pub backend: Backend,
+    /// `redis://` or `rediss://` URLs: one for `redis`, seed nodes for `redis_cluster`.
     #[serde(default)]
     pub urls: Vec<String>,
+    /// Bound on every store call, 1-10000 ms; default 20.
     pub timeout_ms: Option<u64>,
+    /// Prepended to every Redis key; `"tg:"` when absent.
     pub key_prefix: Option<String>,
+    /// Name of the environment variable holding the HMAC secret for store keys;
+    /// `TOLLGATE_KEY_SECRET` when absent.
     pub key_secret_env: Option<String>,
+    /// When to stop calling a failing store (`store.circuit_breaker`).
     pub circuit_breaker: Option<RawBreaker>,
+    /// Instances sharing the store; `on_store_error: local` enforces 1/this of a budget. Default 1.
     pub expected_instances: Option<u32>,
 }
 
+/// The `store.circuit_breaker` section.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBreaker {
+    /// Failed store calls in a row that open the breaker, 1-1000; default 5.
     pub failure_threshold: Option<u32>,
+    /// How long the breaker stays open before a trial call, 1-600000 ms; default 1000.
     pub open_ms: Option<u64>,
 }
 
+/// The `client_ip` section: where the client address comes from.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawClientIp {
+    /// Networks (CIDR or bare address) whose forwarding header is believed.
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// The forwarding header read from a trusted peer; `x-forwarded-for` when absent.
     #[serde(default)]
     pub header: HeaderName,
+    /// Length of the network IPv6 clients are keyed by, 1-128; default 64.
     pub ipv6_prefix: Option<u8>,
 }
 
+/// The values of `client_ip.header`.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 pub enum HeaderName {
+    /// `X-Forwarded-For`, walked from the nearest hop.
     #[default]
     #[serde(rename = "x-forwarded-for")]
     XForwardedFor,
+    /// The `for=` parameters of RFC 7239 `Forwarded`.
     #[serde(rename = "forwarded")]
     Forwarded,
+    /// `X-Real-IP`: exactly one well-formed header line.
     #[serde(rename = "x-real-ip")]
     XRealIp,
 }
 
+/// The `ip_rules` section, applied to the resolved client IP before routing.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawIpRules {
+    /// Networks whose clients get a 403.
     #[serde(default)]
     pub deny: Vec<String>,
+    /// When non-empty, the only networks whose clients are let through.
     #[serde(default)]
     pub allow: Vec<String>,
 }
 
+/// The `auth` section: the key header and the credentials.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAuth {
+    /// Header carrying the API key; `authorization` (as `Bearer <key>`) when absent.
     pub header: Option<String>,
+    /// Path of a YAML file with more `keys`, relative to the policy file's directory.
     pub keys_file: Option<String>,
+    /// Credentials written in the policy itself.
     #[serde(default)]
     pub keys: Vec<RawKey>,
+    /// Whether the upstream receives the key header; removed by default.
     #[serde(default)]
     pub forward_key: bool,
 }
@@ -194,15 +261,21 @@ pub struct RawAuth {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawKeysFile {
+    /// The credentials, with the same entries as `auth.keys`.
     pub keys: Vec<RawKey>,
 }
 
+/// One entry of `auth.keys` or of the keys file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawKey {
+    /// The credential id: stable, not secret, sent upstream.
     pub id: String,
+    /// The tenant the credential acts for, 1-256 characters.
     pub tenant: String,
+    /// The plan whose overrides apply to this credential, if any.
     pub plan: Option<String>,
+    /// SHA-256 of the raw key as 64 hex digits (`tollgate hash-key`).
     pub sha256: String,
 }
 
@@ -210,37 +283,55 @@ pub struct RawKey {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawOverride {
+    /// Replacement `capacity` of a `token_bucket` or `gcra` limit.
     pub capacity: Option<f64>,
+    /// Replacement `refill_per_second` of a `token_bucket` or `gcra` limit.
     pub refill_per_second: Option<f64>,
+    /// Replacement `limit` of a window limit.
     pub limit: Option<f64>,
+    /// Replacement `window_seconds` of a window limit.
     pub window_seconds: Option<f64>,
 }
 
+/// The values of `limits.*.scope`: when a limit runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
+    /// Before authentication; the key may only use `ip` and `route`.
     PreAuth,
+    /// After authentication, with the other request limits.
     #[default]
     Request,
 }
 
+/// One part of a limit's `key`: what its budgets are counted per.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Dimension {
+    /// The client IP (IPv6 by its `client_ip.ipv6_prefix` network).
     Ip,
+    /// The credential id.
     Credential,
+    /// The credential's tenant.
     Tenant,
+    /// The route class.
     Route,
 }
 
+/// The values of `limits.*.algorithm`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AlgorithmName {
+    /// `capacity` tokens refilled at `refill_per_second`.
     #[default]
     TokenBucket,
+    /// A token bucket with the same numbers, stored as one timestamp.
     Gcra,
+    /// `limit` per window of `window_seconds`, aligned to its length.
     FixedWindow,
+    /// A fixed window smoothed with the previous window's count.
     SlidingWindow,
+    /// Exact: one entry per admitted request in the last `window_seconds`.
     SlidingLog,
 }
 
@@ -256,108 +347,161 @@ impl fmt::Display for AlgorithmName {
     }
 }
 
+/// The values of `limits.*.store`: where a limit is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Placement {
+    /// In this instance, with no store call.
     Local,
+    /// In the shared store, across instances.
     Shared,
 }
 
+/// One entry of `limits`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
+    /// `pre_auth` or `request`; `request` when absent.
     #[serde(default)]
     pub scope: Scope,
+    /// What budgets are counted per; `[]` is one global budget.
     #[serde(default)]
     pub key: Vec<Dimension>,
+    /// The algorithm; `token_bucket` when absent.
     #[serde(default)]
     pub algorithm: AlgorithmName,
+    /// `token_bucket`, `gcra`: the largest burst, 1 to 1e9.
     pub capacity: Option<f64>,
+    /// `token_bucket`, `gcra`: tokens added per second, at most 1e9.
     pub refill_per_second: Option<f64>,
+    /// Window algorithms: the cost admitted per window, a whole number.
     pub limit: Option<f64>,
+    /// Window algorithms: the window length, at most 86400.
     pub window_seconds: Option<f64>,
+    /// `local` or `shared`; `shared` when absent (`local` with `backend: memory`).
     pub store: Option<Placement>,
+    /// What a shared limit does while the store fails; `closed` when absent.
     #[serde(default)]
     pub on_store_error: OnStoreError,
+    /// `enforce`, or `shadow` to decide without ever denying; `enforce` when absent.
     #[serde(default)]
     pub mode: Mode,
 }
 
+/// One entry of `upstreams`: a pool of servers.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
+    /// The servers as `host:port`, resolved when the policy is loaded.
     pub servers: Vec<String>,
+    /// Requests forwarded to the pool at once, 1-1000000; default 256.
     pub max_in_flight: Option<u32>,
+    /// Requests that may wait for a permit, and for how long (`queue`).
     pub queue: Option<RawQueue>,
+    /// Bound on connecting to a server, 1-60000 ms; default 1000.
     pub connect_timeout_ms: Option<u64>,
+    /// Bound on reading from a server, 1-3600000 ms; default 30000.
     pub read_timeout_ms: Option<u64>,
+    /// Active health checks; without them every server counts as healthy.
     pub health_check: Option<RawHealthCheck>,
 }
 
+/// The `upstreams.*.health_check` section.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHealthCheck {
+    /// Time between probes of the pool's servers, 10-3600000 ms; default 2000.
     pub interval_ms: Option<u64>,
+    /// Bound on one probe, 1-60000 ms; default 1000.
     pub timeout_ms: Option<u64>,
+    /// Path probed with `GET` (2xx or 3xx is healthy); a TCP connect when absent.
     pub path: Option<String>,
+    /// Good probes in a row to return to the rotation, 1-100; default 1.
     pub healthy_after: Option<u32>,
+    /// Failed probes in a row to leave it, 1-100; default 2.
     pub unhealthy_after: Option<u32>,
 }
 
+/// The `upstreams.*.queue` section: waiting for a pool permit.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawQueue {
+    /// Requests that may wait for a permit, 0-1000000; `max_in_flight` when absent.
     pub max_waiting: Option<u32>,
+    /// Longest wait for a permit before a 503, 0-60000 ms; default 100.
     pub timeout_ms: Option<u64>,
 }
 
+/// The values of `routes[].auth`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AuthMode {
+    /// The request needs a valid API key.
     #[default]
     Required,
+    /// No key is read; limits keyed by `credential` or `tenant` are not allowed.
     None,
 }
 
+/// One entry of `routes`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
+    /// The route class: unique, used in metrics and sent upstream.
     pub name: String,
+    /// HTTP methods matched, case-insensitive; `[]` matches any.
     #[serde(default)]
     pub methods: Vec<String>,
+    /// Path template: literal segments, `{name}` and a final `**`.
     pub path: String,
+    /// `required` or `none`; `required` when absent.
     #[serde(default)]
     pub auth: AuthMode,
+    /// The pool admitted requests go to; exactly one of this and `respond`.
     pub upstream: Option<String>,
+    /// A fixed response given by the gateway itself, instead of an upstream.
     pub respond: Option<RawRespond>,
+    /// What one request charges each of its limits, a whole number; default 1.
     pub cost: Option<f64>,
+    /// Names of the limits applied; `pre_auth` ones run before authentication.
     #[serde(default)]
     pub limits: Vec<String>,
+    /// Largest request body (→ 413); `server.limits.max_body_bytes` when absent.
     pub max_body_bytes: Option<u64>,
+    /// Whether `Upgrade` (WebSocket) requests pass; removed by default.
     #[serde(default)]
     pub upgrade: bool,
 }
 
+/// The `routes[].respond` section: a response made by the gateway.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRespond {
+    /// The status code, 200-599.
     pub status: u16,
+    /// The body; empty when absent, and must be empty with 204 and 304.
     #[serde(default)]
     pub body: String,
+    /// The `Content-Type`; `text/plain; charset=utf-8` when absent.
     pub content_type: Option<String>,
 }
 
+/// The values of `responses.ratelimit_headers`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RateLimitHeaders {
+    /// No rate-limit headers on responses.
     #[default]
     None,
+    /// `RateLimit-Policy` and `RateLimit` as in draft-ietf-httpapi-ratelimit-headers.
     Draft,
 }
 
+/// The `responses` section.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawResponses {
+    /// `none` or `draft`; `none` when absent.
     #[serde(default)]
     pub ratelimit_headers: RateLimitHeaders,
 }

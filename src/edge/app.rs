@@ -31,6 +31,8 @@ pub struct Edge<A> {
 }
 
 impl<A> Edge<A> {
+    /// Serves `proxy` on one listener, within the bounds `settings` returns,
+    /// accounted in `listener`.
     pub fn new(proxy: Arc<A>, settings: Settings, listener: Arc<Listener>) -> Self {
         Self {
             proxy,

@@ -12,11 +12,17 @@ use crate::metrics::Metrics;
 /// Why the edge refused or closed a connection (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
+    /// Refused at accept: the listener already holds `max_connections`.
     MaxConnections,
+    /// No complete request head within `header_read_ms`.
     HeaderTimeout,
+    /// No next request within `keepalive_idle_ms`.
     IdleTimeout,
+    /// A request body stalled longer than `body_read_ms`.
     BodyTimeout,
+    /// The client left a response write pending longer than `send_ms`.
     SendTimeout,
+    /// A request head larger than `max_header_bytes`.
     HeaderTooLarge,
     /// A request head that cannot be read as HTTP/1.1 or is framed ambiguously.
     BadRequest,
@@ -33,6 +39,7 @@ impl Reason {
         Reason::BadRequest,
     ];
 
+    /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::MaxConnections => "max_connections",
@@ -55,6 +62,7 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// The accounting of the listener `name`, with its metric series resolved once.
     pub fn new(name: &str, metrics: &Metrics) -> Arc<Self> {
         Arc::new(Self {
             open: AtomicUsize::new(0),

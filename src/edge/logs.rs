@@ -21,6 +21,7 @@ pub struct ClientErrorLog {
 }
 
 impl ClientErrorLog {
+    /// A limiter letting one line through per `every`.
     pub fn new(every: Duration) -> Arc<Self> {
         Arc::new(Self {
             start: Instant::now(),

@@ -28,14 +28,21 @@ const MAX_HEADERS: usize = 256;
 /// `server.limits` and `server.timeouts`, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EdgeSettings {
+    /// Open client connections per listener; beyond, new ones are closed at once.
     pub max_connections: usize,
+    /// Largest request line and headers (→ 431, connection closed).
     pub max_header_bytes: usize,
     /// The default of routes' `max_body_bytes`.
     pub max_body_bytes: u64,
+    /// From a request's first byte to the end of its headers (→ 408, closed).
     pub header_read: Duration,
+    /// Idle time allowed between requests on a connection.
     pub keepalive_idle: Duration,
+    /// Longest wait for the next bytes of a request body (→ 408, closed).
     pub body_read: Duration,
+    /// Longest time a client may leave a response write pending.
     pub send: Duration,
+    /// What `%2F` in a request path does.
     pub encoded_slash: EncodedSlash,
 }
 
@@ -58,8 +65,11 @@ impl Default for EdgeSettings {
 /// How a request's body is delimited (RFC 9112 §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {
+    /// No body.
     None,
+    /// A body of exactly this many bytes (`Content-Length`).
     Length(u64),
+    /// A chunked body (`Transfer-Encoding: chunked`).
     Chunked,
 }
 

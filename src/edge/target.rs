@@ -75,6 +75,7 @@ impl TargetError {
 /// upstream receives, and the query as sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target<'a> {
+    /// The normalized path, borrowed when nothing changed.
     pub path: Cow<'a, str>,
     /// Without its `?`; `None` when the target had no `?`.
     pub query: Option<&'a str>,

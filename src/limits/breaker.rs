@@ -30,6 +30,7 @@ enum State {
     Probing,
 }
 
+/// The breaker of one store; shared by every call to it.
 #[derive(Debug)]
 pub struct Breaker {
     threshold: u32,
@@ -38,6 +39,8 @@ pub struct Breaker {
 }
 
 impl Breaker {
+    /// A closed breaker that opens after `threshold` failures in a row (at least 1)
+    /// and stays open for `open_for`.
     pub fn new(threshold: u32, open_for: Duration) -> Self {
         Self {
             threshold: threshold.max(1),
@@ -50,6 +53,8 @@ impl Breaker {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a call made at `now_ms` may go to the store; a `Probe` must be
+    /// reported with [`Breaker::record`] before any other call is let through.
     pub fn permit(&self, now_ms: u64) -> Permit {
         let mut state = self.state();
         match *state {

@@ -34,6 +34,7 @@ impl std::fmt::Debug for KeyHasher {
 }
 
 impl KeyHasher {
+    /// A hasher writing keys under `prefix`, keyed by the HMAC `secret`.
     pub fn new(prefix: &str, secret: &[u8]) -> Self {
         Self {
             prefix: prefix.to_string(),
@@ -94,6 +95,7 @@ struct Cached {
 }
 
 impl KeyCache {
+    /// A cache of at most twice `capacity` keys (at least 1), made by `hasher`.
     pub fn new(hasher: KeyHasher, capacity: usize) -> Self {
         Self {
             hasher,

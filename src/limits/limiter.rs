@@ -23,8 +23,11 @@ use crate::metrics::Metrics;
 
 /// The shared store with its guards: a bound on every call and a breaker.
 pub struct Shared {
+    /// The store shared limits are decided in (Redis or Redis Cluster).
     pub store: Arc<dyn LimitStore>,
+    /// Stops calls to a failing store.
     pub breaker: Breaker,
+    /// Bound on every store call (`store.timeout_ms`).
     pub timeout: Duration,
     /// The local fallback enforces `1/instances` of each budget.
     pub instances: u32,

@@ -27,9 +27,13 @@ pub type PlanId = usize;
 /// The identity dimensions a limit's key is built from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct KeyDims {
+    /// Keyed by the client network.
     pub ip: bool,
+    /// Keyed by the credential id.
     pub credential: bool,
+    /// Keyed by the credential's tenant.
     pub tenant: bool,
+    /// Keyed by the route class.
     pub route: bool,
 }
 
@@ -63,8 +67,11 @@ pub const NONE_BLOCKED: u8 = u8::MAX;
 /// One request's charge against one limit.
 #[derive(Debug, Clone)]
 pub struct Charge {
+    /// The limit charged.
     pub limit: LimitId,
+    /// Its name, for metrics, headers and the 429 body.
     pub name: Arc<str>,
+    /// The parameters it runs with for this caller (after the plan's override).
     pub params: Params,
     /// The limit's key material for this caller: the identity dimensions
     /// joined. Shared stores never see it in the clear.
@@ -72,6 +79,7 @@ pub struct Charge {
     /// The tenant, when the key is tenant-scoped (tenant or credential):
     /// shared stores derive a hash tag from it so the keys share a slot.
     pub tenant: Option<Arc<str>>,
+    /// What the request spends, in whole units.
     pub cost: u64,
     /// `false` for shadow limits: decided and counted, never denying.
     pub enforce: bool,
@@ -108,15 +116,18 @@ pub struct Verdict {
     pub wait_ms: Option<u64>,
     /// Milliseconds until the key is back to its initial state.
     pub reset_ms: u64,
+    /// How the verdict was reached.
     pub source: Source,
 }
 
 /// The decision for one group of a request's charges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
+    /// Every enforced limit of the group admits.
     Allow,
     /// At least one enforced limit denied; nothing was charged.
     Deny {
+        /// Names of the enforced limits that denied.
         violated: Vec<Arc<str>>,
         /// Whole seconds (at least 1) until a retry could succeed, or `None`
         /// when the cost can never fit one of the limits.
@@ -173,6 +184,8 @@ impl StoreError {
 /// that is lower (an earlier part of the decision already denied it).
 #[async_trait]
 pub trait LimitStore: Send + Sync {
+    /// Decides and spends `charges` as described above; one verdict per charge,
+    /// in the same order.
     async fn decide(
         &self,
         charges: &[&Charge],
@@ -211,8 +224,11 @@ pub fn undone(charge: &Charge, verdict: &Verdict, spent_below: u8, final_gate: u
 pub struct Identity<'a> {
     /// The client network (an IPv4 /32 or an IPv6 prefix), already keyed.
     pub ip: Option<ipnet::IpNet>,
+    /// The credential id, once authenticated.
     pub credential: Option<&'a str>,
+    /// The credential's tenant, once authenticated.
     pub tenant: Option<&'a Arc<str>>,
+    /// The route class.
     pub route: &'a str,
 }
 

@@ -1,3 +1,6 @@
+//! Pools without an upstream: round robin over healthy servers, permits
+//! bounded, queued and released by drop, and resizing on reload.
+
 use super::*;
 use std::time::Duration;
 

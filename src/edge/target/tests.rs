@@ -1,3 +1,6 @@
+//! Target normalization: a table of paths, the request-target forms refused,
+//! and properties over arbitrary encodings of plain paths.
+
 use proptest::prelude::*;
 
 use super::*;

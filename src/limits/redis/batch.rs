@@ -37,6 +37,7 @@ pub struct Batches {
 }
 
 impl Batches {
+    /// Queues for script calls on `connection`.
     pub fn new(connection: Connection) -> Self {
         Self {
             connection: Arc::new(connection),

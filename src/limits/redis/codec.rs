@@ -22,10 +22,15 @@ pub const DECIDE_LUA: &str = include_str!("../../../lua/decide.lua");
 
 /// The algorithm numbers the script knows (`KIND` in `lua/decide.lua`).
 pub mod kind {
+    /// `token_bucket`: a = capacity in micro-tokens, b = micro-tokens per ms.
     pub const TOKEN_BUCKET: u8 = 1;
+    /// `gcra`: a and b as for a token bucket.
     pub const GCRA: u8 = 2;
+    /// `fixed_window`: a = limit, b = window in ms.
     pub const FIXED_WINDOW: u8 = 3;
+    /// `sliding_window`: a and b as for a fixed window.
     pub const SLIDING_WINDOW: u8 = 4;
+    /// `sliding_log`: a and b as for a fixed window.
     pub const SLIDING_LOG: u8 = 5;
 }
 
@@ -41,9 +46,13 @@ const VERDICT: usize = 4 * NUMBER;
 /// One limit as the script reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spec {
+    /// The algorithm, one of [`kind`].
     pub kind: u8,
+    /// The first parameter: a capacity or a limit.
     pub a: u64,
+    /// The second parameter: a rate or a window length.
     pub b: u64,
+    /// Whole units charged.
     pub cost: u64,
     /// `group * 2 + 1` when enforced, `group * 2` for shadow limits.
     pub flags: u8,
@@ -73,8 +82,11 @@ impl Spec {
 /// One request's shared limits, as the script reads them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
+    /// The store key of each limit.
     pub keys: Vec<Arc<str>>,
+    /// The limits, in the request's order.
     pub limits: Vec<Spec>,
+    /// The first group that may not be charged.
     pub blocked_from: u8,
     /// 0 to decide; otherwise the store time at which these charges were
     /// spent by a decision since undone, to give them back.
@@ -101,6 +113,7 @@ pub type Decided = (Vec<Verdict>, u64);
 pub struct Call<'a> {
     /// Distinct keys, in first-use order.
     pub keys: Vec<&'a str>,
+    /// How many requests the bytes hold.
     pub requests: usize,
     /// Every request's numbers.
     pub bytes: Vec<u8>,
