@@ -12,7 +12,7 @@ use tollgate::config::OnStoreError;
 use tollgate::edge::target::{normalize, EncodedSlash};
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
-use tollgate::limits::{Charge, NONE_BLOCKED};
+use tollgate::limits::{Charge, Gate};
 use tollgate::routes::{PathTemplate, Router};
 use tollgate::testing::{self, bucket_params};
 
@@ -92,7 +92,7 @@ fn decisions(c: &mut Criterion) {
         charge("global", "g"),
     ];
     c.bench_function("memory_store_decide_3_limits", |b| {
-        b.iter(|| store.decide_now(black_box(&charges), NONE_BLOCKED))
+        b.iter(|| store.decide_now(black_box(&charges), Gate::Open))
     });
 }
 

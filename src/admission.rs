@@ -12,7 +12,7 @@ use crate::auth::{self, Credential};
 use crate::client_ip;
 use crate::config::{LimitId, Mode, PlanId, PoolId, Route, RouteId, Target};
 use crate::edge::target;
-use crate::limits::{combine, Charge, Decision, Identity, Source, Verdict};
+use crate::limits::{combine, Charge, Decision, Group, Identity, Source, Verdict};
 use crate::metrics::DecisionOutcome;
 use crate::respond::{RateHeaders, Rejection};
 use crate::runtime::Runtime;
@@ -149,7 +149,7 @@ pub fn plan<'a>(
     };
     let plan = credential.as_ref().and_then(|c| c.plan);
     facts.credential.clone_from(&credential);
-    let mut charges = build_charges(rt, &route.pre_auth, &who, None, route.cost, PRE_AUTH);
+    let mut charges = build_charges(rt, &route.pre_auth, &who, None, route.cost, Group::PreAuth);
     if authenticated {
         charges.extend(build_charges(
             rt,
@@ -157,7 +157,7 @@ pub fn plan<'a>(
             &who,
             plan,
             route.cost,
-            REQUEST,
+            Group::Request,
         ));
     }
     Ok(Plan {
@@ -178,11 +178,11 @@ pub fn conclude(
     if rt.policy.ratelimit_headers {
         facts.rate_headers = RateHeaders::most_constrained(&plan.charges, verdicts);
     }
-    check_group(rt, &plan.charges, verdicts, PRE_AUTH).inspect_err(|r| facts.note(r))?;
+    check_group(rt, &plan.charges, verdicts, Group::PreAuth).inspect_err(|r| facts.note(r))?;
     if !plan.authenticated {
         return Err(Rejection::Unauthorized);
     }
-    check_group(rt, &plan.charges, verdicts, REQUEST).inspect_err(|r| facts.note(r))?;
+    check_group(rt, &plan.charges, verdicts, Group::Request).inspect_err(|r| facts.note(r))?;
     Ok(match &plan.route.target {
         Target::Upstream(pool) => Admitted::Forward(*pool),
         Target::Respond {
@@ -235,17 +235,13 @@ impl Facts {
     }
 }
 
-/// Limit groups: pre-authentication limits are decided (and charged) first.
-const PRE_AUTH: u8 = 0;
-const REQUEST: u8 = 1;
-
 fn build_charges(
     rt: &Runtime,
     ids: &[LimitId],
     who: &Identity<'_>,
     plan: Option<PlanId>,
     cost: u64,
-    group: u8,
+    group: Group,
 ) -> Vec<Charge> {
     let policy = &rt.policy;
     ids.iter()
@@ -272,7 +268,7 @@ fn check_group(
     rt: &Runtime,
     charges: &[Charge],
     verdicts: &[Verdict],
-    group: u8,
+    group: Group,
 ) -> Result<(), Rejection> {
     match combine(charges, verdicts, group) {
         Decision::Allow => Ok(()),

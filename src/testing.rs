@@ -8,7 +8,7 @@
 
 use crate::config::OnStoreError;
 use crate::limits::algorithm::{Bucket, Params, Window};
-use crate::limits::Charge;
+use crate::limits::{Charge, Group};
 
 /// A bucket of `capacity` whole tokens refilling `per_second` whole tokens a
 /// second.
@@ -27,7 +27,7 @@ pub fn window(limit: u64, secs: u64) -> Window {
 }
 
 /// A charge of `cost` to limit `name` for the caller `key`, decided by the
-/// shared store: enforced, in group 1 (after authentication), not
+/// shared store: enforced, in the request group (after authentication), not
 /// tenant-scoped, and refused while the store fails (`on_store_error:
 /// closed`).
 pub fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
@@ -39,7 +39,7 @@ pub fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
         tenant: None,
         cost,
         enforce: true,
-        group: 1,
+        group: Group::Request,
         local: false,
         on_store_error: OnStoreError::Closed,
     }

@@ -18,7 +18,7 @@ use tollgate::limits::cluster::ClusterStore;
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::RedisStore;
-use tollgate::limits::{Charge, LimitStore, Verdict, NONE_BLOCKED};
+use tollgate::limits::{Charge, Gate, Group, LimitStore, Verdict};
 use tollgate::testing::{bucket_params as bucket, charge, window};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -83,7 +83,7 @@ impl Probe {
         self.clock.set(1_000_000 + ms);
         let c = charge("l", "k", params, cost);
         self.rt
-            .block_on(self.store.decide(&[&c], NONE_BLOCKED))
+            .block_on(self.store.decide(&[&c], Gate::Open))
             .unwrap()[0]
     }
 }
@@ -240,7 +240,7 @@ fn a_full_sliding_log_is_decided_in_bounded_work() {
     let heavy = charge("export", "heavy", log, 1);
     for _ in 0..100 {
         let batch: Vec<&Charge> = vec![&heavy; 100];
-        let v = rt.block_on(s.decide(&batch, NONE_BLOCKED)).unwrap();
+        let v = rt.block_on(s.decide(&batch, Gate::Open)).unwrap();
         assert!(v.iter().all(|v| v.allowed));
         clock.advance(100);
     }
@@ -249,19 +249,19 @@ fn a_full_sliding_log_is_decided_in_bounded_work() {
     // Another tenant, whose own budget is spent, and a fresh one.
     let spent = charge("own", "spent", bucket(1, 1), 1);
     let fresh = charge("own", "fresh", bucket(1, 1), 1);
-    assert!(rt.block_on(s.decide(&[&spent], NONE_BLOCKED)).unwrap()[0].allowed);
+    assert!(rt.block_on(s.decide(&[&spent], Gate::Open)).unwrap()[0].allowed);
 
     server.cmd::<()>(&["CONFIG", "RESETSTAT"]).unwrap();
     for i in 1..=20 {
         clock.advance(10);
-        let full = rt.block_on(s.decide(&[&heavy], NONE_BLOCKED)).unwrap()[0];
+        let full = rt.block_on(s.decide(&[&heavy], Gate::Open)).unwrap()[0];
         assert!(!full.allowed);
         // The oldest entry, written 10 000 ms before the loop, leaves first.
         assert_eq!(full.wait_ms, Some(3_600_000 - 10_000 - 10 * i));
-        let own = rt.block_on(s.decide(&[&spent], NONE_BLOCKED)).unwrap()[0];
+        let own = rt.block_on(s.decide(&[&spent], Gate::Open)).unwrap()[0];
         assert!(!own.allowed, "the spent tenant stays refused");
     }
-    assert!(rt.block_on(s.decide(&[&fresh], NONE_BLOCKED)).unwrap()[0].allowed);
+    assert!(rt.block_on(s.decide(&[&fresh], Gate::Open)).unwrap()[0].allowed);
     let stats: String = server.cmd(&["INFO", "commandstats"]).unwrap();
     let line = stats
         .lines()
@@ -283,7 +283,7 @@ fn keys_expire_once_back_to_their_initial_state() {
     let s = store(&server, &clock);
     let rt = runtime();
     // Spend 4 of 10 at 2/s: full again in 2 s, so the key lives 3 s.
-    rt.block_on(s.decide(&[&charge("b", "k", bucket(10, 2), 4)], NONE_BLOCKED))
+    rt.block_on(s.decide(&[&charge("b", "k", bucket(10, 2), 4)], Gate::Open))
         .unwrap();
     let keys = server.keys();
     assert_eq!(keys.len(), 1);
@@ -298,9 +298,9 @@ fn a_lost_script_cache_is_reloaded() {
     let s = store(&server, &clock);
     let rt = runtime();
     let c = [charge("b", "k", bucket(10, 1), 1)];
-    assert!(rt.block_on(s.decide(&refs(&c), NONE_BLOCKED)).unwrap()[0].allowed);
+    assert!(rt.block_on(s.decide(&refs(&c), Gate::Open)).unwrap()[0].allowed);
     let _: String = server.cmd(&["SCRIPT", "FLUSH"]).unwrap();
-    let v = rt.block_on(s.decide(&refs(&c), NONE_BLOCKED)).unwrap();
+    let v = rt.block_on(s.decide(&refs(&c), Gate::Open)).unwrap();
     assert_eq!(v[0].remaining, 8);
 }
 
@@ -316,7 +316,7 @@ fn server_time_drives_the_script_by_default() {
     let rt = runtime();
     let c = [charge("b", "k", bucket(2, 1), 1)];
     let v: Vec<bool> = (0..3)
-        .map(|_| rt.block_on(s.decide(&refs(&c), NONE_BLOCKED)).unwrap()[0].allowed)
+        .map(|_| rt.block_on(s.decide(&refs(&c), Gate::Open)).unwrap()[0].allowed)
         .collect();
     assert_eq!(v, [true, true, false]);
 }
@@ -335,7 +335,7 @@ struct Step {
 }
 
 /// A list of (limit index, cost, group) and the first blocked group.
-type Request = (Vec<(usize, u64, u8)>, u8);
+type Request = (Vec<(usize, u64, Group)>, Gate);
 
 fn any_params() -> impl Strategy<Value = Params> {
     let bucket = (1u64..30, 1u64..4_000).prop_map(|(c, per_ms)| Bucket {
@@ -391,10 +391,18 @@ fn limit_set() -> impl Strategy<Value = Vec<(Params, Params, bool)>> {
     prop::collection::vec(limit, 1..5)
 }
 
+fn group() -> impl Strategy<Value = Group> {
+    prop_oneof![Just(Group::PreAuth), Just(Group::Request)]
+}
+
 fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
     let request = (
-        prop::collection::vec((0..limits, 1u64..8, 0u8..2), 1..=limits),
-        prop_oneof![4 => Just(NONE_BLOCKED), 1 => Just(1u8), 1 => Just(0u8)],
+        prop::collection::vec((0..limits, 1u64..8, group()), 1..=limits),
+        prop_oneof![
+            4 => Just(Gate::Open),
+            1 => Just(Gate::At(Group::Request)),
+            1 => Just(Gate::SHUT)
+        ],
     )
         .prop_map(|(mut charges, blocked_from)| {
             // One charge per limit in a request.
@@ -435,7 +443,7 @@ fn lua_and_rust_agree_on_random_sequences() {
             let redis = Arc::new(store(&server, &clock));
             for step in steps {
                 clock.advance(step.advance_ms);
-                let requests: Vec<(Vec<Charge>, u8)> = step
+                let requests: Vec<(Vec<Charge>, Gate)> = step
                     .requests
                     .iter()
                     .map(|(charges, blocked)| {
@@ -496,7 +504,7 @@ fn lua_and_rust_agree_on_refunds() {
         let n = limits.len();
         let step = (
             0u64..2_500,
-            prop::collection::vec((0..n, 1u64..8, 0u8..2), 1..=n),
+            prop::collection::vec((0..n, 1u64..8, group()), 1..=n),
             prop::option::weighted(0.5, 0u64..1_500),
         );
         (Just(limits), prop::collection::vec(step, 1..20))
@@ -522,17 +530,17 @@ fn lua_and_rust_agree_on_refunds() {
                     })
                     .collect();
                 clock.advance(advance);
-                let (expected, spent_at) = memory.decide_now(&charges, NONE_BLOCKED);
+                let (expected, spent_at) = memory.decide_now(&charges, Gate::Open);
                 let got = rt
-                    .block_on(redis.decide(&refs(&charges), NONE_BLOCKED))
+                    .block_on(redis.decide(&refs(&charges), Gate::Open))
                     .unwrap();
                 prop_assert_eq!(&got, &expected, "decide {:?}", charges);
                 let Some(after) = refund_after else { continue };
-                let gate = tollgate::limits::gate(&charges, |i| expected[i].allowed, NONE_BLOCKED);
+                let gate = tollgate::limits::gate(&charges, |i| expected[i].allowed, Gate::Open);
                 let spent: Vec<&Charge> = charges
                     .iter()
                     .zip(&expected)
-                    .filter(|(c, v)| v.allowed && c.group < gate)
+                    .filter(|(c, v)| v.allowed && gate.admits(c.group))
                     .map(|(c, _)| c)
                     .collect();
                 clock.advance(after);
@@ -562,8 +570,8 @@ fn concurrent_requests_are_batched_and_decided_as_if_one_by_one() {
     let rt = runtime();
     let spent: Vec<Charge> = (0..40).step_by(2).map(|i| request(i)[1].clone()).collect();
     for c in &spent {
-        rt.block_on(redis.decide(&[c], NONE_BLOCKED)).unwrap();
-        memory.decide_now(std::slice::from_ref(c), NONE_BLOCKED);
+        rt.block_on(redis.decide(&[c], Gate::Open)).unwrap();
+        memory.decide_now(std::slice::from_ref(c), Gate::Open);
     }
     let _: String = server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
     let got: Vec<Vec<Verdict>> = concurrently(
@@ -571,12 +579,12 @@ fn concurrent_requests_are_batched_and_decided_as_if_one_by_one() {
         (0..40)
             .map(|i| {
                 let (redis, charges) = (redis.clone(), request(i));
-                async move { redis.decide(&refs(&charges), NONE_BLOCKED).await.unwrap() }
+                async move { redis.decide(&refs(&charges), Gate::Open).await.unwrap() }
             })
             .collect(),
     );
     let expected: Vec<Vec<Verdict>> = (0..40)
-        .map(|i| memory.decide_now(&request(i), NONE_BLOCKED).0)
+        .map(|i| memory.decide_now(&request(i), Gate::Open).0)
         .collect();
     assert_eq!(
         got, expected,
@@ -638,7 +646,7 @@ fn cluster_decisions_across_slots_stay_all_or_nothing_under_concurrency() {
                 let store = store.clone();
                 let charges = vec![own(i, 1), charge("global", "g", global, 1)];
                 async move {
-                    let v = store.decide(&refs(&charges), NONE_BLOCKED).await.unwrap();
+                    let v = store.decide(&refs(&charges), Gate::Open).await.unwrap();
                     v.iter().all(|v| v.allowed)
                 }
             })
@@ -649,7 +657,7 @@ fn cluster_decisions_across_slots_stay_all_or_nothing_under_concurrency() {
     // there, and 4 where the request was admitted.
     for (i, was_admitted) in admitted.iter().enumerate() {
         let whole = own(i, 5);
-        let v = rt.block_on(store.decide(&[&whole], NONE_BLOCKED)).unwrap();
+        let v = rt.block_on(store.decide(&[&whole], Gate::Open)).unwrap();
         assert_eq!(v[0].allowed, !was_admitted, "tenant {i}");
     }
 }
@@ -670,7 +678,7 @@ fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
             cost: 1,
             flags: 3,
         }],
-        blocked_from: NONE_BLOCKED,
+        blocked_from: Gate::Open.wire(),
         refund_at: 0,
     };
     let rt = runtime();

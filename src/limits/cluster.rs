@@ -28,7 +28,7 @@ use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
 use super::redis::batch::Batches;
 use super::redis::codec::{Decided, Request};
 use super::redis::conn::Connection;
-use super::{gate, undone, Charge, LimitStore, StoreError, Verdict};
+use super::{gate, undone, Charge, Gate, LimitStore, StoreError, Verdict};
 
 /// Hash slots of a Redis Cluster.
 const SLOTS: u16 = 16_384;
@@ -75,7 +75,7 @@ impl LimitStore for ClusterStore {
     async fn decide(
         &self,
         charges: &[&Charge],
-        blocked_from: u8,
+        blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError> {
         // The request's charges, by slot.
         let keys: Vec<Arc<str>> = charges.iter().map(|c| self.keys.key(c)).collect();
@@ -107,7 +107,7 @@ impl LimitStore for ClusterStore {
         // Where the whole decision stops charging: nothing at all when a
         // slot failed (the caller then applies each limit's failure mode).
         let final_gate = match failure {
-            Some(_) => 0,
+            Some(_) => Gate::SHUT,
             None => gate(
                 charges.iter().copied(),
                 |i| verdicts[i].is_some_and(|v| v.allowed),

@@ -15,9 +15,7 @@ use tokio::time::Instant;
 
 use super::breaker::{Breaker, Permit};
 use super::memory::MemoryStore;
-use super::{
-    gate, undone, Charge, LimitStore, OnStoreError, Source, StoreError, Verdict, NONE_BLOCKED,
-};
+use super::{gate, undone, Charge, Gate, LimitStore, OnStoreError, Source, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
 use crate::metrics::Metrics;
 
@@ -100,18 +98,18 @@ impl<C: Clock> Limiter<C> {
     /// Decides all charges; one verdict per charge, in order.
     pub async fn decide(&self, charges: &[Charge]) -> Vec<Verdict> {
         let Some(shared) = &self.shared else {
-            return self.local.decide_now(charges, NONE_BLOCKED).0;
+            return self.local.decide_now(charges, Gate::Open).0;
         };
         let (local, remote): (Vec<&Charge>, Vec<&Charge>) = charges.iter().partition(|c| c.local);
         if remote.is_empty() {
-            return self.local.decide_now(charges, NONE_BLOCKED).0;
+            return self.local.decide_now(charges, Gate::Open).0;
         }
 
-        let (local_verdicts, spent_at) = self.local.decide_now(&local, NONE_BLOCKED);
+        let (local_verdicts, spent_at) = self.local.decide_now(&local, Gate::Open);
         let local_gate = gate(
             local.iter().copied(),
             |i| local_verdicts[i].allowed,
-            NONE_BLOCKED,
+            Gate::Open,
         );
 
         let remote_verdicts = match self.call(shared, &remote, local_gate).await {
@@ -119,7 +117,7 @@ impl<C: Clock> Limiter<C> {
             Err(_) => {
                 // Undo the provisional local charges and decide everything
                 // again with each shared limit's failure mode.
-                self.refund_spent(&local, &local_verdicts, local_gate, 0, spent_at);
+                self.refund_spent(&local, &local_verdicts, local_gate, Gate::SHUT, spent_at);
                 return self.degraded(charges, shared.instances);
             }
         };
@@ -140,7 +138,7 @@ impl<C: Clock> Limiter<C> {
         &self,
         shared: &Shared,
         charges: &[&Charge],
-        blocked_from: u8,
+        blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError> {
         let permit = shared.breaker.permit(self.clock.now_ms());
         if permit == Permit::Refuse {
@@ -182,8 +180,8 @@ impl<C: Clock> Limiter<C> {
         &self,
         charges: &[&Charge],
         verdicts: &[Verdict],
-        spent_below: u8,
-        final_gate: u8,
+        spent_below: Gate,
+        final_gate: Gate,
         at: u64,
     ) {
         let undo: Vec<&Charge> = charges
@@ -203,7 +201,7 @@ impl<C: Clock> Limiter<C> {
         let mut fixed = vec![None; charges.len()];
         let mut run = Vec::new();
         let mut index = Vec::new();
-        let mut blocked = NONE_BLOCKED;
+        let mut blocked = Gate::Open;
         for (i, c) in charges.iter().enumerate() {
             match (c.local, c.on_store_error) {
                 (true, _) => {
@@ -221,7 +219,7 @@ impl<C: Clock> Limiter<C> {
                 (false, OnStoreError::Closed) => {
                     fixed[i] = Some(failed(false, Source::FailClosed));
                     if c.enforce {
-                        blocked = blocked.min(c.group);
+                        blocked = blocked.min(Gate::At(c.group));
                     }
                 }
             }

@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::algorithm::{Params, State};
-use super::{Charge, LimitStore, Source, StoreError, Verdict};
+use super::{Charge, Gate, LimitStore, Source, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
 
 const SHARDS: usize = 16;
@@ -78,7 +78,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn decide_now<B: Borrow<Charge>>(
         &self,
         charges: &[B],
-        blocked_from: u8,
+        blocked_from: Gate,
     ) -> (Vec<Verdict>, u64) {
         let now = self.clock.now_ms();
         let charges = || charges.iter().map(Borrow::borrow);
@@ -99,7 +99,7 @@ impl<C: Clock> MemoryStore<C> {
                 .slots
                 .get_mut(&c.key)
                 .expect("the first pass made a slot for every charge");
-            let spend = check.allowed && c.group < gate;
+            let spend = check.allowed && gate.admits(c.group);
             if spend {
                 c.params.spend(&mut slot.state, c.cost, now);
             }
@@ -203,7 +203,7 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
     async fn decide(
         &self,
         charges: &[&Charge],
-        blocked_from: u8,
+        blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError> {
         Ok(self.decide_now(charges, blocked_from).0)
     }

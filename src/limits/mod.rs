@@ -61,8 +61,52 @@ pub enum Mode {
     Shadow,
 }
 
-/// No group is blocked: every group may be charged.
-pub const NONE_BLOCKED: u8 = u8::MAX;
+/// The order in which a request's limits are decided and charged: a group
+/// is charged only if every enforced limit of it and of the groups before
+/// it admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Group {
+    /// Limits decided before authentication (`scope: pre_auth`).
+    PreAuth,
+    /// The route's other limits, decided once the key is known.
+    Request,
+}
+
+impl Group {
+    /// The group's number in the Redis script's wire format.
+    pub fn wire(self) -> u8 {
+        self as u8
+    }
+}
+
+/// Where a decision stops charging: the groups before it may be charged;
+/// it and every later group are only checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Gate {
+    /// Charging stops at this group.
+    At(Group),
+    /// Every group may be charged.
+    Open,
+}
+
+impl Gate {
+    /// Nothing may be charged.
+    pub const SHUT: Gate = Gate::At(Group::PreAuth);
+
+    /// Whether charges of `group` may be spent.
+    pub fn admits(self, group: Group) -> bool {
+        Gate::At(group) < self
+    }
+
+    /// The gate in the Redis script's wire format: its group's number, or
+    /// 255 when open.
+    pub fn wire(self) -> u8 {
+        match self {
+            Gate::At(group) => group.wire(),
+            Gate::Open => u8::MAX,
+        }
+    }
+}
 
 /// One request's charge against one limit.
 #[derive(Debug, Clone)]
@@ -83,9 +127,9 @@ pub struct Charge {
     pub cost: u64,
     /// `false` for shadow limits: decided and counted, never denying.
     pub enforce: bool,
-    /// Decision order: group `g` is charged only if every enforced limit of
-    /// groups `0..=g` admits (pre-auth limits are group 0, the rest 1).
-    pub group: u8,
+    /// Decision order: a group is charged only if every enforced limit of
+    /// it and of the groups before it admits.
+    pub group: Group,
     /// Decided in this process rather than in the shared store.
     pub local: bool,
     /// What a shared limit does while the store is failing.
@@ -180,8 +224,8 @@ impl StoreError {
 ///
 /// `decide` refreshes every charge's key and checks every one without
 /// spending; then it charges the admitted charges of every group below the
-/// gate: the lowest group holding an enforced denial, or `blocked_from` when
-/// that is lower (an earlier part of the decision already denied it).
+/// gate: the first group holding an enforced denial, or `blocked_from` when
+/// that comes first (an earlier part of the decision already denied it).
 #[async_trait]
 pub trait LimitStore: Send + Sync {
     /// Decides and spends `charges` as described above; one verdict per charge,
@@ -189,7 +233,7 @@ pub trait LimitStore: Send + Sync {
     async fn decide(
         &self,
         charges: &[&Charge],
-        blocked_from: u8,
+        blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError>;
 
     /// Whether the store answers at all (readiness probes).
@@ -198,25 +242,26 @@ pub trait LimitStore: Send + Sync {
     }
 }
 
-/// The lowest group that may not be charged.
+/// Where charging stops: at the first group holding an enforced denial, or
+/// at `blocked_from` when that comes first.
 pub fn gate<'a>(
     charges: impl IntoIterator<Item = &'a Charge>,
     allowed: impl Fn(usize) -> bool,
-    blocked_from: u8,
-) -> u8 {
+    blocked_from: Gate,
+) -> Gate {
     charges
         .into_iter()
         .enumerate()
         .filter(|(i, c)| c.enforce && !allowed(*i))
-        .map(|(_, c)| c.group)
-        .fold(blocked_from, u8::min)
+        .map(|(_, c)| Gate::At(c.group))
+        .fold(blocked_from, Gate::min)
 }
 
 /// Whether a charge that a part of a decision spent (it was admitted and
 /// its group lay below that part's gate, `spent_below`) must be given back
 /// because the whole decision stops charging at `final_gate`.
-pub fn undone(charge: &Charge, verdict: &Verdict, spent_below: u8, final_gate: u8) -> bool {
-    verdict.allowed && charge.group < spent_below && charge.group >= final_gate
+pub fn undone(charge: &Charge, verdict: &Verdict, spent_below: Gate, final_gate: Gate) -> bool {
+    verdict.allowed && spent_below.admits(charge.group) && !final_gate.admits(charge.group)
 }
 
 /// The identity a request presents to its limits.
@@ -280,7 +325,7 @@ fn push_network(out: &mut String, net: ipnet::IpNet) {
 /// Combines the verdicts of one group into its decision: a caller over its
 /// limit gets 429 (with the longest wait among the denials) before a failing
 /// store's 503 is considered.
-pub fn combine(charges: &[Charge], verdicts: &[Verdict], group: u8) -> Decision {
+pub fn combine(charges: &[Charge], verdicts: &[Verdict], group: Group) -> Decision {
     let mut violated = Vec::new();
     let mut wait = Some(0u64);
     let mut unavailable = false;
@@ -305,5 +350,48 @@ pub fn combine(charges: &[Charge], verdicts: &[Verdict], group: u8) -> Decision 
         Decision::Unavailable
     } else {
         Decision::Allow
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{bucket_params, charge};
+
+    #[test]
+    fn a_gate_charges_the_groups_before_it() {
+        assert!(Gate::Open.admits(Group::PreAuth) && Gate::Open.admits(Group::Request));
+        let at_request = Gate::At(Group::Request);
+        assert!(at_request.admits(Group::PreAuth) && !at_request.admits(Group::Request));
+        assert!(!Gate::SHUT.admits(Group::PreAuth));
+        assert!(Gate::SHUT < at_request && at_request < Gate::Open);
+        assert_eq!(
+            (Gate::SHUT.wire(), at_request.wire(), Gate::Open.wire()),
+            (0, 1, 255)
+        );
+    }
+
+    #[test]
+    fn the_gate_is_the_first_enforced_denial() {
+        let pre = Charge {
+            group: Group::PreAuth,
+            ..charge("ip", "a", bucket_params(1, 1), 1)
+        };
+        let shadow = Charge {
+            enforce: false,
+            group: Group::PreAuth,
+            ..charge("shadow", "b", bucket_params(1, 1), 1)
+        };
+        let req = charge("tenant", "c", bucket_params(1, 1), 1);
+        let charges = [pre, shadow, req];
+        let denied = |which: &'static [usize]| move |i: usize| !which.contains(&i);
+        assert_eq!(gate(&charges, denied(&[]), Gate::Open), Gate::Open);
+        assert_eq!(gate(&charges, denied(&[1]), Gate::Open), Gate::Open);
+        assert_eq!(
+            gate(&charges, denied(&[2]), Gate::Open),
+            Gate::At(Group::Request)
+        );
+        assert_eq!(gate(&charges, denied(&[0, 2]), Gate::Open), Gate::SHUT);
+        assert_eq!(gate(&charges, denied(&[]), Gate::SHUT), Gate::SHUT);
     }
 }

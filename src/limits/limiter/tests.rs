@@ -9,6 +9,7 @@ use async_trait::async_trait;
 
 use super::*;
 use crate::clock::ManualClock;
+use crate::limits::Group;
 use crate::testing::{bucket_params, charge, local_charge};
 
 /// One scripted answer of the fake store.
@@ -27,7 +28,7 @@ enum Answer {
 struct FakeStore {
     answers: Mutex<VecDeque<Answer>>,
     /// For each call: the charges' keys and the gate it was given.
-    calls: Mutex<Vec<(Vec<String>, u8)>>,
+    calls: Mutex<Vec<(Vec<String>, Gate)>>,
 }
 
 impl FakeStore {
@@ -38,7 +39,7 @@ impl FakeStore {
         })
     }
 
-    fn calls(&self) -> Vec<(Vec<String>, u8)> {
+    fn calls(&self) -> Vec<(Vec<String>, Gate)> {
         self.calls.lock().unwrap().clone()
     }
 }
@@ -58,7 +59,7 @@ impl LimitStore for FakeStore {
     async fn decide(
         &self,
         charges: &[&Charge],
-        blocked_from: u8,
+        blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError> {
         let keys = charges.iter().map(|c| c.key.clone()).collect();
         self.calls.lock().unwrap().push((keys, blocked_from));
@@ -76,7 +77,7 @@ impl LimitStore for FakeStore {
 }
 
 /// A local charge of `group` against a bucket of `capacity`.
-fn local(key: &str, group: u8, capacity: u64) -> Charge {
+fn local(key: &str, group: Group, capacity: u64) -> Charge {
     Charge {
         group,
         ..local_charge(key, key, bucket_params(capacity, 1), 1)
@@ -84,7 +85,7 @@ fn local(key: &str, group: u8, capacity: u64) -> Charge {
 }
 
 /// A shared charge of `group` with its failure mode.
-fn shared(key: &str, group: u8, on_store_error: OnStoreError) -> Charge {
+fn shared(key: &str, group: Group, on_store_error: OnStoreError) -> Charge {
     Charge {
         group,
         on_store_error,
@@ -126,7 +127,10 @@ fn errors(metrics: &Metrics, reason: &str) -> u64 {
 #[tokio::test(start_paused = true)]
 async fn without_a_store_every_charge_is_decided_here() {
     let s = limiter(None);
-    let charges = [local("a", 1, 1), shared("b", 1, OnStoreError::Closed)];
+    let charges = [
+        local("a", Group::Request, 1),
+        shared("b", Group::Request, OnStoreError::Closed),
+    ];
     assert_eq!(allowed(&s.limiter.decide(&charges).await), [true, true]);
     assert_eq!(allowed(&s.limiter.decide(&charges).await), [false, true]);
 }
@@ -136,15 +140,15 @@ async fn verdicts_come_back_in_the_charges_order() {
     let store = FakeStore::answering([Answer::Verdicts(vec![false, true])]);
     let s = limiter(Some(store.clone()));
     let charges = [
-        shared("s1", 1, OnStoreError::Closed),
-        local("l1", 1, 5),
-        shared("s2", 1, OnStoreError::Closed),
+        shared("s1", Group::Request, OnStoreError::Closed),
+        local("l1", Group::Request, 5),
+        shared("s2", Group::Request, OnStoreError::Closed),
     ];
     let verdicts = s.limiter.decide(&charges).await;
     assert_eq!(allowed(&verdicts), [false, true, true]);
     assert_eq!(
         store.calls(),
-        [(vec!["s1".into(), "s2".into()], NONE_BLOCKED)]
+        [(vec!["s1".into(), "s2".into()], Gate::Open)]
     );
 }
 
@@ -152,12 +156,15 @@ async fn verdicts_come_back_in_the_charges_order() {
 async fn a_local_denial_blocks_its_group_in_the_store_call() {
     let store = FakeStore::answering([Answer::Verdicts(vec![true]), Answer::Verdicts(vec![true])]);
     let s = limiter(Some(store.clone()));
-    let charges = [local("ip", 0, 1), shared("tenant", 1, OnStoreError::Closed)];
+    let charges = [
+        local("ip", Group::PreAuth, 1),
+        shared("tenant", Group::Request, OnStoreError::Closed),
+    ];
     s.limiter.decide(&charges).await;
     let verdicts = s.limiter.decide(&charges).await;
     assert_eq!(allowed(&verdicts), [false, true]);
-    let gates: Vec<u8> = store.calls().into_iter().map(|(_, g)| g).collect();
-    assert_eq!(gates, [NONE_BLOCKED, 0]);
+    let gates: Vec<Gate> = store.calls().into_iter().map(|(_, g)| g).collect();
+    assert_eq!(gates, [Gate::Open, Gate::SHUT]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -170,8 +177,8 @@ async fn a_store_denial_gives_back_the_local_charges_of_its_group() {
     let s = limiter(Some(store));
     // The local limit holds one unit: the denied decision must not spend it.
     let charges = [
-        local("mine", 1, 1),
-        shared("theirs", 1, OnStoreError::Closed),
+        local("mine", Group::Request, 1),
+        shared("theirs", Group::Request, OnStoreError::Closed),
     ];
     assert_eq!(allowed(&s.limiter.decide(&charges).await), [true, false]);
     assert_eq!(allowed(&s.limiter.decide(&charges).await), [true, true]);
@@ -183,10 +190,10 @@ async fn a_timeout_switches_each_limit_to_its_failure_mode() {
     let store = FakeStore::answering([Answer::Slow]);
     let s = limiter(Some(store));
     let charges = [
-        local("mine", 1, 1),
-        shared("open", 1, OnStoreError::Open),
-        shared("closed", 1, OnStoreError::Closed),
-        shared("fallback", 1, OnStoreError::Local),
+        local("mine", Group::Request, 1),
+        shared("open", Group::Request, OnStoreError::Open),
+        shared("closed", Group::Request, OnStoreError::Closed),
+        shared("fallback", Group::Request, OnStoreError::Local),
     ];
     let verdicts = s.limiter.decide(&charges).await;
     let sources: Vec<Source> = verdicts.iter().map(|v| v.source).collect();
@@ -203,7 +210,7 @@ async fn a_timeout_switches_each_limit_to_its_failure_mode() {
     // local limit's one unit is still there once the store answers.
     assert_eq!(allowed(&verdicts), [true, true, false, true]);
     assert_eq!(errors(&s.metrics, "timeout"), 1);
-    let again = [local("mine", 1, 1)];
+    let again = [local("mine", Group::Request, 1)];
     assert_eq!(allowed(&s.limiter.decide(&again).await), [true]);
 }
 
@@ -215,7 +222,7 @@ async fn the_local_fallback_holds_a_share_of_the_budget() {
     ]);
     let s = limiter(Some(store));
     // Capacity 4 over 2 instances: 2 here.
-    let charges = [shared("fallback", 1, OnStoreError::Local)];
+    let charges = [shared("fallback", Group::Request, OnStoreError::Local)];
     let mut admitted = 0;
     for _ in 0..5 {
         admitted += usize::from(s.limiter.decide(&charges).await[0].allowed);
@@ -231,7 +238,7 @@ async fn a_reply_of_the_wrong_length_is_a_store_failure() {
     let s = limiter(Some(store));
     let verdicts = s
         .limiter
-        .decide(&[shared("x", 1, OnStoreError::Open)])
+        .decide(&[shared("x", Group::Request, OnStoreError::Open)])
         .await;
     assert_eq!(verdicts[0].source, Source::FailOpen);
     assert_eq!(errors(&s.metrics, "reply"), 1);
@@ -242,7 +249,7 @@ async fn the_breaker_opens_then_lets_one_probe_through() {
     let down = || Answer::Fail(StoreError::Connection("down".into()));
     let store = FakeStore::answering([down(), down(), Answer::Verdicts(vec![true])]);
     let s = limiter(Some(store.clone()));
-    let charges = [shared("x", 1, OnStoreError::Closed)];
+    let charges = [shared("x", Group::Request, OnStoreError::Closed)];
     for _ in 0..3 {
         let v = s.limiter.decide(&charges).await;
         assert_eq!(v[0].source, Source::FailClosed);

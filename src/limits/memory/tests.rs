@@ -1,11 +1,11 @@
 use super::*;
 use crate::clock::ManualClock;
 use crate::limits::algorithm::{Bucket, Window, MICRO};
-use crate::limits::{combine, Decision, NONE_BLOCKED};
+use crate::limits::{combine, Decision, Gate, Group};
 use crate::testing::{bucket_params, local_charge};
 
 fn decide(store: &MemoryStore<ManualClock>, charges: &[Charge]) -> Vec<Verdict> {
-    store.decide_now(charges, NONE_BLOCKED).0
+    store.decide_now(charges, Gate::Open).0
 }
 
 #[test]
@@ -15,7 +15,10 @@ fn a_denial_by_one_limit_charges_none() {
         local_charge("tenant", "t", bucket_params(1, 1), 1),
         local_charge("credential", "c", bucket_params(10, 1), 1),
     ];
-    assert_eq!(combine(&both, &decide(&store, &both), 1), Decision::Allow);
+    assert_eq!(
+        combine(&both, &decide(&store, &both), Group::Request),
+        Decision::Allow
+    );
     let denied = decide(&store, &both);
     assert!(!denied[0].allowed && denied[1].allowed);
     assert_eq!(
@@ -37,7 +40,10 @@ fn shadow_limits_never_gate() {
         local_charge("real", "r", bucket_params(5, 1), 1),
     ];
     for _ in 0..3 {
-        assert_eq!(combine(&pair, &decide(&store, &pair), 1), Decision::Allow);
+        assert_eq!(
+            combine(&pair, &decide(&store, &pair), Group::Request),
+            Decision::Allow
+        );
     }
     let v = decide(&store, &pair);
     assert!(!v[0].allowed, "the shadow limit reports what it would do");
@@ -48,7 +54,7 @@ fn shadow_limits_never_gate() {
 fn a_failed_earlier_group_blocks_later_ones_but_keeps_its_own_charges() {
     let store = MemoryStore::new(ManualClock::new(1_000));
     let mut ip = local_charge("ip", "ip", bucket_params(2, 1), 1);
-    ip.group = 0;
+    ip.group = Group::PreAuth;
     let tenant = local_charge("tenant", "t", bucket_params(5, 1), 1);
     let spent = [local_charge("spent", "x", bucket_params(1, 1), 1)];
     decide(&store, &spent);
@@ -56,7 +62,9 @@ fn a_failed_earlier_group_blocks_later_ones_but_keeps_its_own_charges() {
     let v = decide(&store, &[ip.clone(), tenant.clone(), spent[0].clone()]);
     assert_eq!((v[0].remaining, v[1].remaining), (1, 5));
     // Group 0 fails: nothing in group 1 is charged either.
-    let blocked = store.decide_now(&[ip.clone(), tenant.clone()], 0).0;
+    let blocked = store
+        .decide_now(&[ip.clone(), tenant.clone()], Gate::SHUT)
+        .0;
     assert_eq!((blocked[0].remaining, blocked[1].remaining), (1, 5));
 }
 
@@ -103,7 +111,7 @@ fn refunds_give_back_exactly_what_was_spent() {
             2,
         ),
     ];
-    let (_, at) = store.decide_now(&charges, NONE_BLOCKED);
+    let (_, at) = store.decide_now(&charges, Gate::Open);
     clock.advance(1);
     store.refund(&charges, at);
     for v in decide(&store, &charges) {
@@ -130,7 +138,7 @@ fn retry_after_is_the_longest_wait_in_whole_seconds() {
     ];
     decide(&store, &both);
     assert_eq!(
-        combine(&both, &decide(&store, &both), 1),
+        combine(&both, &decide(&store, &both), Group::Request),
         Decision::Deny {
             violated: vec!["a".into(), "b".into()],
             retry_after: Some(9)

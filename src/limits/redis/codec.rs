@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::super::algorithm::Params;
-use super::super::{Charge, Source, StoreError, Verdict};
+use super::super::{Charge, Gate, Source, StoreError, Verdict};
 
 /// The decision script, embedded at build time.
 pub const DECIDE_LUA: &str = include_str!("../../../lua/decide.lua");
@@ -61,7 +61,6 @@ pub struct Spec {
 impl Spec {
     /// The script's numbers for one charge.
     pub fn of(charge: &Charge) -> Self {
-        debug_assert!(charge.group < 128, "flags hold the group in 7 bits");
         let (kind, a, b) = match charge.params {
             Params::TokenBucket(b) => (kind::TOKEN_BUCKET, b.capacity, b.per_ms),
             Params::Gcra(b) => (kind::GCRA, b.capacity, b.per_ms),
@@ -74,7 +73,7 @@ impl Spec {
             a,
             b,
             cost: charge.cost,
-            flags: charge.group * 2 + u8::from(charge.enforce),
+            flags: charge.group.wire() * 2 + u8::from(charge.enforce),
         }
     }
 }
@@ -95,11 +94,16 @@ pub struct Request {
 
 impl Request {
     /// The script's view of some charges, stored under `keys`.
-    pub fn new(keys: Vec<Arc<str>>, charges: &[&Charge], blocked_from: u8, refund_at: u64) -> Self {
+    pub fn new(
+        keys: Vec<Arc<str>>,
+        charges: &[&Charge],
+        blocked_from: Gate,
+        refund_at: u64,
+    ) -> Self {
         Self {
             keys,
             limits: charges.iter().map(|c| Spec::of(c)).collect(),
-            blocked_from,
+            blocked_from: blocked_from.wire(),
             refund_at,
         }
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
-use super::{Charge, LimitStore, StoreError, Verdict, NONE_BLOCKED};
+use super::{Charge, Gate, LimitStore, StoreError, Verdict};
 use crate::clock::Clock;
 use batch::Batches;
 use codec::Request;
@@ -67,7 +67,7 @@ impl RedisStore {
     async fn submit(
         &self,
         charges: &[&Charge],
-        blocked_from: u8,
+        blocked_from: Gate,
         refund_at: u64,
     ) -> Result<Vec<Verdict>, StoreError> {
         let keys = charges.iter().map(|c| self.keys.key(c)).collect();
@@ -83,7 +83,7 @@ impl RedisStore {
         if charges.is_empty() {
             return Ok(());
         }
-        self.submit(charges, NONE_BLOCKED, spent_at.max(1))
+        self.submit(charges, Gate::Open, spent_at.max(1))
             .await
             .map(drop)
     }
@@ -94,7 +94,7 @@ impl LimitStore for RedisStore {
     async fn decide(
         &self,
         charges: &[&Charge],
-        blocked_from: u8,
+        blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError> {
         self.submit(charges, blocked_from, 0).await
     }

@@ -114,7 +114,7 @@ fn charges_become_the_scripts_numbers() {
     ];
     for (params, want) in cases {
         let c = Charge {
-            group: 0,
+            group: crate::limits::Group::PreAuth,
             enforce: false,
             ..charge("l", "k", params, 3)
         };
