@@ -254,6 +254,15 @@ fn shared_store(settings: &StoreSettings) -> anyhow::Result<Option<Shared>> {
             ClusterStore::new(&settings.urls, keys, settings.timeout)
                 .map_err(|e| anyhow::anyhow!("store.urls: {e}"))?,
         ),
+        Backend::RedisSentinel => Arc::new(
+            RedisStore::sentinel(
+                &settings.urls,
+                settings.master_name.as_deref().unwrap_or_default(),
+                keys,
+                settings.timeout,
+            )
+            .map_err(|e| anyhow::anyhow!("store.urls: {e}"))?,
+        ),
     };
     Ok(Some(Shared {
         store,

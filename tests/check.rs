@@ -58,6 +58,9 @@ const FIXTURES: &[(&str, &str)] = &[
     ("respond_content_type_control", "tests/config/respond_content_type_control.yaml: routes[0].respond.content_type: must be a header value without control characters"),
     ("too_deep", "tests/config/too_deep.yaml: nested deeper than 64 levels"),
     ("bad_timeout", "tests/config/bad_timeout.yaml: server.timeouts.header_read_ms: must be between 1 and 3600000, got 0"),
+    ("sentinel_without_master", "tests/config/sentinel_without_master.yaml: store.master_name: backend redis_sentinel needs the primary's name at the sentinels"),
+    ("master_name_without_sentinel", "tests/config/master_name_without_sentinel.yaml: store.master_name: is for backend redis_sentinel, not redis"),
+    ("url_password_hidden", "tests/config/url_password_hidden.yaml: store.urls[0]: \"http://gate:***@127.0.0.1:6379\" is not a redis:// or rediss:// url"),
 ];
 
 #[test]

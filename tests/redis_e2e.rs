@@ -497,3 +497,60 @@ routes:
         .unwrap();
     assert_eq!(balance(&after), 7, "state {after:?}");
 }
+
+#[test]
+fn acl_users_and_passwords_in_urls_work_and_stay_secret() {
+    let redis = RedisServer::start();
+    redis
+        .cmd::<()>(&[
+            "ACL",
+            "SETUSER",
+            "gate",
+            "on",
+            ">s3cr3t-pass",
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .unwrap();
+    let policy = |password: &str| {
+        format!(
+            r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store: {{ backend: redis, urls: ["redis://gate:{password}@127.0.0.1:{}/0"], timeout_ms: 500 }}
+auth:
+  keys: [{{ id: c1, tenant: acme, sha256: "{}" }}]
+limits:
+  per-credential: {{ key: [credential], capacity: 5, refill_per_second: 1, on_store_error: closed }}
+routes:
+  - {{ name: x, path: /x, respond: {{ status: 200 }}, limits: [per-credential] }}
+"#,
+            redis.port,
+            digest("key-c1")
+        )
+    };
+    let key = [("authorization", "Bearer key-c1")];
+    let gw = Gateway::start_with_env(&policy("s3cr3t-pass"), None, &[SECRET]);
+    assert_eq!(gw.get("/x", &key).status, 200, "{}", gw.log());
+    assert_eq!(
+        redis.keys().len(),
+        1,
+        "the state went to Redis as user gate"
+    );
+
+    let wrong = Gateway::start_with_env(&policy("not-the-pass"), None, &[SECRET]);
+    let r = wrong.get("/x", &key);
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(
+        wrong.metric("tollgate_store_errors_total{reason=\"connection\"}") >= 1.0,
+        "{}",
+        wrong.metrics()
+    );
+    for log in [gw.log(), wrong.log()] {
+        assert!(
+            !log.contains("s3cr3t-pass") && !log.contains("not-the-pass"),
+            "{log}"
+        );
+    }
+}

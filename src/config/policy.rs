@@ -72,8 +72,10 @@ pub struct ServerSettings {
 pub struct StoreSettings {
     /// Where shared limits are decided.
     pub backend: Backend,
-    /// Redis URLs: one server, or the seed nodes of a cluster.
+    /// Redis URLs: one server, the seed nodes of a cluster, or sentinels.
     pub urls: Vec<String>,
+    /// The primary's name at the sentinels (`redis_sentinel`).
+    pub master_name: Option<String>,
     /// Bound on every store call.
     pub timeout: Duration,
     /// Prepended to every Redis key.

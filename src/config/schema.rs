@@ -155,6 +155,9 @@ pub enum Backend {
     Redis,
     /// A Redis Cluster, reached through the seed nodes in `store.urls`.
     RedisCluster,
+    /// A primary found through the Redis Sentinels in `store.urls`, by
+    /// `store.master_name`, followed across failovers.
+    RedisSentinel,
 }
 
 impl fmt::Display for Backend {
@@ -163,6 +166,7 @@ impl fmt::Display for Backend {
             Backend::Memory => "memory",
             Backend::Redis => "redis",
             Backend::RedisCluster => "redis_cluster",
+            Backend::RedisSentinel => "redis_sentinel",
         })
     }
 }
@@ -171,12 +175,15 @@ impl fmt::Display for Backend {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
-    /// `memory`, `redis` or `redis_cluster`; `memory` when absent.
+    /// `memory`, `redis`, `redis_cluster` or `redis_sentinel`; `memory` when absent.
     #[serde(default)]
     pub backend: Backend,
-    /// `redis://` or `rediss://` URLs: one for `redis`, seed nodes for `redis_cluster`.
+    /// `redis://` or `rediss://` URLs: one for `redis`, seed nodes for
+    /// `redis_cluster`, sentinels for `redis_sentinel`.
     #[serde(default)]
     pub urls: Vec<String>,
+    /// The name the sentinels know the primary by (`redis_sentinel` only).
+    pub master_name: Option<String>,
     /// Bound on every store call, 1-10000 ms; default 20.
     pub timeout_ms: Option<u64>,
     /// Prepended to every Redis key; `"tg:"` when absent.

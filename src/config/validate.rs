@@ -15,6 +15,7 @@ use crate::auth::{parse_digest, Credential, KeyTable};
 use crate::client_ip::{ClientIpConfig, ForwardHeader};
 use crate::edge::{EdgeSettings, EncodedSlash};
 use crate::limits::algorithm::{Bucket, Params, Window, MICRO};
+use crate::limits::redis::redacted;
 use crate::routes::{PathTemplate, Router};
 
 /// Capacities, limits and rates are bounded by this.
@@ -296,10 +297,29 @@ fn store(c: &mut Checker, raw: RawStore) -> StoreSettings {
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
                 c.fail(
                     format!("store.urls[{i}]"),
-                    format!("{url:?} is not a redis:// or rediss:// url"),
+                    format!("{:?} is not a redis:// or rediss:// url", redacted(url)),
                 );
             }
         }
+    }
+    match (&raw.master_name, raw.backend) {
+        (None, Backend::RedisSentinel) => c.fail(
+            "store.master_name",
+            "backend redis_sentinel needs the primary's name at the sentinels",
+        ),
+        (Some(name), Backend::RedisSentinel) => {
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
+                c.fail(
+                    "store.master_name",
+                    format!("{name:?} is not a sentinel master name"),
+                );
+            }
+        }
+        (Some(_), backend) => c.fail(
+            "store.master_name",
+            format!("is for backend redis_sentinel, not {backend}"),
+        ),
+        (None, _) => {}
     }
     let key_secret_env = raw
         .key_secret_env
@@ -312,6 +332,7 @@ fn store(c: &mut Checker, raw: RawStore) -> StoreSettings {
     StoreSettings {
         backend: raw.backend,
         urls: raw.urls,
+        master_name: raw.master_name,
         timeout: Duration::from_millis(c.range(
             "store.timeout_ms",
             raw.timeout_ms.unwrap_or(20),

@@ -328,3 +328,104 @@ impl RedisCluster {
             .find_map(|n| n.cmd::<Option<Vec<u8>>>(&["GET", key]).ok().flatten())
     }
 }
+
+/// A Redis Sentinel watching one primary as `mymaster` (quorum 1, down
+/// after 500 ms), on a free loopback port; stopped on drop.
+pub struct RedisSentinel {
+    pub port: u16,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisSentinel {
+    /// The name the sentinel knows the primary by.
+    pub const MASTER: &'static str = "mymaster";
+
+    pub fn watching(primary: &RedisServer) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for _ in 0..5 {
+            let port = super::free_port();
+            let conf = dir.path().join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                     sentinel monitor {m} 127.0.0.1 {} 1\n\
+                     sentinel down-after-milliseconds {m} 500\n\
+                     sentinel failover-timeout {m} 5000\n\
+                     sentinel parallel-syncs {m} 1\n",
+                    dir.path().display(),
+                    primary.port,
+                    m = Self::MASTER,
+                ),
+            )
+            .expect("write sentinel.conf");
+            // The sentinel is redis-server in sentinel mode: no other package.
+            let mut child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server must be installed (make test installs it)");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut up = false;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if Self::ask::<String>(port, &["PING"]).is_ok() {
+                    up = true;
+                    break;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            if up {
+                return RedisSentinel {
+                    port,
+                    child: Some(child),
+                    _dir: dir,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("redis-server --sentinel did not start");
+    }
+
+    fn ask<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> redis::RedisResult<T> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut conn)
+    }
+
+    /// One command to the sentinel.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        Self::ask(self.port, args)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port of the primary the sentinel names now.
+    pub fn primary_port(&self) -> Option<u16> {
+        let addr: Vec<String> = self
+            .cmd(&["SENTINEL", "get-master-addr-by-name", Self::MASTER])
+            .ok()?;
+        addr.get(1)?.parse().ok()
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -108,7 +108,10 @@ async fn drive(mut rx: mpsc::Receiver<Job>, conn: Arc<Connection>) {
             let requests = batch.iter().map(|j| &j.request);
             let result = match tokio::time::timeout(conn.timeout, conn.call(requests)).await {
                 Ok(result) => result,
-                Err(_) => Err(StoreError::Timeout),
+                Err(_) => {
+                    conn.forget();
+                    Err(StoreError::Timeout)
+                }
             };
             dispatch(batch, result);
             drop(slot);

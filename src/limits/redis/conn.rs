@@ -1,14 +1,19 @@
 //! The link to Redis: one server's multiplexed connection that remakes
-//! itself, or a cluster's, and the script call on it (`EVALSHA`, with
+//! itself, a cluster's, or the primary that Redis Sentinel names, found
+//! again after every failure; and the script call on it (`EVALSHA`, with
 //! `EVAL` once when the server has lost the script).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::RedisFuture;
+use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::OnceCell;
 
@@ -29,6 +34,14 @@ enum Link {
     Cluster {
         client: ClusterClient,
         conn: OnceCell<ClusterConnection>,
+    },
+    /// The primary the sentinels name, asked for on first use and again
+    /// after any failure: a failover is followed, and a node that a
+    /// failover demoted (it refuses writes) is left at once.
+    Sentinel {
+        client: tokio::sync::Mutex<SentinelClient>,
+        config: AsyncConnectionConfig,
+        conn: std::sync::Mutex<Option<MultiplexedConnection>>,
     },
 }
 
@@ -88,9 +101,78 @@ impl Connection {
         Ok(Self::new(link, timeout, None))
     }
 
+    /// Calls for the primary that the sentinels at `sentinels` know as
+    /// `master_name`. The URLs' user, password and database serve for the
+    /// sentinels and the primary alike; `rediss://` means TLS to both.
+    pub fn sentinel(
+        sentinels: &[String],
+        master_name: &str,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let first = sentinels
+            .first()
+            .ok_or_else(|| StoreError::Connection("no sentinel url".into()))?;
+        let info = first.as_str().into_connection_info().map_err(backend)?;
+        let mut node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(info.redis_settings().clone());
+        if first.starts_with("rediss://") {
+            node = node.set_tls_mode(redis::TlsMode::Secure);
+        }
+        let client = SentinelClient::build(
+            sentinels.iter().map(String::as_str).collect(),
+            master_name,
+            Some(node),
+            SentinelServerType::Master,
+        )
+        .map_err(backend)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
+            .set_response_timeout(Some(timeout));
+        let link = Link::Sentinel {
+            client: tokio::sync::Mutex::new(client),
+            config,
+            conn: std::sync::Mutex::new(None),
+        };
+        Ok(Self::new(link, timeout, None))
+    }
+
+    /// Drops a sentinel link's connection after a failure, so that the next
+    /// call asks the sentinels for the primary again.
+    pub fn forget(&self) {
+        if let Link::Sentinel { conn, .. } = &self.link {
+            *conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
     /// The connection, made on first use (and, for a standalone server,
     /// remade by the manager whenever it breaks).
     async fn connect(&self) -> Result<Conn, StoreError> {
+        match &self.link {
+            Link::Sentinel {
+                client,
+                config,
+                conn,
+            } => {
+                let cached = || conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                if let Some(c) = cached() {
+                    return Ok(Conn::Sentinel(c));
+                }
+                let mut client = client.lock().await;
+                // Another call may have found the primary meanwhile.
+                if let Some(c) = cached() {
+                    return Ok(Conn::Sentinel(c));
+                }
+                // The sentinels name the primary; its `ROLE` is checked.
+                let primary = client.async_get_client().await.map_err(backend)?;
+                let c = primary
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+                    .map_err(backend)?;
+                *conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
+                return Ok(Conn::Sentinel(c));
+            }
+            Link::Single { .. } | Link::Cluster { .. } => {}
+        }
         match &self.link {
             Link::Single {
                 client,
@@ -106,18 +188,26 @@ impl Connection {
                 .get_or_try_init(|| client.get_async_connection())
                 .await
                 .map(|c| Conn::Cluster(c.clone())),
+            Link::Sentinel { .. } => unreachable!("handled above"),
         }
         .map_err(backend)
     }
 
     /// `PING`, for readiness.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.connect().await?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .map(drop)
-            .map_err(backend)
+        let result = async {
+            let mut conn = self.connect().await?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(backend)
+        }
+        .await;
+        if result.is_err() {
+            self.forget();
+        }
+        result
     }
 
     /// The script call for some requests, `EVALSHA` with the script's hash
@@ -141,6 +231,17 @@ impl Connection {
         &self,
         requests: impl Iterator<Item = &'a Request> + Clone,
     ) -> Result<Vec<u8>, StoreError> {
+        let result = self.call_once(requests).await;
+        if result.is_err() {
+            self.forget();
+        }
+        result
+    }
+
+    async fn call_once<'a>(
+        &self,
+        requests: impl Iterator<Item = &'a Request> + Clone,
+    ) -> Result<Vec<u8>, StoreError> {
         let mut conn = self.connect().await?;
         match self
             .script("EVALSHA", &self.sha, requests.clone())
@@ -160,10 +261,11 @@ impl Connection {
     }
 }
 
-/// A connection of either kind.
+/// A connection of any kind.
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(MultiplexedConnection),
 }
 
 impl ConnectionLike for Conn {
@@ -171,6 +273,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -183,6 +286,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -190,6 +294,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
         }
     }
 }

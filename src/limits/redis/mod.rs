@@ -25,6 +25,23 @@ use conn::Connection;
 
 pub use codec::DECIDE_LUA;
 
+/// A Redis URL fit for messages and logs: its password replaced by `***`.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            let user = if userinfo.contains(':') { user } else { "***" };
+            format!("{scheme}://{user}{hidden}@{host}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 /// Limit state in one Redis server (or one primary).
 pub struct RedisStore {
     batches: Batches,
@@ -60,6 +77,22 @@ impl RedisStore {
     ) -> Result<Self, StoreError> {
         Ok(Self {
             batches: Batches::new(Connection::single(url, timeout, clock)?),
+            keys: KeyCache::new(keys, CACHED_KEYS),
+        })
+    }
+
+    /// A store on the primary that the sentinels at `sentinels` know as
+    /// `master_name`: found on first use, and found again whenever the link
+    /// fails or the node refuses writes (a failover demoted it), so a
+    /// failover is followed without a restart.
+    pub fn sentinel(
+        sentinels: &[String],
+        master_name: &str,
+        keys: KeyHasher,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            batches: Batches::new(Connection::sentinel(sentinels, master_name, timeout)?),
             keys: KeyCache::new(keys, CACHED_KEYS),
         })
     }
@@ -101,5 +134,25 @@ impl LimitStore for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.batches.ping().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_are_hidden_in_urls() {
+        let table = [
+            ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+            ("redis://user:pw@h:1/0", "redis://user:***@h:1/0"),
+            ("rediss://:pw@h:1", "rediss://:***@h:1"),
+            ("redis://pw@h", "redis://***@h"),
+            ("http://u:p@a:b@h/x", "http://u:***@h/x"),
+            ("not a url", "not a url"),
+        ];
+        for (url, want) in table {
+            assert_eq!(redacted(url), want, "{url}");
+        }
     }
 }
