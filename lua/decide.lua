@@ -79,19 +79,21 @@ local LENGTH = { 25, 25, 25, 33 }
 -- Big-endian, so that entries of one instant sort by running total.
 local ENTRY = '>i8i8i8'
 
-local pack, unpack_ = struct.pack, struct.unpack
-local floor, max, min = math.floor, math.max, math.min
-local call = redis.call
+-- Set per call: a function library cannot reach them while it loads.
+local floor, max, min, pack, unpack_, call
 
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local t = call('TIME')
-  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
-end
-local raw = call('MGET', unpack(KEYS))
+-- The call's inputs and state, set by `decide` at the start of each call:
+-- its keys, its time, the keys' string values, and their loaded state.
+local keys, now, raw, S
 
 local function align(t, w) return t - t % w end
-local function int(n) return string.format('%d', n) end
+-- A whole number as an argument of redis.call: below 10^14 Redis writes a
+-- Lua number exactly itself (with "%.14g"), which costs less than
+-- formatting it here.
+local function int(n)
+  if n < 1e14 then return n end
+  return string.format('%d', n)
+end
 
 -- The check of a bucket holding `balance`: allowed, remaining, wait.
 local function check_bucket(cap, per_ms, balance, cost)
@@ -169,7 +171,7 @@ end
 -- Loads a sliding log: its newest entry, the oldest inside the window, and
 -- a bounded pruning of expired ones.
 local function load_log(s, k, b)
-  local key = KEYS[k]
+  local key = keys[k]
   -- MGET saw a string here: the limit used another algorithm before.
   if raw[k] then call('DEL', key) end
   s.key, s.len, s.t, s.run, s.base, s.stored_run = key, b, now, 0, 0, 0
@@ -204,7 +206,6 @@ end
 -- Loads and refreshes the state of key k; every later use in the batch
 -- sees the same table (refreshing again at the same instant changes
 -- nothing).
-local S = {}
 local function state(k, kind, a, b)
   local s = S[k]
   if s then return s end
@@ -348,58 +349,79 @@ local function reset(s, a, b)
   return 0
 end
 
-local reply = {}
-local requests, pos = ARGV[3], 1
--- Per limit of the current request, flat: state, a, b, cost, group, ok,
--- remaining, wait (no table per limit).
-local L = {}
-for _ = 1, tonumber(ARGV[2]) do
-  local blocked, n, refunding
-  blocked, n, refunding, pos = unpack_('<BI2i8', requests, pos)
-  local gate = blocked
-  if refunding > 0 then gate = -1 end
-  for j = 0, n - 1 do
-    local k, kind, a, b, cost, flags
-    k, kind, a, b, cost, flags, pos = unpack_('<I4Bi8i8i8B', requests, pos)
-    local s = state(k, kind, a, b)
-    if refunding > 0 then refund(s, a, b, cost, refunding) end
-    local ok, rem, wait = check(s, a, b, cost)
-    local group = floor(flags / 2)
-    if flags % 2 == 1 and not ok and group < gate then gate = group end
-    local o = j * 8
-    L[o + 1], L[o + 2], L[o + 3], L[o + 4] = s, a, b, cost
-    L[o + 5], L[o + 6], L[o + 7], L[o + 8] = group, ok, rem, wait
+-- Decides a batch: KEYS and ARGV as described at the top.
+local function decide(call_keys, args)
+  floor, max, min = math.floor, math.max, math.min
+  pack, unpack_, call = struct.pack, struct.unpack, redis.call
+  keys, S = call_keys, {}
+  now = tonumber(args[1])
+  if now == 0 then
+    local t = call('TIME')
+    now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
   end
-  for j = 0, n - 1 do
-    local o = j * 8
-    local s, a, b, cost, ok, rem = L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 6], L[o + 7]
-    local spent = ok and L[o + 5] < gate
-    if spent then spend(s, b, cost) elseif ok and refunding == 0 then rem = rem + cost end
-    s.a, s.b = a, b
-    reply[#reply + 1] = pack('<i8i8i8i8', ok and 1 or 0, rem, L[o + 8], reset(s, a, b))
+  raw = call('MGET', unpack(keys))
+  local reply = {}
+  local requests, pos = args[3], 1
+  -- Per limit of the current request, flat: state, a, b, cost, group, ok,
+  -- remaining, wait (no table per limit).
+  local L = {}
+  for _ = 1, tonumber(args[2]) do
+    local blocked, n, refunding
+    blocked, n, refunding, pos = unpack_('<BI2i8', requests, pos)
+    local gate = blocked
+    if refunding > 0 then gate = -1 end
+    for j = 0, n - 1 do
+      local k, kind, a, b, cost, flags
+      k, kind, a, b, cost, flags, pos = unpack_('<I4Bi8i8i8B', requests, pos)
+      local s = state(k, kind, a, b)
+      if refunding > 0 then refund(s, a, b, cost, refunding) end
+      local ok, rem, wait = check(s, a, b, cost)
+      local group = floor(flags / 2)
+      if flags % 2 == 1 and not ok and group < gate then gate = group end
+      local o = j * 8
+      L[o + 1], L[o + 2], L[o + 3], L[o + 4] = s, a, b, cost
+      L[o + 5], L[o + 6], L[o + 7], L[o + 8] = group, ok, rem, wait
+    end
+    for j = 0, n - 1 do
+      local o = j * 8
+      local s, a, b, cost, ok, rem = L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 6], L[o + 7]
+      local spent = ok and L[o + 5] < gate
+      if spent then spend(s, b, cost) elseif ok and refunding == 0 then rem = rem + cost end
+      s.a, s.b = a, b
+      reply[#reply + 1] = pack('<i8i8i8i8', ok and 1 or 0, rem, L[o + 8], reset(s, a, b))
+    end
   end
+
+  -- One write per key, with the state the whole batch left.
+  for k, s in pairs(S) do
+    local key = keys[k]
+    local ttl = int(reset(s, s.a, s.b) + SLACK)
+    if s.kind == SLIDING_WINDOW then
+      call('SET', key, pack(FORMAT[SLIDING_WINDOW], s.kind, s.meaning, s.x, s.y, s.z), 'PX', ttl)
+    elseif s.kind ~= SLIDING_LOG then
+      call('SET', key, pack(FORMAT[s.kind], s.kind, s.meaning, s.x, s.y), 'PX', ttl)
+    else
+      if #s.added > 0 then
+        local args = {}
+        local at = int(s.t)
+        for _, m in ipairs(s.added) do
+          args[#args + 1] = at
+          args[#args + 1] = m
+        end
+        call('ZADD', key, unpack(args))
+      end
+      if s.run > s.base then call('PEXPIRE', key, ttl) end
+    end
+  end
+  reply[#reply + 1] = pack('<i8', now)
+  return table.concat(reply)
 end
 
--- One write per key, with the state the whole batch left.
-for k, s in pairs(S) do
-  local key = KEYS[k]
-  local ttl = int(reset(s, s.a, s.b) + SLACK)
-  if s.kind == SLIDING_WINDOW then
-    call('SET', key, pack(FORMAT[SLIDING_WINDOW], s.kind, s.meaning, s.x, s.y, s.z), 'PX', ttl)
-  elseif s.kind ~= SLIDING_LOG then
-    call('SET', key, pack(FORMAT[s.kind], s.kind, s.meaning, s.x, s.y), 'PX', ttl)
-  else
-    if #s.added > 0 then
-      local args = {}
-      local at = int(s.t)
-      for _, m in ipairs(s.added) do
-        args[#args + 1] = at
-        args[#args + 1] = m
-      end
-      call('ZADD', key, unpack(args))
-    end
-    if s.run > s.base then call('PEXPIRE', key, ttl) end
-  end
+-- Loaded as a function library (FUNCTION LOAD, Redis >= 7), the helpers
+-- above are made once and each call is only `decide`; run as a script
+-- (EVALSHA), the whole file runs on every call.
+if redis.register_function then
+  redis.register_function(FUNCTION_NAME, decide)
+else
+  return decide(KEYS, ARGV)
 end
-reply[#reply + 1] = pack('<i8', now)
-return table.concat(reply)

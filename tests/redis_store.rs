@@ -265,7 +265,7 @@ fn a_full_sliding_log_is_decided_in_bounded_work() {
     let stats: String = server.cmd(&["INFO", "commandstats"]).unwrap();
     let line = stats
         .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .find(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
         .unwrap_or_else(|| panic!("no script stats: {stats}"));
     let per_call: f64 = line
         .split(',')
@@ -300,8 +300,70 @@ fn a_lost_script_cache_is_reloaded() {
     let c = [charge("b", "k", bucket(10, 1), 1)];
     assert!(rt.block_on(s.decide(&refs(&c), Gate::Open)).unwrap()[0].allowed);
     let _: String = server.cmd(&["SCRIPT", "FLUSH"]).unwrap();
+    let _: String = server.cmd(&["FUNCTION", "FLUSH"]).unwrap();
     let v = rt.block_on(s.decide(&refs(&c), Gate::Open)).unwrap();
     assert_eq!(v[0].remaining, 8);
+}
+
+/// Calls of each kind the server counted (`INFO commandstats`).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let stats: String = server.cmd(&["INFO", "commandstats"]).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn decisions_run_as_a_function_where_the_server_has_functions() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(5_000_000);
+    let s = store(&server, &clock);
+    let rt = runtime();
+    let c = [charge("b", "k", bucket(10, 1), 1)];
+    for _ in 0..3 {
+        assert!(rt.block_on(s.decide(&refs(&c), Gate::Open)).unwrap()[0].allowed);
+    }
+    assert_eq!(calls(&server, "fcall"), 4, "one miss, then loaded");
+    assert_eq!(calls(&server, "evalsha"), 0);
+    let libraries: Vec<redis::Value> = server.cmd(&["FUNCTION", "LIST"]).unwrap();
+    assert_eq!(libraries.len(), 1);
+}
+
+#[test]
+fn a_user_without_functions_gets_scripts() {
+    let server = RedisServer::start();
+    server
+        .cmd::<()>(&[
+            "ACL",
+            "SETUSER",
+            "plain",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-function",
+            "-fcall",
+        ])
+        .unwrap();
+    let clock = ManualClock::new(5_000_000);
+    let url = format!("redis://plain:pw@127.0.0.1:{}/0", server.port);
+    let s = RedisStore::with_clock(
+        &url,
+        KeyHasher::new("t:", b"x"),
+        Duration::from_secs(2),
+        clock,
+    )
+    .unwrap();
+    let rt = runtime();
+    let c = [charge("b", "k", bucket(2, 1), 1)];
+    let v: Vec<bool> = (0..3)
+        .map(|_| rt.block_on(s.decide(&refs(&c), Gate::Open)).unwrap()[0].allowed)
+        .collect();
+    assert_eq!(v, [true, true, false]);
+    assert!(calls(&server, "evalsha") >= 3);
 }
 
 #[test]
@@ -590,16 +652,10 @@ fn concurrent_requests_are_batched_and_decided_as_if_one_by_one() {
         got, expected,
         "the batch decides in submission order, like one call each"
     );
-    let stats: String = server.cmd(&["INFO", "commandstats"]).unwrap();
-    let calls: usize = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|l| l.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap();
+    let script_calls = calls(&server, "fcall") + calls(&server, "evalsha");
     assert!(
-        calls < 40,
-        "{calls} script calls for 40 concurrent requests"
+        script_calls < 40,
+        "{script_calls} script calls for 40 concurrent requests"
     );
     // 20 requests found their own bucket spent; 20 were admitted by both.
     assert_eq!(

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Redis script time per decision, without a gateway in the way.
+
+Starts its own redis-server on a free loopback port and, over one
+connection, one call at a time (no batching), calls:
+
+  decide.lua     one request with three token buckets (per credential,
+                 per tenant, global), admitted: the full path's store work;
+  decide.lua     the same, eleven requests in one call (a batch under load);
+  decide.lua     one request with one token bucket;
+  --compare FILE the same three with another decide.lua (an earlier one);
+  limit.lua      the reference chapter's single-bucket script (bench/lua);
+  floor          TIME + MGET of 3 keys + 3 SET ... PX, and nothing else;
+  empty          a script that returns at once.
+
+For each it reports Redis's own script time per call and per request
+(`INFO commandstats`, usec of the EVALSHA calls over their count) and the
+Redis process's CPU per call (utime+stime from /proc, which adds the
+network and protocol work of each call).
+
+    python3 bench/script_time.py [--calls 20000] [--compare old-decide.lua]
+"""
+
+import argparse
+import datetime
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MICRO = 1_000_000
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Redis:
+    """A minimal RESP client: enough for commands with binary arguments."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.buf = b""
+
+    def send(self, *args):
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            if isinstance(a, int):
+                a = str(a).encode()
+            elif isinstance(a, str):
+                a = a.encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        self.sock.sendall(b"".join(out))
+        return self.read()
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            self.buf += self.sock.recv(65536)
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def read(self):
+        line = self.line()
+        kind, rest = line[:1], line[1:]
+        if kind in (b"+", b":"):
+            return rest.decode()
+        if kind == b"-":
+            raise RuntimeError(rest.decode())
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                self.buf += self.sock.recv(65536)
+            data, self.buf = self.buf[:n], self.buf[n + 2:]
+            return data
+        if kind == b"*":
+            return [self.read() for _ in range(int(rest))]
+        raise RuntimeError(f"unexpected reply {line!r}")
+
+
+def batch(requests, limits_per_request):
+    """decide.lua's binary argument: `requests` requests of token buckets."""
+    out = b""
+    for r in range(requests):
+        out += struct.pack("<BHq", 255, limits_per_request, 0)
+        for l in range(limits_per_request):
+            # A bucket of 1e6 units refilling 1e5/s: always admits.
+            out += struct.pack("<IBqqqB", l + 1, 1, 10**6 * MICRO, 100 * MICRO // 1000, 1, 3)
+    return out
+
+
+def stats(redis):
+    info = redis.send("INFO", "commandstats").decode()
+    out = {}
+    for line in info.splitlines():
+        if line.startswith("cmdstat_"):
+            name, fields = line[len("cmdstat_"):].split(":", 1)
+            kv = dict(f.split("=") for f in fields.split(","))
+            out[name] = (int(kv["calls"]), int(kv["usec"]))
+    return out
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+ROWS = []
+
+
+def measure(redis, pid, label, command, args, calls, requests_per_call):
+    redis.send("CONFIG", "RESETSTAT")
+    cpu0 = cpu_seconds(pid)
+    for _ in range(calls):
+        redis.send(command, *args)
+    cpu = cpu_seconds(pid) - cpu0
+    s = stats(redis)
+    name = command.lower()
+    n, usec = s.get(name, (0, 0))
+    per_call = usec / max(n, 1)
+    row = (f"| {label} | {per_call:.1f} µs | {per_call / requests_per_call:.1f} µs | "
+           f"{cpu * 1e6 / calls:.1f} µs |")
+    print(row)
+    ROWS.append(row)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--compare", metavar="FILE",
+                    help="another decide.lua (e.g. an earlier version) measured in the same run")
+    args = ap.parse_args()
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", tmp],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 10
+            while True:
+                try:
+                    redis = Redis(port)
+                    redis.send("PING")
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        sys.exit("redis-server did not start")
+                    time.sleep(0.05)
+            version = redis.send("INFO", "server").decode()
+            version = next(l for l in version.splitlines() if l.startswith("redis_version"))
+            decide = open(os.path.join(ROOT, "lua", "decide.lua")).read()
+            # The script text inside the peer's module, between its [[ ]].
+            peer = open(os.path.join(ROOT, "bench", "lua", "limit.lua")).read()
+            limit = peer.split("[[", 1)[1].split("]]", 1)[0]
+            floor = ("local t = redis.call('TIME') local v = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3]) "
+                     "for i = 1, 3 do redis.call('SET', KEYS[i], '12345678901234567890123', 'PX', 60000) end "
+                     "return 1")
+            sha = {name: redis.send("SCRIPT", "LOAD", text).decode()
+                   for name, text in [("decide", decide), ("limit", limit), ("floor", floor),
+                                      ("empty", "return 1")]}
+            keys3 = ["bench:cred", "bench:tenant", "bench:global"]
+            print(f"{version}, {args.calls} calls each, one connection, one call at a time; "
+                  f"load average {os.getloadavg()[0]:.2f}\n")
+            print("| script | script time per call | per request | Redis CPU per call |")
+            print("|---|---:|---:|---:|")
+            measure(redis, server.pid, "decide.lua, 1 request × 3 limits", "EVALSHA",
+                    [sha["decide"], 3, *keys3, 0, 1, batch(1, 3)], args.calls, 1)
+            measure(redis, server.pid, "decide.lua, 11 requests × 3 limits (one batch)", "EVALSHA",
+                    [sha["decide"], 3, *keys3, 0, 11, batch(11, 3)], args.calls // 4, 11)
+            measure(redis, server.pid, "decide.lua, 1 request × 1 limit", "EVALSHA",
+                    [sha["decide"], 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
+            # The same file loaded once as a function library, as the gateway
+            # does on Redis >= 7.
+            lib = "#!lua name=tollgate_bench\nlocal FUNCTION_NAME = 'tollgate_decide_bench'\n" + decide
+            redis.send("FUNCTION", "LOAD", "REPLACE", lib)
+            measure(redis, server.pid, "decide.lua as a function (FCALL), 1 request × 3 limits", "FCALL",
+                    ["tollgate_decide_bench", 3, *keys3, 0, 1, batch(1, 3)], args.calls, 1)
+            measure(redis, server.pid, "decide.lua as a function (FCALL), 11 requests × 3 limits", "FCALL",
+                    ["tollgate_decide_bench", 3, *keys3, 0, 11, batch(11, 3)], args.calls // 4, 11)
+            measure(redis, server.pid, "decide.lua as a function (FCALL), 1 request × 1 limit", "FCALL",
+                    ["tollgate_decide_bench", 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
+            if args.compare:
+                other = redis.send("SCRIPT", "LOAD", open(args.compare).read()).decode()
+                redis.send("FLUSHALL")
+                name = os.path.basename(args.compare)
+                measure(redis, server.pid, f"{name}, 1 request × 3 limits", "EVALSHA",
+                        [other, 3, *keys3, 0, 1, batch(1, 3)], args.calls, 1)
+                measure(redis, server.pid, f"{name}, 11 requests × 3 limits (one batch)", "EVALSHA",
+                        [other, 3, *keys3, 0, 11, batch(11, 3)], args.calls // 4, 11)
+                measure(redis, server.pid, f"{name}, 1 request × 1 limit", "EVALSHA",
+                        [other, 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
+            measure(redis, server.pid, "reference chapter's limit.lua, 1 bucket", "EVALSHA",
+                    [sha["limit"], 1, "bench:ref", 100, 50, 1], args.calls, 1)
+            measure(redis, server.pid, "floor: TIME + MGET 3 + 3 SET PX", "EVALSHA",
+                    [sha["floor"], 3, *keys3], args.calls, 1)
+            measure(redis, server.pid, "empty script", "EVALSHA", [sha["empty"], 0], args.calls, 1)
+            write_report(args, version)
+        finally:
+            server.terminate()
+            server.wait()
+
+
+def write_report(args, version):
+    """bench/script_time.md, which bench/run.py includes in RESULTS.md."""
+    command = " ".join(["python3", "bench/script_time.py"] + sys.argv[1:])
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = ["## Script time per decision", "",
+            f"Measured {when} with `{command}` ({version}, one connection, one call at a time, "
+            f"{args.calls} calls each; load average {os.getloadavg()[0]:.2f} at the end). Script time is "
+            "Redis's own `usec_per_call` of the call; Redis CPU adds the network and protocol work of "
+            "each call.", "",
+            "| script | script time per call | per request | Redis CPU per call |", "|---|---:|---:|---:|"]
+    text += ROWS
+    with open(os.path.join(ROOT, "bench", "script_time.md"), "w") as f:
+        f.write("\n".join(text) + "\n")
+
+
+if __name__ == "__main__":
+    main()
