@@ -47,7 +47,7 @@ fn routes(c: &mut Criterion) {
     .iter()
     .enumerate()
     {
-        router.push(vec![], PathTemplate::parse(t).unwrap(), i);
+        router.push(vec![], vec![], PathTemplate::parse(t).unwrap(), i);
     }
     c.bench_function("route_match_placeholders", |b| {
         b.iter(|| {
@@ -56,7 +56,7 @@ fn routes(c: &mut Criterion) {
                 EncodedSlash::Reject,
             )
             .unwrap();
-            router.find("GET", &path).copied()
+            router.find("GET", None, &path).copied()
         })
     });
 }

@@ -15,6 +15,7 @@ use crate::edge::target;
 use crate::limits::{combine, Charge, Decision, Group, Identity, Source, Verdict};
 use crate::metrics::DecisionOutcome;
 use crate::respond::{RateHeaders, Rejection};
+use crate::routes;
 use crate::runtime::Runtime;
 use crate::top::Caller;
 
@@ -44,6 +45,8 @@ pub struct Facts {
     pub max_body_bytes: u64,
     /// Whether the matched route lets `Upgrade` (WebSocket) requests pass.
     pub upgrade: bool,
+    /// The matched route's bound on waiting for the upstream's response.
+    pub upstream_timeout: Option<std::time::Duration>,
 }
 
 impl Facts {
@@ -117,9 +120,12 @@ pub fn plan<'a>(
             e => Rejection::BadRequest { detail: e.detail() },
         },
     )?;
+    let host = host
+        .and_then(|h| std::str::from_utf8(h).ok())
+        .map(routes::request_host);
     let route = policy
         .routes
-        .find(req.method.as_str(), &target.path)
+        .find(req.method.as_str(), host.as_deref(), &target.path)
         .ok_or(Rejection::NotFound)?;
     facts.route = Some(route.name.clone());
     facts.route_id = Some(route.id);
@@ -127,6 +133,7 @@ pub fn plan<'a>(
     facts.cost = route.cost;
     facts.max_body_bytes = route.max_body_bytes;
     facts.upgrade = route.upgrade;
+    facts.upstream_timeout = route.timeout;
     if target.rewritten {
         facts.rewritten_target = Some(target.origin_form());
     }

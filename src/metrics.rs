@@ -42,6 +42,9 @@ pub struct Metrics {
     /// `tollgate_connections_rejected_total{listener,reason}`: connections an edge
     /// bound refused or closed.
     pub connections_rejected: IntCounterVec,
+    /// `tollgate_upstream_retries_total{pool,reason}`: forwarding tries after
+    /// the first (`connect`, `reused_connection`).
+    pub upstream_retries: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -181,6 +184,12 @@ impl Metrics {
                 "tollgate_connections_rejected_total",
                 "Client connections refused or closed by an edge bound, by listener and reason.",
                 &["listener", "reason"],
+            ),
+            upstream_retries: counter(
+                &r,
+                "tollgate_upstream_retries_total",
+                "Forwarding tries after the first, by pool and reason.",
+                &["pool", "reason"],
             ),
             registry: r,
         }

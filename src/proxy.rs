@@ -51,6 +51,9 @@ pub struct RequestCtx {
     upstream_started: Option<Instant>,
     /// Request body bytes read so far, held to the route's bound.
     body_bytes: u64,
+    /// Forwarding attempts after the first (connect failures, failed
+    /// reused connections).
+    retries: u32,
 }
 
 /// The gateway: the live policy, swapped atomically on reload.
@@ -171,15 +174,58 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        let (Some(rt), Some((pool, addr))) = (&ctx.runtime, ctx.server) else {
+        let (Some(rt), Some((pool, mut addr))) = (&ctx.runtime, ctx.server) else {
             return Error::e_explain(ErrorType::InternalError, "no upstream chosen for request");
         };
+        if ctx.retries > 0 {
+            // A retry goes to the next healthy server, when there is another.
+            if let Ok(next) = rt.pools[pool].pick() {
+                addr = next;
+                ctx.server = Some((pool, addr));
+            }
+        }
         let upstream = rt.pools[pool].def();
-        ctx.upstream_started = Some(Instant::now());
+        ctx.upstream_started.get_or_insert_with(Instant::now);
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(upstream.connect_timeout);
-        peer.options.read_timeout = Some(upstream.read_timeout);
+        peer.options.read_timeout =
+            Some(ctx.facts.upstream_timeout.unwrap_or(upstream.read_timeout));
         Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // Nothing reached the server: another try is always safe.
+        e.set_retry(self.may_retry(ctx, "connect"));
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        // As Pingora decides by default: an idempotent request whose reused
+        // connection failed before any response byte; then within `retries`.
+        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        if e.retry() {
+            e.set_retry(self.may_retry(ctx, "reused_connection"));
+        }
+        e
     }
 
     async fn upstream_request_filter(
@@ -259,6 +305,7 @@ impl ProxyHttp for Gateway {
     ) -> FailToProxy {
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
+            ErrorType::ReadTimedout if *e.esource() == ErrorSource::Upstream => 504,
             _ => match e.esource() {
                 ErrorSource::Upstream => 502,
                 ErrorSource::Downstream => 0,
@@ -317,6 +364,24 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// Whether the request may be forwarded once more (within its pool's
+    /// `retries`), counting the retry by `reason` when it may.
+    fn may_retry(&self, ctx: &mut RequestCtx, reason: &str) -> bool {
+        let (Some(rt), Some((pool, _))) = (&ctx.runtime, ctx.server) else {
+            return false;
+        };
+        let def = rt.pools[pool].def();
+        if ctx.retries >= def.retries {
+            return false;
+        }
+        ctx.retries += 1;
+        rt.all_metrics()
+            .upstream_retries
+            .with_label_values(&[def.name.as_ref(), reason])
+            .inc();
+        true
+    }
+
     /// Metrics and heavy hitters for a finished request.
     fn account(&self, rt: &Runtime, ctx: &RequestCtx) {
         let metrics = rt.metrics();

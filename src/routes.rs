@@ -155,8 +155,79 @@ fn strip_dot(s: &str) -> Option<&str> {
     })
 }
 
-/// Allowed methods (empty = any), template and caller payload, in file order.
-type Entry<R> = (Vec<String>, PathTemplate, R);
+/// A host name a route serves: exact, or `*.suffix` for any subdomain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// This name exactly (lower-case).
+    Exact(String),
+    /// Any name ending in this suffix, which starts with `.` (lower-case).
+    Subdomains(String),
+}
+
+impl HostPattern {
+    /// Parses `api.example.com` or `*.example.com`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let lower = text.to_ascii_lowercase();
+        let (wild, name) = match lower.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, lower.as_str()),
+        };
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !valid {
+            return Err(format!(
+                "{text:?} is not a host name (letters, digits, - and ., or *. before them; no port)"
+            ));
+        }
+        Ok(if wild {
+            HostPattern::Subdomains(format!(".{name}"))
+        } else {
+            HostPattern::Exact(name.to_owned())
+        })
+    }
+
+    /// Whether `host` (lower-case, without its port) is served.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(name) => host == name,
+            HostPattern::Subdomains(suffix) => {
+                host.len() > suffix.len() && host.ends_with(suffix.as_str())
+            }
+        }
+    }
+}
+
+/// The host a request names (`Host` or `:authority`): lower-case, without
+/// its port or an IPv6 literal's brackets' port.
+pub fn request_host(authority: &str) -> std::borrow::Cow<'_, str> {
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(host)
+    }
+}
+
+/// One route: allowed methods (empty = any), hosts (empty = any), template
+/// and the caller's payload.
+#[derive(Debug, Clone)]
+struct Entry<R> {
+    methods: Vec<String>,
+    hosts: Vec<HostPattern>,
+    template: PathTemplate,
+    route: R,
+}
 
 /// Route matching over an ordered list: generic so the caller's route type can hold anything.
 #[derive(Debug, Clone)]
@@ -173,20 +244,36 @@ impl<R> Router<R> {
     }
 
     /// Appends a route. `methods` empty means any method; names are compared
-    /// case-sensitively, so pass them upper-case as HTTP sends them.
-    pub fn push(&mut self, methods: Vec<String>, template: PathTemplate, route: R) {
-        self.entries.push((methods, template, route));
+    /// case-sensitively, so pass them upper-case as HTTP sends them. `hosts`
+    /// empty means any host.
+    pub fn push(
+        &mut self,
+        methods: Vec<String>,
+        hosts: Vec<HostPattern>,
+        template: PathTemplate,
+        route: R,
+    ) {
+        self.entries.push(Entry {
+            methods,
+            hosts,
+            template,
+            route,
+        });
     }
 
-    /// First match in insertion order; the path must already be normalised.
-    pub fn find(&self, method: &str, path: &str) -> Option<&R> {
+    /// First match in insertion order: method, then host (as given by
+    /// [`request_host`]; `None` matches only routes without hosts), then the
+    /// path, which must already be normalized.
+    pub fn find(&self, method: &str, host: Option<&str>, path: &str) -> Option<&R> {
         self.entries
             .iter()
-            .find(|(methods, template, _)| {
-                (methods.is_empty() || methods.iter().any(|m| m == method))
-                    && template.matches(path)
+            .find(|e| {
+                (e.methods.is_empty() || e.methods.iter().any(|m| m == method))
+                    && (e.hosts.is_empty()
+                        || host.is_some_and(|h| e.hosts.iter().any(|p| p.matches(h))))
+                    && e.template.matches(path)
             })
-            .map(|(_, _, route)| route)
+            .map(|e| &e.route)
     }
 
     /// Number of routes.
@@ -201,7 +288,7 @@ impl<R> Router<R> {
 
     /// Routes in insertion order.
     pub fn iter(&self) -> impl Iterator<Item = &R> {
-        self.entries.iter().map(|(_, _, route)| route)
+        self.entries.iter().map(|e| &e.route)
     }
 }
 
@@ -280,11 +367,11 @@ mod tests {
     #[test]
     fn first_match_wins_with_method_filter() {
         let mut router = Router::new();
-        router.push(vec!["GET".to_owned()], t("/items/{id}"), "read");
-        router.push(Vec::new(), t("/**"), "catch_all");
-        assert_eq!(router.find("GET", "/items/1"), Some(&"read"));
-        assert_eq!(router.find("POST", "/items/1"), Some(&"catch_all"));
-        assert_eq!(router.find("get", "/items/1"), Some(&"catch_all"));
+        router.push(vec!["GET".to_owned()], vec![], t("/items/{id}"), "read");
+        router.push(Vec::new(), vec![], t("/**"), "catch_all");
+        assert_eq!(router.find("GET", None, "/items/1"), Some(&"read"));
+        assert_eq!(router.find("POST", None, "/items/1"), Some(&"catch_all"));
+        assert_eq!(router.find("get", None, "/items/1"), Some(&"catch_all"));
         assert_eq!(router.len(), 2);
         assert!(!router.is_empty());
         let names: Vec<_> = router.iter().copied().collect();
@@ -295,9 +382,46 @@ mod tests {
     fn no_match_is_none() {
         let mut router = Router::default();
         assert!(router.is_empty());
-        assert_eq!(router.find("GET", "/"), None);
-        router.push(vec!["GET".to_owned()], t("/healthz"), 1);
-        assert_eq!(router.find("GET", "/other"), None);
-        assert_eq!(router.find("DELETE", "/healthz"), None);
+        assert_eq!(router.find("GET", None, "/"), None);
+        router.push(vec!["GET".to_owned()], vec![], t("/healthz"), 1);
+        assert_eq!(router.find("GET", None, "/other"), None);
+        assert_eq!(router.find("DELETE", None, "/healthz"), None);
+    }
+
+    #[test]
+    fn hosts_match_exactly_or_as_subdomains() {
+        let exact = HostPattern::parse("API.example.com").unwrap();
+        let wild = HostPattern::parse("*.example.com").unwrap();
+        assert!(exact.matches("api.example.com"));
+        assert!(!exact.matches("www.example.com"));
+        assert!(wild.matches("a.example.com") && wild.matches("a.b.example.com"));
+        assert!(!wild.matches("example.com") && !wild.matches("badexample.com"));
+        for bad in [
+            "",
+            "*",
+            "a..b",
+            "a:80",
+            "*.",
+            "ex ample.com",
+            "a.*.com",
+            "-_-",
+        ] {
+            assert!(HostPattern::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(request_host("API.Example.com:8443"), "api.example.com");
+        assert_eq!(request_host("example.com."), "example.com");
+        assert_eq!(request_host("[::1]:80"), "::1");
+        assert_eq!(request_host("10.0.0.1"), "10.0.0.1");
+    }
+
+    #[test]
+    fn routes_with_hosts_are_chosen_by_host_first() {
+        let mut router = Router::new();
+        let api = vec![HostPattern::parse("api.test").unwrap()];
+        router.push(Vec::new(), api, t("/**"), "api");
+        router.push(Vec::new(), vec![], t("/**"), "any");
+        assert_eq!(router.find("GET", Some("api.test"), "/x"), Some(&"api"));
+        assert_eq!(router.find("GET", Some("www.test"), "/x"), Some(&"any"));
+        assert_eq!(router.find("GET", None, "/x"), Some(&"any"));
     }
 }

@@ -173,6 +173,8 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     /// Bound on reading from a server.
     pub read_timeout: Duration,
+    /// Further tries after a connect failure or a failed reused connection.
+    pub retries: u32,
     /// Active health checks; without them every server counts as healthy.
     pub health: Option<HealthCheck>,
 }
@@ -232,6 +234,8 @@ pub struct Route {
     pub max_body_bytes: u64,
     /// Whether `Upgrade` (WebSocket) requests pass; elsewhere it is removed.
     pub upgrade: bool,
+    /// The longest wait for the upstream's response; `None`: the pool's.
+    pub timeout: Option<Duration>,
 }
 
 impl Policy {

@@ -405,8 +405,12 @@ pub struct RawUpstream {
     pub max_in_flight: Option<u32>,
     /// Requests that may wait for a permit, and for how long (`queue`).
     pub queue: Option<RawQueue>,
-    /// Bound on connecting to a server, 1-60000 ms; default 1000.
+    /// Bound on connecting to a server, 1-60000 ms; default 3500 (two SYN
+    /// retransmissions, at 1 s and 3 s).
     pub connect_timeout_ms: Option<u64>,
+    /// Further tries after a failed connect, or a reused connection that
+    /// failed before any response byte, 0-10; default 2.
+    pub retries: Option<u32>,
     /// Bound on reading from a server, 1-3600000 ms; default 30000.
     pub read_timeout_ms: Option<u64>,
     /// Active health checks; without them every server counts as healthy.
@@ -478,6 +482,13 @@ pub struct RawRoute {
     /// Whether `Upgrade` (WebSocket) requests pass; removed by default.
     #[serde(default)]
     pub upgrade: bool,
+    /// Host names the route serves (`Host` / `:authority`, port ignored):
+    /// exact names, or `*.example.com` for any subdomain; empty = any host.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// The longest wait for the upstream's response (to its first byte, and
+    /// between reads), 1-3600000 ms; the pool's `read_timeout_ms` when absent.
+    pub timeout_ms: Option<u64>,
 }
 
 /// The `routes[].respond` section: a response made by the gateway.

@@ -16,7 +16,7 @@ use crate::client_ip::{ClientIpConfig, ForwardHeader};
 use crate::edge::{EdgeSettings, EncodedSlash};
 use crate::limits::algorithm::{Bucket, Params, Window, MICRO};
 use crate::limits::redis::redacted;
-use crate::routes::{PathTemplate, Router};
+use crate::routes::{HostPattern, PathTemplate, Router};
 
 /// Capacities, limits and rates are bounded by this.
 const MAX_AMOUNT: f64 = 1e9;
@@ -740,10 +740,11 @@ fn upstreams(
             )),
             connect_timeout: Duration::from_millis(c.range(
                 &format!("{path}.connect_timeout_ms"),
-                u.connect_timeout_ms.unwrap_or(1_000),
+                u.connect_timeout_ms.unwrap_or(3_500),
                 1,
                 60_000,
             )),
+            retries: c.range(&format!("{path}.retries"), u.retries.unwrap_or(2), 0, 10),
             read_timeout: Duration::from_millis(c.range(
                 &format!("{path}.read_timeout_ms"),
                 u.read_timeout_ms.unwrap_or(30_000),
@@ -829,6 +830,7 @@ fn routes(
             .map_err(|e| c.fail(format!("{path}.path"), e.to_string()))
             .ok();
         let methods = methods(c, &path, &r.methods);
+        let hosts = hosts(c, &path, &r.hosts);
         let target = target(c, &path, r.upstream, r.respond, ctx.pool_ids);
         let cost = match r.cost {
             Some(v) => c.whole(&format!("{path}.cost"), v, MAX_AMOUNT).unwrap_or(1),
@@ -858,11 +860,25 @@ fn routes(
                 request,
                 max_body_bytes,
                 upgrade: r.upgrade,
+                timeout: r.timeout_ms.map(|ms| {
+                    Duration::from_millis(c.range(&format!("{path}.timeout_ms"), ms, 1, 3_600_000))
+                }),
             };
-            router.push(methods, template, route);
+            router.push(methods, hosts, template, route);
         }
     }
     router
+}
+
+fn hosts(c: &mut Checker, path: &str, raw: &[String]) -> Vec<HostPattern> {
+    raw.iter()
+        .enumerate()
+        .filter_map(|(i, h)| {
+            HostPattern::parse(h)
+                .map_err(|e| c.fail(format!("{path}.hosts[{i}]"), e))
+                .ok()
+        })
+        .collect()
 }
 
 fn methods(c: &mut Checker, path: &str, raw: &[String]) -> Vec<String> {

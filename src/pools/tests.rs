@@ -13,6 +13,7 @@ fn upstream(servers: &[&str], max_in_flight: u32, max_waiting: u32, wait_ms: u64
         queue_timeout: Duration::from_millis(wait_ms),
         connect_timeout: Duration::from_secs(1),
         read_timeout: Duration::from_secs(1),
+        retries: 2,
         health: None,
     }
 }

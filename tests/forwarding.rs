@@ -1,0 +1,173 @@
+//! Forwarding through the real binary: retries on connect failures, a
+//! dropped SYN that is only latency, upstreams that close idle
+//! connections, route deadlines and host routing.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::thread;
+use std::time::Duration;
+
+use support::{free_port, Gateway, Upstream};
+
+fn policy(servers: &str, extra_upstream: &str, routes: &str) -> String {
+    format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store: {{ backend: memory }}
+upstreams:
+  api: {{ servers: [{servers}], max_in_flight: 64 {extra_upstream} }}
+routes:
+{routes}
+"#
+    )
+}
+
+const OPEN: &str = "  - { name: open, path: \"/**\", auth: none, upstream: api }";
+
+/// An address nothing listens on: connecting is refused at once.
+fn refused() -> String {
+    format!("\"127.0.0.1:{}\"", free_port())
+}
+
+#[test]
+fn a_refused_connect_is_retried_on_another_server() {
+    let upstream = Upstream::start();
+    let servers = format!("{}, \"{}\"", refused(), upstream.addr);
+    let gw = Gateway::start(&policy(&servers, "", OPEN), None);
+    let statuses: Vec<u16> = (0..8).map(|_| gw.get("/x", &[]).status).collect();
+    assert!(
+        statuses.iter().all(|&s| s == 200),
+        "{statuses:?}\n{}",
+        gw.log()
+    );
+    let retried = gw.metric("tollgate_upstream_retries_total{pool=\"api\",reason=\"connect\"}");
+    assert!(retried >= 1.0, "{}", gw.metrics());
+
+    // Without retries, the dead server's turns are 502s.
+    let gw = Gateway::start(&policy(&servers, ", retries: 0", OPEN), None);
+    let statuses: Vec<u16> = (0..8).map(|_| gw.get("/x", &[]).status).collect();
+    assert!(statuses.contains(&502), "{statuses:?}");
+}
+
+/// Answers one request on `conn` with 200 and `connection: close`.
+fn answer_and_close(conn: TcpStream) {
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+        line.clear();
+    }
+    let mut conn = conn;
+    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+}
+
+#[test]
+fn a_dropped_syn_is_latency_not_a_502() {
+    // A listener whose accept queue holds nothing more: one connection,
+    // not yet accepted, fills it, and the kernel drops the next SYN; the
+    // client's retransmissions come at 1 s and 3 s.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_reuse_address(true).unwrap();
+    socket
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    socket.listen(0).unwrap();
+    let listener: TcpListener = socket.into();
+    let addr = listener.local_addr().unwrap();
+    let filler = TcpStream::connect(addr).unwrap();
+    let gw = Gateway::start(&policy(&format!("\"{addr}\""), "", OPEN), None);
+    // Accept only once the gateway's first SYN and its first retransmission
+    // have been dropped.
+    let server = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(1_500));
+        let mut served = 0;
+        for conn in listener.incoming().flatten() {
+            served += 1;
+            if served > 1 {
+                answer_and_close(conn);
+                return;
+            }
+        }
+    });
+    let r = gw.get("/x", &[]);
+    assert_eq!(r.status, 200, "{}\n{}", r.body, gw.log());
+    server.join().unwrap();
+    drop(filler);
+}
+
+#[test]
+fn an_upstream_that_closes_idle_connections_causes_no_502() {
+    // Every connection answers one request, then the server closes it
+    // without saying so: the gateway's next request on it finds it closed.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                    line.clear();
+                }
+                let mut conn = conn;
+                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+                thread::sleep(Duration::from_millis(50));
+                let _ = conn.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    let gw = Gateway::start(&policy(&format!("\"{addr}\""), "", OPEN), None);
+    for i in 0..12 {
+        let r = gw.get("/x", &[]);
+        assert_eq!(r.status, 200, "request {i}: {}\n{}", r.body, gw.log());
+        thread::sleep(Duration::from_millis(60));
+    }
+}
+
+#[test]
+fn a_route_deadline_answers_504() {
+    let upstream = Upstream::slow(Duration::from_millis(1_500));
+    let routes = [
+        "  - { name: quick, path: \"/slow/**\", auth: none, upstream: api, timeout_ms: 200 }",
+        "  - { name: patient, path: \"/**\", auth: none, upstream: api }",
+    ]
+    .join("\n");
+    let gw = Gateway::start(
+        &policy(&format!("\"{}\"", upstream.addr), "", &routes),
+        None,
+    );
+    let r = gw.get("/slow/x", &[]);
+    assert_eq!(r.status, 504, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(gw.get("/fast", &[]).status, 200);
+}
+
+#[test]
+fn routes_are_chosen_by_host() {
+    let upstream = Upstream::start();
+    let routes = [
+        "  - { name: api-host, hosts: [API.example.com], path: \"/**\", auth: none, upstream: api }",
+        "  - { name: tenants, hosts: [\"*.tenants.example.com\"], path: \"/**\", auth: none, upstream: api }",
+        "  - { name: any, path: \"/**\", auth: none, upstream: api }",
+    ]
+    .join("\n");
+    let gw = Gateway::start(
+        &policy(&format!("\"{}\"", upstream.addr), "", &routes),
+        None,
+    );
+    let class = |host: &str| {
+        let mut s = TcpStream::connect(gw.addr).unwrap();
+        let req = format!("GET /x HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        let reply = support::parse(&out);
+        reply.upstream_saw("x-route-class")
+    };
+    assert_eq!(class("api.example.com:8080"), ["api-host"]);
+    assert_eq!(class("acme.tenants.example.com"), ["tenants"]);
+    assert_eq!(class("tenants.example.com"), ["any"]);
+    assert_eq!(class("elsewhere.test"), ["any"]);
+}
