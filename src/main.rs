@@ -162,6 +162,10 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
 
     let metrics = Arc::new(Metrics::new());
     metrics
+        .build_info
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+    metrics
         .config_info
         .with_label_values(&[policy.policy_version.as_str()])
         .set(1);

@@ -45,6 +45,8 @@ pub struct Metrics {
     /// `tollgate_upstream_retries_total{pool,reason}`: forwarding tries after
     /// the first (`connect`, `reused_connection`).
     pub upstream_retries: IntCounterVec,
+    /// `tollgate_build_info{version}`: 1, labelled with the crate version.
+    pub build_info: IntGaugeVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -88,9 +90,15 @@ const SECONDS: &[f64] = &[
 ];
 
 impl Metrics {
-    /// Registers every series in a fresh registry.
+    /// Registers every series in a fresh registry, the process's own
+    /// (`process_*`) among them.
     pub fn new() -> Self {
         let r = Registry::new();
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("registered once");
         let store_call_seconds = Histogram::with_opts(
             HistogramOpts::new(
                 "tollgate_store_call_seconds",
@@ -190,6 +198,12 @@ impl Metrics {
                 "tollgate_upstream_retries_total",
                 "Forwarding tries after the first, by pool and reason.",
                 &["pool", "reason"],
+            ),
+            build_info: gauge(
+                &r,
+                "tollgate_build_info",
+                "The running build (value 1).",
+                &["version"],
             ),
             registry: r,
         }

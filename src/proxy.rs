@@ -18,6 +18,7 @@ use pingora::protocols::l4::socket::SocketAddr as PeerAddr;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::admission::{self, Admitted, Facts};
+use crate::config::HostHeader;
 use crate::edge::conn::Guarded;
 use crate::edge::headers::{self, Forwarding};
 use crate::metrics::Outcome;
@@ -255,6 +256,21 @@ impl ProxyHttp for Gateway {
                 strip_key: (!auth.forward_key).then_some(&auth.header),
             },
         )?;
+        if let Some((pool, addr)) = ctx.server {
+            let def = rt.pools[pool].def();
+            match &def.host_header {
+                HostHeader::Preserve => {}
+                HostHeader::Upstream => {
+                    let at = def.servers.iter().position(|s| *s == addr);
+                    if let Some(name) = at.and_then(|i| def.server_names.get(i)) {
+                        upstream.insert_header(http::header::HOST, name.as_str())?;
+                    }
+                }
+                HostHeader::Literal(value) => {
+                    upstream.insert_header(http::header::HOST, value.clone())?;
+                }
+            }
+        }
         if let Some(c) = &ctx.facts.credential {
             upstream.insert_header(TENANT_ID, c.tenant_header.clone())?;
             upstream.insert_header(CREDENTIAL_ID, c.id_header.clone())?;

@@ -350,3 +350,18 @@ routes:
     });
     assert!(counted, "{}", gw.metrics());
 }
+
+#[test]
+fn build_and_process_series_are_exported() {
+    let (gw, _upstream) = start();
+    let text = gw.metrics();
+    let build = format!(
+        "tollgate_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.contains(&build), "{text}");
+    for series in ["process_resident_memory_bytes", "process_open_fds"] {
+        assert!(gw.metric(series) > 0.0, "{series} in {text}");
+    }
+    assert!(text.contains("\nprocess_cpu_seconds_total "), "{text}");
+}

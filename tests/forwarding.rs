@@ -171,3 +171,26 @@ fn routes_are_chosen_by_host() {
     assert_eq!(class("tenants.example.com"), ["any"]);
     assert_eq!(class("elsewhere.test"), ["any"]);
 }
+
+#[test]
+fn the_upstream_host_header_is_as_configured() {
+    let upstream = Upstream::start();
+    let host = |extra: &str| {
+        let gw = Gateway::start(
+            &policy(&format!("\"{}\"", upstream.addr), extra, OPEN),
+            None,
+        );
+        let mut s = TcpStream::connect(gw.addr).unwrap();
+        s.write_all(b"GET /x HTTP/1.1\r\nhost: client.example\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        support::parse(&out).upstream_saw("host")
+    };
+    assert_eq!(host(""), ["client.example"]);
+    assert_eq!(host(", host_header: upstream"), [upstream.addr.to_string()]);
+    assert_eq!(
+        host(", host_header: billing.internal"),
+        ["billing.internal"]
+    );
+}

@@ -175,8 +175,23 @@ pub struct Upstream {
     pub read_timeout: Duration,
     /// Further tries after a connect failure or a failed reused connection.
     pub retries: u32,
+    /// The servers as configured (`host:port`), in the order of `servers`.
+    pub server_names: Vec<String>,
+    /// The `Host` the upstream receives.
+    pub host_header: HostHeader,
     /// Active health checks; without them every server counts as healthy.
     pub health: Option<HealthCheck>,
+}
+
+/// What the upstream receives as `Host`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostHeader {
+    /// The client's, as received.
+    Preserve,
+    /// The chosen server's `host:port`, as configured.
+    Upstream,
+    /// This value.
+    Literal(http::HeaderValue),
 }
 
 /// How a pool's servers are checked.

@@ -411,6 +411,10 @@ pub struct RawUpstream {
     /// Further tries after a failed connect, or a reused connection that
     /// failed before any response byte, 0-10; default 2.
     pub retries: Option<u32>,
+    /// The `Host` the upstream receives: `preserve` (the client's, the
+    /// default), `upstream` (the server's `host:port` as configured), or
+    /// any other text, sent as it is.
+    pub host_header: Option<String>,
     /// Bound on reading from a server, 1-3600000 ms; default 30000.
     pub read_timeout_ms: Option<u64>,
     /// Active health checks; without them every server counts as healthy.

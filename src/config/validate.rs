@@ -700,13 +700,17 @@ fn upstreams(
             c.fail(format!("{path}.servers"), "needs at least one server");
         }
         let mut servers = Vec::new();
+        let mut server_names = Vec::new();
         for (i, s) in u.servers.iter().enumerate() {
             match s.to_socket_addrs().ok().and_then(|mut a| a.next()) {
                 Some(addr) if servers.contains(&addr) => c.fail(
                     format!("{path}.servers[{i}]"),
                     format!("duplicate server {s:?}"),
                 ),
-                Some(addr) => servers.push(addr),
+                Some(addr) => {
+                    servers.push(addr);
+                    server_names.push(s.clone());
+                }
                 None => c.fail(
                     format!("{path}.servers[{i}]"),
                     format!("{s:?} is not a resolvable host:port"),
@@ -745,6 +749,21 @@ fn upstreams(
                 60_000,
             )),
             retries: c.range(&format!("{path}.retries"), u.retries.unwrap_or(2), 0, 10),
+            server_names,
+            host_header: match u.host_header.as_deref() {
+                None | Some("preserve") => HostHeader::Preserve,
+                Some("upstream") => HostHeader::Upstream,
+                Some(text) => match http::HeaderValue::from_str(text) {
+                    Ok(v) if !text.is_empty() && !text.contains(' ') => HostHeader::Literal(v),
+                    _ => {
+                        c.fail(
+                            format!("{path}.host_header"),
+                            format!("{text:?} is not preserve, upstream or a host"),
+                        );
+                        HostHeader::Preserve
+                    }
+                },
+            },
             read_timeout: Duration::from_millis(c.range(
                 &format!("{path}.read_timeout_ms"),
                 u.read_timeout_ms.unwrap_or(30_000),
