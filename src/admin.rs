@@ -10,6 +10,7 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
 use crate::config::{Mode, OnStoreError};
+use crate::drain::Drain;
 use crate::reload::Reloader;
 use crate::runtime::Runtime;
 
@@ -23,6 +24,7 @@ pub struct Admin {
     live: Arc<ArcSwap<Runtime>>,
     reloader: Arc<Reloader>,
     access: AdminAccess,
+    drain: Arc<Drain>,
 }
 
 /// Who may use `/admin/*`.
@@ -53,11 +55,17 @@ impl AdminAccess {
 impl Admin {
     /// Serves the live runtime; `reloader` backs `POST /admin/reload`, `access`
     /// guards `/admin/*`.
-    pub fn new(live: Arc<ArcSwap<Runtime>>, reloader: Arc<Reloader>, access: AdminAccess) -> Self {
+    pub fn new(
+        live: Arc<ArcSwap<Runtime>>,
+        reloader: Arc<Reloader>,
+        access: AdminAccess,
+        drain: Arc<Drain>,
+    ) -> Self {
         Self {
             live,
             reloader,
             access,
+            drain,
         }
     }
 
@@ -146,7 +154,9 @@ impl ServeHttp for Admin {
             "/healthz" => text(200, "ok\n".into()),
             "/readyz" => {
                 let rt = self.live.load();
-                if every_limit_has_a_fallback(&rt) || rt.limiter().store_ready().await {
+                if self.drain.draining() {
+                    text(503, "not ready: shutting down\n".into())
+                } else if every_limit_has_a_fallback(&rt) || rt.limiter().store_ready().await {
                     text(200, format!("ready: policy {}\n", rt.policy.policy_version))
                 } else {
                     text(503, "not ready: the limit store is unreachable\n".into())

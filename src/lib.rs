@@ -8,6 +8,7 @@ pub mod auth;
 pub mod client_ip;
 pub mod clock;
 pub mod config;
+pub mod drain;
 pub mod edge;
 pub mod health;
 pub mod limits;

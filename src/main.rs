@@ -18,6 +18,7 @@ use pingora::services::listening::Service;
 
 use tollgate::admin::{Admin, AdminAccess};
 use tollgate::config::{self, Backend, StoreSettings};
+use tollgate::drain::{AdminListener, Drain, Drainer};
 use tollgate::edge::app::Edge;
 use tollgate::edge::listener::Listener;
 use tollgate::edge::logs::ClientErrorLog;
@@ -150,10 +151,10 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
 
     let conf = ServerConf {
         threads: settings.threads,
-        // After SIGTERM the listeners close at once and requests in flight
-        // have the grace period to finish; then the runtimes get a last
-        // second before they are torn down.
-        grace_period_seconds: Some(settings.shutdown_grace.as_secs()),
+        // After SIGTERM the listeners close at once; the drainer exits as
+        // soon as the requests in flight finished, within the grace period.
+        // Pingora's own wait is a second longer, a backstop.
+        grace_period_seconds: Some(settings.shutdown_grace.as_secs() + 1),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
@@ -188,11 +189,12 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
     )));
     let reloader = Arc::new(Reloader::new(path, live.clone(), services.clone()));
 
+    let drain = Drain::new();
     // One proxy serves every listener; each listener has its own edge, which
     // counts and bounds its connections.
     let proxy = Arc::new(pingora::proxy::http_proxy(
         &server.configuration,
-        Gateway::new(live.clone()),
+        Gateway::new(live.clone(), drain.clone()),
     ));
     let edge_settings: tollgate::edge::app::Settings = {
         let live = live.clone();
@@ -222,13 +224,15 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         HangupListener::new(reloader.clone()),
     ));
     if let Some(addr) = settings.admin_listen {
-        let mut admin = Service::new(
-            "tollgate admin".into(),
-            Admin::new(live, reloader, admin_access),
-        );
-        admin.add_tcp(&addr.to_string());
-        server.add_service(admin);
+        let admin = Admin::new(live, reloader, admin_access, drain.clone());
+        let listener = AdminListener::bind(addr, admin)
+            .with_context(|| format!("server.admin_listen: cannot listen on {addr}"))?;
+        server.add_service(background_service("tollgate admin", listener));
     }
+    server.add_service(background_service(
+        "drain on SIGTERM",
+        Drainer::new(drain, settings.shutdown_grace),
+    ));
     server.run_forever()
 }
 

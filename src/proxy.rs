@@ -19,6 +19,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::admission::{self, Admitted, Facts};
 use crate::config::HostHeader;
+use crate::drain::{Drain, InFlight};
 use crate::edge::conn::Guarded;
 use crate::edge::headers::{self, Forwarding};
 use crate::metrics::Outcome;
@@ -40,6 +41,8 @@ const DENIAL_LOG_SAMPLE: u64 = 100;
 /// Per-request state, carried through the phases.
 #[derive(Default)]
 pub struct RequestCtx {
+    /// Counts the request as in flight for a drain, until the context drops.
+    _in_flight: Option<InFlight>,
     runtime: Option<Arc<Runtime>>,
     facts: Facts,
     /// The pool slot; released when the context is dropped, after the
@@ -61,14 +64,17 @@ pub struct RequestCtx {
 pub struct Gateway {
     live: Arc<ArcSwap<Runtime>>,
     denials: AtomicU64,
+    drain: Arc<Drain>,
 }
 
 impl Gateway {
-    /// A gateway serving whatever runtime `live` holds at each request.
-    pub fn new(live: Arc<ArcSwap<Runtime>>) -> Self {
+    /// A gateway serving whatever runtime `live` holds at each request,
+    /// counting its requests in flight in `drain`.
+    pub fn new(live: Arc<ArcSwap<Runtime>>, drain: Arc<Drain>) -> Self {
         Self {
             live,
             denials: AtomicU64::new(0),
+            drain,
         }
     }
 
@@ -135,7 +141,10 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+        RequestCtx {
+            _in_flight: Some(self.drain.enter()),
+            ..RequestCtx::default()
+        }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {

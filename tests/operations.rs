@@ -467,7 +467,7 @@ fn sigterm_stops_accepting_and_lets_requests_in_flight_finish() {
     let policy = format!(
         r#"
 version: 1
-server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, shutdown_grace_seconds: 2 }}
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, shutdown_grace_seconds: 30 }}
 upstreams:
   api: {{ servers: ["{}"] }}
 routes:
@@ -484,17 +484,43 @@ routes:
         .load(Ordering::SeqCst)
         == 1));
     gw.signal("-TERM");
-    assert_eq!(
-        in_flight.join().unwrap(),
-        200,
-        "the request in flight finished"
+    // At once: not ready, and no new connections, while the request runs.
+    assert!(
+        eventually(Duration::from_secs(2), || get(gw.admin, "/readyz", &[])
+            .status
+            == 503),
+        "readiness turns 503 during the drain"
     );
     assert!(
         eventually(Duration::from_secs(2), || TcpStream::connect(addr).is_err()),
         "the listener closed"
     );
+    assert_eq!(
+        in_flight.join().unwrap(),
+        200,
+        "the request in flight finished"
+    );
+    // Then the process goes as soon as nothing is in flight: well before
+    // the 30 s grace.
     let status = gw
-        .wait_exit(Duration::from_secs(6))
-        .expect("exits after the grace period");
+        .wait_exit(Duration::from_secs(5))
+        .expect("exits once the requests in flight finished, not after the grace");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn an_idle_gateway_exits_at_once_on_sigterm() {
+    let policy = r#"
+version: 1
+server: { listen: ["{listen}"], admin_listen: "{admin}", threads: 1, shutdown_grace_seconds: 30 }
+routes:
+  - { name: ok, path: "/**", auth: none, respond: { status: 200 } }
+"#;
+    let mut gw = Gateway::start(policy, None);
+    assert_eq!(gw.get("/x", &[]).status, 200);
+    gw.signal("-TERM");
+    let status = gw
+        .wait_exit(Duration::from_secs(5))
+        .expect("nothing in flight: no wait for the 30 s grace");
     assert!(status.success(), "{status:?}");
 }

@@ -1,0 +1,148 @@
+//! Shutting down without waiting for nothing: on SIGTERM, `/readyz` turns
+//! 503 at once, the proxy listeners stop accepting (Pingora closes them),
+//! and the process exits as soon as the requests in flight have finished,
+//! at the latest after `server.shutdown_grace_seconds`.
+//!
+//! The admin listener is served here, outside Pingora's services, so that
+//! it keeps answering (`/readyz` 503, `/metrics`) while the proxy drains.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::apps::ServerApp;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use tokio::sync::watch;
+
+/// Requests in flight, and whether the process is draining.
+#[derive(Debug, Default)]
+pub struct Drain {
+    in_flight: AtomicUsize,
+    draining: AtomicBool,
+}
+
+impl Drain {
+    /// A fresh state: nothing in flight, not draining.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// Counts a request until the returned guard drops.
+    pub fn enter(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Whether SIGTERM was received.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+}
+
+/// One request in flight; counted down when dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<Drain>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The background service that waits for SIGTERM, then for the requests in
+/// flight, then ends the process.
+pub struct Drainer {
+    drain: Arc<Drain>,
+    grace: Duration,
+}
+
+impl Drainer {
+    /// Drains `drain` for at most `grace`.
+    pub fn new(drain: Arc<Drain>, grace: Duration) -> Self {
+        Self { drain, grace }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Drainer {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        if shutdown.changed().await.is_err() {
+            return;
+        }
+        self.drain.draining.store(true, Ordering::Release);
+        let started = tokio::time::Instant::now();
+        tracing::info!(
+            in_flight = self.drain.in_flight(),
+            "draining: no new connections, exiting once requests in flight finish"
+        );
+        while self.drain.in_flight() > 0 && started.elapsed() < self.grace {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tracing::info!(
+            left = self.drain.in_flight(),
+            waited_ms = started.elapsed().as_millis() as u64,
+            "drained, exiting"
+        );
+        std::process::exit(0);
+    }
+}
+
+/// The admin listener, accepting on its own so that a drain does not close
+/// it.
+pub struct AdminListener<A> {
+    listener: std::sync::Mutex<Option<std::net::TcpListener>>,
+    app: Arc<A>,
+    /// Never fires: admin connections end with the process.
+    quiet: watch::Sender<bool>,
+}
+
+impl<A> AdminListener<A> {
+    /// Binds `addr` now, so that a taken port fails start-up with a clear
+    /// error.
+    pub fn bind(addr: SocketAddr, app: A) -> std::io::Result<Self> {
+        let listener = std::net::TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        Ok(Self {
+            listener: std::sync::Mutex::new(Some(listener)),
+            app: Arc::new(app),
+            quiet: watch::channel(false).0,
+        })
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> BackgroundService for AdminListener<A> {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        let taken = self
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(listener) = taken.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) else {
+            tracing::error!("the admin listener could not start");
+            return;
+        };
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                // Out of descriptors, most likely: give the process a moment.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let app = self.app.clone();
+            let quiet = self.quiet.subscribe();
+            tokio::spawn(async move {
+                let stream: pingora::protocols::Stream =
+                    Box::new(pingora::protocols::l4::stream::Stream::from(tcp));
+                app.process_new(stream, &quiet).await;
+            });
+        }
+    }
+}
