@@ -47,6 +47,8 @@ pub struct Facts {
     pub upgrade: bool,
     /// The matched route's bound on waiting for the upstream's response.
     pub upstream_timeout: Option<std::time::Duration>,
+    /// Whether the request target was accepted (so its path is normalized).
+    pub target_ok: bool,
 }
 
 impl Facts {
@@ -120,6 +122,7 @@ pub fn plan<'a>(
             e => Rejection::BadRequest { detail: e.detail() },
         },
     )?;
+    facts.target_ok = true;
     let host = host
         .and_then(|h| std::str::from_utf8(h).ok())
         .map(routes::request_host);

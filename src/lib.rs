@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod auth;

@@ -16,6 +16,7 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
+use tollgate::access_log::AccessLog;
 use tollgate::admin::{Admin, AdminAccess};
 use tollgate::config::{self, Backend, StoreSettings};
 use tollgate::drain::{AdminListener, Drain, Drainer};
@@ -171,7 +172,15 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         .with_label_values(&[policy.policy_version.as_str()])
         .set(1);
     let shared = shared_store(&policy.store)?;
+    let access_log = match &settings.access_log {
+        Some(log) => Some(
+            AccessLog::open(log, metrics.access_log_dropped.clone())
+                .with_context(|| format!("server.access_log: cannot open {:?}", log.destination))?,
+        ),
+        None => None,
+    };
     let services = Arc::new(Services {
+        access_log,
         limiter: Arc::new(Limiter::new(
             Arc::new(MemoryStore::default()),
             shared,

@@ -47,6 +47,9 @@ pub struct Metrics {
     pub upstream_retries: IntCounterVec,
     /// `tollgate_build_info{version}`: 1, labelled with the crate version.
     pub build_info: IntGaugeVec,
+    /// `tollgate_access_log_dropped_total`: access log lines dropped because
+    /// the writer was behind.
+    pub access_log_dropped: IntCounter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -116,7 +119,15 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(store_circuit_open.clone()))
             .expect("registered once");
+        let access_log_dropped = IntCounter::new(
+            "tollgate_access_log_dropped_total",
+            "Access log lines dropped because the writer was behind.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(access_log_dropped.clone()))
+            .expect("registered once");
         Self {
+            access_log_dropped,
             requests: counter(
                 &r,
                 "tollgate_requests_total",

@@ -17,7 +17,9 @@ use pingora::prelude::*;
 use pingora::protocols::l4::socket::SocketAddr as PeerAddr;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
+use crate::access_log::{self, AccessLog, Line};
 use crate::admission::{self, Admitted, Facts};
+use crate::client_ip;
 use crate::config::HostHeader;
 use crate::drain::{Drain, InFlight};
 use crate::edge::conn::Guarded;
@@ -385,7 +387,57 @@ impl ProxyHttp for Gateway {
             error = e.map(|e| e.to_string()),
             "request"
         );
+        if let Some(log) = rt.services.access_log.as_ref().filter(|l| l.wants()) {
+            access(log, &rt, session, ctx, status, elapsed_ms);
+        }
     }
+}
+
+/// Writes a request's access log line.
+fn access(
+    log: &AccessLog,
+    rt: &Runtime,
+    session: &Session,
+    ctx: &RequestCtx,
+    status: u16,
+    duration_ms: f64,
+) {
+    let req = session.req_header();
+    let host = req
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri.authority().map(|a| a.as_str()))
+        .map(crate::routes::request_host);
+    let path = match &ctx.facts.rewritten_target {
+        Some(target) => Some(target.split('?').next().unwrap_or(target)),
+        None if ctx.facts.target_ok => Some(req.uri.path()),
+        None => None,
+    };
+    let credential = ctx.facts.credential.as_deref();
+    let client = ctx
+        .facts
+        .client_ip
+        .map(|ip| client_ip::key_network(ip, rt.policy.client_ip.ipv6_prefix).to_string());
+    log.log(&Line {
+        time: access_log::timestamp(std::time::SystemTime::now()),
+        policy_version: &rt.policy.policy_version,
+        method: req.method.as_str(),
+        host: host.as_deref(),
+        path,
+        route: ctx.facts.route.as_deref(),
+        status,
+        outcome: ctx.outcome.map(Outcome::as_str),
+        tenant: credential.map(|c| c.tenant.as_ref()),
+        credential: credential.map(|c| c.id.as_ref()),
+        client,
+        cost: ctx.facts.cost,
+        violated: ctx.facts.violated.iter().map(|v| v.as_ref()).collect(),
+        upstream: ctx.server.map(|(_, addr)| addr.to_string()),
+        duration_ms,
+        bytes_in: ctx.body_bytes,
+        bytes_out: session.body_bytes_sent() as u64,
+    });
 }
 
 impl Gateway {

@@ -36,6 +36,11 @@ impl Reloader {
         }
     }
 
+    /// The process-long parts the runtimes are built on.
+    pub fn services(&self) -> &Services {
+        &self.services
+    }
+
     /// Loads the file again; returns the new policy version, or the error
     /// that kept the old policy in place.
     pub fn reload(&self) -> Result<String, String> {
@@ -96,6 +101,9 @@ impl BackgroundService for HangupListener {
         loop {
             tokio::select! {
                 Some(()) = hangups.recv() => {
+                    if let Some(log) = &self.reloader.services().access_log {
+                        log.reopen();
+                    }
                     let reloader = self.reloader.clone();
                     // Reading and resolving the file may block.
                     let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;

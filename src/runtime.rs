@@ -12,6 +12,8 @@ use crate::top::{Redactor, Top};
 
 /// The process-long parts, shared by every policy that goes live.
 pub struct Services {
+    /// The access log, when `server.access_log` is set (at start).
+    pub access_log: Option<crate::access_log::AccessLog>,
     /// Decides limits; its state outlives reloads.
     pub limiter: Arc<Limiter>,
     /// The metrics handle.

@@ -365,3 +365,105 @@ fn build_and_process_series_are_exported() {
     }
     assert!(text.contains("\nprocess_cpu_seconds_total "), "{text}");
 }
+
+#[test]
+fn the_access_log_has_one_json_line_per_request_as_the_client_saw_it() {
+    let upstream = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.jsonl");
+    let policy = POLICY
+        .replace("DIGEST_A1", &digest("key-a1"))
+        .replace("DIGEST_A2", &digest("key-a2"))
+        .replace("DIGEST_B1", &digest("key-b1"))
+        .replace(
+            "threads: 1 }",
+            &format!(
+                "threads: 1, access_log: {{ path: \"{}\" }} }}",
+                path.display()
+            ),
+        );
+    let gw = Gateway::start(&policy, Some(&upstream));
+    let statuses = [
+        gw.get("/v1/%6Frders/1?x=1", &[A1]).status,
+        gw.get("/v1/orders/2", &[]).status,
+        gw.get("/nowhere", &[]).status,
+    ];
+    assert_eq!(statuses, [200, 401, 404]);
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || lines().len() == 3),
+        "{:?}",
+        lines()
+    );
+    let lines = lines();
+    let fields: Vec<&str> = lines[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    let mut expected = vec![
+        "time",
+        "policy_version",
+        "method",
+        "host",
+        "path",
+        "route",
+        "status",
+        "outcome",
+        "tenant",
+        "credential",
+        "client",
+        "cost",
+        "violated",
+        "upstream",
+        "duration_ms",
+        "bytes_in",
+        "bytes_out",
+    ];
+    expected.sort_unstable();
+    let mut fields = fields;
+    fields.sort_unstable();
+    assert_eq!(fields, expected);
+    assert_eq!(
+        lines[0]["path"], "/v1/orders/1",
+        "normalized, without the query"
+    );
+    assert_eq!(lines[0]["status"], 200);
+    assert_eq!(lines[0]["outcome"], "allowed");
+    assert_eq!(lines[0]["credential"], "a1");
+    assert_eq!(lines[0]["tenant"], "acme");
+    assert_eq!(lines[0]["client"], "127.0.0.1/32");
+    assert_eq!(lines[0]["upstream"], upstream.addr.to_string());
+    assert_eq!(lines[0]["host"], "test");
+    assert!(lines[0]["time"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        (lines[1]["status"].clone(), lines[1]["outcome"].clone()),
+        (401.into(), "unauthorized".into())
+    );
+    assert!(lines[1]["credential"].is_null());
+    assert_eq!(lines[2]["status"], 404);
+    assert!(lines[2]["route"].is_null());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "identities in the clear: owner only");
+    }
+
+    // Rotation: the file is moved away, SIGHUP, and the next line goes to a
+    // new file.
+    let rotated = dir.path().join("access.jsonl.1");
+    std::fs::rename(&path, &rotated).unwrap();
+    gw.signal("-HUP");
+    assert!(eventually(Duration::from_secs(5), || {
+        gw.get("/nowhere", &[]);
+        std::fs::read_to_string(&path).is_ok_and(|t| !t.is_empty())
+    }));
+}

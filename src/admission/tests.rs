@@ -38,6 +38,7 @@ fn runtime() -> Runtime {
     let policy = crate::config::load(&file).unwrap();
     let metrics = Arc::new(Metrics::new());
     let services = Arc::new(Services {
+        access_log: None,
         limiter: Arc::new(Limiter::new(
             Arc::new(MemoryStore::default()),
             None,

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use ipnet::IpNet;
 
 pub use super::schema::{Backend, Scope};
+use crate::access_log::AccessLogSettings;
 use crate::auth::KeyTable;
 use crate::client_ip::ClientIpConfig;
 use crate::edge::EdgeSettings;
@@ -65,6 +66,8 @@ pub struct ServerSettings {
     pub shutdown_grace: Duration,
     /// `limits`, `timeouts` and `encoded_slash`: the bounds of the edge.
     pub edge: EdgeSettings,
+    /// Where access log lines go, if anywhere.
+    pub access_log: Option<AccessLogSettings>,
 }
 
 /// The validated `store` section.

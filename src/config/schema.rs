@@ -106,6 +106,18 @@ pub struct RawServer {
     pub timeouts: Option<RawTimeouts>,
     /// What `%2F` in a request path does: `reject` (400, the default) or `keep`.
     pub encoded_slash: Option<EncodedSlashName>,
+    /// One JSON line per request (`server.access_log`).
+    pub access_log: Option<RawAccessLog>,
+}
+
+/// The `server.access_log` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAccessLog {
+    /// A file (created mode 0600, appended to) or `stdout`.
+    pub path: String,
+    /// The share of requests logged, in (0, 1]; default 1.
+    pub sample: Option<f64>,
 }
 
 /// The `server.limits` section: bounds on what a client may send.

@@ -11,6 +11,7 @@ use ipnet::IpNet;
 use super::policy::*;
 use super::schema::*;
 use super::{load_keys_file, ConfigError, Problem};
+use crate::access_log::{AccessLogSettings, Destination};
 use crate::auth::{parse_digest, Credential, KeyTable};
 use crate::client_ip::{ClientIpConfig, ForwardHeader};
 use crate::edge::{EdgeSettings, EncodedSlash};
@@ -204,12 +205,33 @@ fn server(c: &mut Checker, raw: RawServer) -> ServerSettings {
         threads,
         admin_token_env: raw.admin_token_env,
         shutdown_grace: Duration::from_secs(grace),
+        access_log: raw.access_log.map(|a| access_log(c, a)),
         edge: edge(
             c,
             raw.limits.unwrap_or_default(),
             raw.timeouts.unwrap_or_default(),
             raw.encoded_slash,
         ),
+    }
+}
+
+/// `server.access_log`.
+fn access_log(c: &mut Checker, raw: RawAccessLog) -> AccessLogSettings {
+    let destination = match raw.path.as_str() {
+        "stdout" => Destination::Stdout,
+        "" => {
+            c.fail("server.access_log.path", "needs a file or stdout");
+            Destination::Stdout
+        }
+        path => Destination::File(path.into()),
+    };
+    let sample = raw
+        .sample
+        .and_then(|s| c.amount("server.access_log.sample", s, 1.0))
+        .unwrap_or(1.0);
+    AccessLogSettings {
+        destination,
+        every: (1.0 / sample).round().max(1.0) as u64,
     }
 }
 
