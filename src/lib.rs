@@ -22,4 +22,5 @@ pub mod routes;
 pub mod runtime;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod tls;
 pub mod top;

@@ -16,6 +16,7 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
+use pingora::listeners::tls::TlsSettings;
 use tollgate::access_log::AccessLog;
 use tollgate::admin::{Admin, AdminAccess};
 use tollgate::config::{self, Backend, StoreSettings};
@@ -36,6 +37,7 @@ use tollgate::pools::Pools;
 use tollgate::proxy::Gateway;
 use tollgate::reload::{HangupListener, Reloader};
 use tollgate::runtime::{Runtime, Services};
+use tollgate::tls::Certificate;
 use tollgate::top::{Redactor, Top};
 
 #[global_allocator]
@@ -179,8 +181,16 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let certificate = match &settings.tls {
+        Some(tls) => Some(Arc::new(
+            Certificate::load(&tls.cert_file, &tls.key_file)
+                .map_err(|e| anyhow::anyhow!("server.tls: {e}"))?,
+        )),
+        None => None,
+    };
     let services = Arc::new(Services {
         access_log,
+        certificate: certificate.clone(),
         limiter: Arc::new(Limiter::new(
             Arc::new(MemoryStore::default()),
             shared,
@@ -223,6 +233,26 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
             ListenerConfig::tcp(&name).l4_buffer(L4BufferSettings::default().read(0)),
         );
         server.add_service(service);
+    }
+    if let (Some(tls), Some(certificate)) = (&settings.tls, certificate) {
+        for addr in &tls.listen {
+            let name = addr.to_string();
+            let listener = Listener::new(&name, &services.metrics);
+            let mut service = Service::new(
+                format!("tollgate TLS proxy {name}"),
+                Edge::new(proxy.clone(), edge_settings.clone(), listener),
+            );
+            let paths = (
+                tls.cert_file.to_string_lossy(),
+                tls.key_file.to_string_lossy(),
+            );
+            let mut tls_settings = TlsSettings::intermediate(&paths.0, &paths.1)
+                .map_err(|e| anyhow::anyhow!("server.tls: {e}"))?;
+            // The certificate comes from here, so that a reload can swap it.
+            tls_settings.set_cert_resolver(certificate.clone());
+            service.add_tls_with_settings(&name, None, tls_settings);
+            server.add_service(service);
+        }
     }
     server.add_service(background_service(
         "health checks",

@@ -263,7 +263,11 @@ impl ProxyHttp for Gateway {
                 peer,
                 client: ctx.facts.client_ip.unwrap_or(peer),
                 peer_trusted: rt.policy.client_ip.is_trusted(peer),
-                scheme: "http",
+                scheme: if session.digest().is_some_and(|d| d.ssl_digest.is_some()) {
+                    "https"
+                } else {
+                    "http"
+                },
                 strip_key: (!auth.forward_key).then_some(&auth.header),
             },
         )?;

@@ -54,12 +54,33 @@ impl Reloader {
                 return Err(e.to_string());
             }
         };
+        if let (Some(tls), Some(cert)) = (&policy.server.tls, &self.services.certificate) {
+            // The files passed validation; they may have changed since.
+            if let Err(e) = cert.reload(&tls.cert_file, &tls.key_file) {
+                tracing::error!(error = %e, "policy reload rejected; the previous certificate stays");
+                metrics.config_reloads.with_label_values(&["error"]).inc();
+                return Err(e);
+            }
+        }
         let old = self.live.load();
         if policy.store != old.policy.store {
             tracing::warn!("store settings changed; they take effect at the next restart");
         }
-        if policy.server != old.policy.server {
-            tracing::warn!("server settings changed; they take effect at the next restart");
+        let (new, was) = (&policy.server, &old.policy.server);
+        let listeners = |s: &crate::config::ServerSettings| {
+            let tls = s.tls.as_ref().map(|t| t.listen.clone());
+            (
+                s.listen.clone(),
+                s.admin_listen,
+                s.threads,
+                tls,
+                s.access_log.clone(),
+            )
+        };
+        if listeners(new) != listeners(was) {
+            tracing::warn!(
+                "listeners, threads or the access log changed; they take effect at the next restart"
+            );
         }
         let version = policy.policy_version.clone();
         self.live

@@ -14,6 +14,8 @@ use crate::top::{Redactor, Top};
 pub struct Services {
     /// The access log, when `server.access_log` is set (at start).
     pub access_log: Option<crate::access_log::AccessLog>,
+    /// The TLS listeners' certificate, re-read on reload.
+    pub certificate: Option<Arc<crate::tls::Certificate>>,
     /// Decides limits; its state outlives reloads.
     pub limiter: Arc<Limiter>,
     /// The metrics handle.

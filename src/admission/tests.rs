@@ -39,6 +39,7 @@ fn runtime() -> Runtime {
     let metrics = Arc::new(Metrics::new());
     let services = Arc::new(Services {
         access_log: None,
+        certificate: None,
         limiter: Arc::new(Limiter::new(
             Arc::new(MemoryStore::default()),
             None,

@@ -18,6 +18,7 @@ use crate::limits::algorithm::Params;
 pub use crate::limits::{KeyDims, LimitId, Mode, OnStoreError, PlanId};
 pub use crate::routes::RouteId;
 use crate::routes::Router;
+use crate::tls::TlsSettings;
 
 /// Index of an upstream pool in [`Policy::upstreams`].
 pub type PoolId = usize;
@@ -68,6 +69,8 @@ pub struct ServerSettings {
     pub edge: EdgeSettings,
     /// Where access log lines go, if anywhere.
     pub access_log: Option<AccessLogSettings>,
+    /// TLS listeners and their certificate, if any.
+    pub tls: Option<TlsSettings>,
 }
 
 /// The validated `store` section.

@@ -108,6 +108,20 @@ pub struct RawServer {
     pub encoded_slash: Option<EncodedSlashName>,
     /// One JSON line per request (`server.access_log`).
     pub access_log: Option<RawAccessLog>,
+    /// TLS listeners (`server.tls`).
+    pub tls: Option<RawTls>,
+}
+
+/// The `server.tls` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    /// The TLS listeners, `ip:port`.
+    pub listen: Vec<String>,
+    /// The PEM certificate chain, re-read on reload.
+    pub cert_file: String,
+    /// The PEM private key, re-read on reload.
+    pub key_file: String,
 }
 
 /// The `server.access_log` section.

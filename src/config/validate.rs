@@ -18,6 +18,7 @@ use crate::edge::{EdgeSettings, EncodedSlash};
 use crate::limits::algorithm::{Bucket, Params, Window, MICRO};
 use crate::limits::redis::redacted;
 use crate::routes::{HostPattern, PathTemplate, Router};
+use crate::tls::{Certificate, TlsSettings};
 
 /// Capacities, limits and rates are bounded by this.
 const MAX_AMOUNT: f64 = 1e9;
@@ -119,7 +120,7 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
             format!("unsupported version {} (expected 1)", raw.version),
         );
     }
-    let server = server(&mut c, raw.server);
+    let server = server(&mut c, raw.server, base);
     let store = store(&mut c, raw.store);
     let client_ip = client_ip(&mut c, raw.client_ip);
     let ip_rules = IpRules {
@@ -170,7 +171,7 @@ fn socket_addr(c: &mut Checker, path: &str, text: &str) -> Option<SocketAddr> {
     }
 }
 
-fn server(c: &mut Checker, raw: RawServer) -> ServerSettings {
+fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSettings {
     let listen_raw = raw.listen.unwrap_or_else(|| vec!["0.0.0.0:8080".into()]);
     if listen_raw.is_empty() {
         c.fail("server.listen", "needs at least one address");
@@ -206,12 +207,35 @@ fn server(c: &mut Checker, raw: RawServer) -> ServerSettings {
         admin_token_env: raw.admin_token_env,
         shutdown_grace: Duration::from_secs(grace),
         access_log: raw.access_log.map(|a| access_log(c, a)),
+        tls: raw.tls.map(|t| tls(c, t, base)),
         edge: edge(
             c,
             raw.limits.unwrap_or_default(),
             raw.timeouts.unwrap_or_default(),
             raw.encoded_slash,
         ),
+    }
+}
+
+/// `server.tls`: the listeners, and a certificate and key that load.
+fn tls(c: &mut Checker, raw: RawTls, base: &Path) -> TlsSettings {
+    if raw.listen.is_empty() {
+        c.fail("server.tls.listen", "needs at least one address");
+    }
+    let listen = raw
+        .listen
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| socket_addr(c, &format!("server.tls.listen[{i}]"), a))
+        .collect();
+    let (cert_file, key_file) = (base.join(&raw.cert_file), base.join(&raw.key_file));
+    if let Err(e) = Certificate::load(&cert_file, &key_file) {
+        c.fail("server.tls", e);
+    }
+    TlsSettings {
+        listen,
+        cert_file,
+        key_file,
     }
 }
 

@@ -465,3 +465,71 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 pub fn digest(raw: &str) -> String {
     hex::encode(tollgate::auth::digest(raw.as_bytes()))
 }
+
+/// A private CA and a server certificate for 127.0.0.1 and `localhost` that
+/// it signed, made with openssl in `dir`: (CA, certificate chain, key).
+pub fn make_certs(dir: &std::path::Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let path = |file: &str| dir.join(format!("{name}-{file}"));
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("openssl must be installed (make test installs it)");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let s = |p: &PathBuf| p.to_string_lossy().into_owned();
+    let (ca_key, ca, key, csr, cert, ext) = (
+        path("ca.key"),
+        path("ca.pem"),
+        path("server.key"),
+        path("server.csr"),
+        path("server.pem"),
+        path("ext.cnf"),
+    );
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &s(&ca_key),
+        "-out",
+        &s(&ca),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=tollgate test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &s(&key),
+        "-out",
+        &s(&csr),
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(&ext, "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("write ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &s(&csr),
+        "-CA",
+        &s(&ca),
+        "-CAkey",
+        &s(&ca_key),
+        "-CAcreateserial",
+        "-out",
+        &s(&cert),
+        "-days",
+        "2",
+        "-extfile",
+        &s(&ext),
+    ]);
+    (ca, cert, key)
+}

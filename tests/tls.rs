@@ -1,0 +1,106 @@
+//! TLS termination through the real binary: a client that trusts the CA
+//! gets through, one that does not fails, and a reload swaps the
+//! certificate (or keeps the old one when the new one is broken).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use support::{eventually, free_port, make_certs, Gateway, Upstream};
+
+/// One HTTPS request; the reply and the certificate the server showed.
+fn https_get(port: u16, ca: &Path, path: &str) -> Result<(String, Vec<u8>), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let req = format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
+    tls.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let _ = tls.read_to_end(&mut out);
+    if out.is_empty() {
+        return Err("no reply".into());
+    }
+    let served = tls.conn.peer_certificates().unwrap()[0].to_vec();
+    Ok((String::from_utf8_lossy(&out).into_owned(), served))
+}
+
+fn policy(port: u16, cert: &Path, key: &Path) -> String {
+    format!(
+        r#"
+version: 1
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  threads: 1
+  tls: {{ listen: ["127.0.0.1:{port}"], cert_file: "{}", key_file: "{}" }}
+upstreams:
+  api: {{ servers: ["{{upstream}}"] }}
+routes:
+  - {{ name: api, path: "/**", auth: none, upstream: api }}
+"#,
+        cert.display(),
+        key.display()
+    )
+}
+
+#[test]
+fn clients_get_through_over_tls_and_a_reload_swaps_the_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = make_certs(dir.path(), "first");
+    let (other_ca, other_cert, other_key) = make_certs(dir.path(), "second");
+    // The policy names one pair of files; their contents change below.
+    let (live_cert, live_key) = (dir.path().join("live.pem"), dir.path().join("live.key"));
+    std::fs::copy(&cert, &live_cert).unwrap();
+    std::fs::copy(&key, &live_key).unwrap();
+    let upstream = Upstream::start();
+    let port = free_port();
+    let gw = Gateway::start(&policy(port, &live_cert, &live_key), Some(&upstream));
+
+    let (reply, first_served) = https_get(port, &ca, "/x").unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let echo = reply.split_once("\r\n\r\n").unwrap().1;
+    let seen: serde_json::Value = serde_json::from_str(echo).unwrap();
+    assert_eq!(seen["headers"]["x-forwarded-proto"][0], "https");
+    assert!(
+        https_get(port, &other_ca, "/x").is_err(),
+        "a client that trusts another CA fails"
+    );
+
+    // A broken certificate is a rejected reload: the old one keeps serving.
+    std::fs::write(&live_cert, "not a certificate").unwrap();
+    gw.signal("-HUP");
+    assert!(eventually(Duration::from_secs(5), || {
+        gw.metric("tollgate_config_reloads_total{result=\"error\"}") >= 1.0
+    }));
+    assert_eq!(https_get(port, &ca, "/x").unwrap().1, first_served);
+
+    // A good one is swapped in: new handshakes see it.
+    std::fs::copy(&other_cert, &live_cert).unwrap();
+    std::fs::copy(&other_key, &live_key).unwrap();
+    gw.signal("-HUP");
+    assert!(eventually(Duration::from_secs(5), || {
+        https_get(port, &other_ca, "/x").is_ok_and(|(_, served)| served != first_served)
+    }));
+    assert!(
+        https_get(port, &ca, "/x").is_err(),
+        "the old certificate is gone"
+    );
+}
