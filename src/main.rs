@@ -16,7 +16,9 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
+use pingora::apps::HttpServerOptions;
 use pingora::listeners::tls::TlsSettings;
+use pingora::protocols::http::v2::server::H2Options;
 use tollgate::access_log::AccessLog;
 use tollgate::admin::{Admin, AdminAccess};
 use tollgate::config::{self, Backend, StoreSettings};
@@ -211,10 +213,21 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
     let drain = Drain::new();
     // One proxy serves every listener; each listener has its own edge, which
     // counts and bounds its connections.
-    let proxy = Arc::new(pingora::proxy::http_proxy(
+    let mut proxy = pingora::proxy::http_proxy(
         &server.configuration,
         Gateway::new(live.clone(), drain.clone()),
-    ));
+    );
+    if settings.edge.http2 {
+        // Reached only for connections the edge saw speak HTTP/2.
+        let mut options = HttpServerOptions::default();
+        options.h2c = true;
+        options.h2_idle_timeout = Some(settings.edge.keepalive_idle);
+        proxy.server_options = Some(options);
+        let mut h2 = H2Options::new();
+        h2.max_header_list_size(settings.edge.max_header_bytes as u32);
+        proxy.h2_options = Some(h2);
+    }
+    let proxy = Arc::new(proxy);
     let edge_settings: tollgate::edge::app::Settings = {
         let live = live.clone();
         Arc::new(move || live.load().policy.server.edge)
@@ -250,6 +263,9 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("server.tls: {e}"))?;
             // The certificate comes from here, so that a reload can swap it.
             tls_settings.set_cert_resolver(certificate.clone());
+            if settings.edge.http2 {
+                tls_settings.enable_h2();
+            }
             service.add_tls_with_settings(&name, None, tls_settings);
             server.add_service(service);
         }

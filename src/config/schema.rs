@@ -110,6 +110,10 @@ pub struct RawServer {
     pub access_log: Option<RawAccessLog>,
     /// TLS listeners (`server.tls`).
     pub tls: Option<RawTls>,
+    /// Serve HTTP/2: h2 by ALPN on TLS listeners, h2c with prior knowledge
+    /// on plain ones; default false.
+    #[serde(default)]
+    pub http2: bool,
 }
 
 /// The `server.tls` section.

@@ -208,12 +208,15 @@ fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSettings {
         shutdown_grace: Duration::from_secs(grace),
         access_log: raw.access_log.map(|a| access_log(c, a)),
         tls: raw.tls.map(|t| tls(c, t, base)),
-        edge: edge(
-            c,
-            raw.limits.unwrap_or_default(),
-            raw.timeouts.unwrap_or_default(),
-            raw.encoded_slash,
-        ),
+        edge: EdgeSettings {
+            http2: raw.http2,
+            ..edge(
+                c,
+                raw.limits.unwrap_or_default(),
+                raw.timeouts.unwrap_or_default(),
+                raw.encoded_slash,
+            )
+        },
     }
 }
 
@@ -310,6 +313,7 @@ fn edge(
             Some(EncodedSlashName::Keep) => EncodedSlash::Keep,
             Some(EncodedSlashName::Reject) | None => EncodedSlash::Reject,
         },
+        http2: false,
     }
 }
 

@@ -6,17 +6,25 @@
 //! an `HttpServerApp`) for one reason: the stream under the HTTP parser
 //! must be the guarded one, and each request's end must reset its bounds.
 //! Pingora's own timeouts are switched off; the guard's apply.
+//!
+//! With `server.http2`, a connection that negotiated h2 (ALPN, on TLS) or
+//! opens with the HTTP/2 preface (h2c, on plain listeners) goes to
+//! Pingora's HTTP/2 server instead: its streams run the same proxy, so
+//! every limit, key check, pool permit and header rule applies per stream;
+//! the connection still counts against `max_connections`, its header list
+//! is bounded by `max_header_bytes`, and it closes after
+//! `keepalive_idle_ms` without streams.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::Stream;
+use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 
 use super::conn::Guarded;
-use super::listener::Listener;
+use super::listener::{Listener, Reason};
 use super::EdgeSettings;
 
 /// Where the live bounds come from: the live policy's, read at each
@@ -58,6 +66,11 @@ where
     ) -> Option<Stream> {
         let settings = self.settings();
         let _slot = self.listener.admit(settings.max_connections)?;
+        let mut stream = stream;
+        if settings.http2 && self.speaks_h2(&mut stream, &settings).await? {
+            // Pingora's HTTP/2 server, each stream a request of the proxy.
+            return ServerApp::process_new(&self.proxy, stream, shutdown).await;
+        }
         let mut stream = Box::new(Guarded::new(stream, settings, self.listener.clone()));
         let mut persistent = None;
         loop {
@@ -83,5 +96,30 @@ where
 
     async fn cleanup(&self) {
         self.proxy.http_cleanup().await;
+    }
+}
+
+/// The client's first bytes on an HTTP/2 connection with prior knowledge.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+impl<A> Edge<A> {
+    /// Whether the connection speaks HTTP/2: h2 chosen by ALPN, or the
+    /// preface on a plain connection (peeked within `header_read_ms`;
+    /// `None` when nothing came in time).
+    async fn speaks_h2(&self, stream: &mut Stream, settings: &EdgeSettings) -> Option<bool> {
+        if stream.get_ssl_digest().is_some() {
+            return Some(stream.selected_alpn_proto() == Some(ALPN::H2));
+        }
+        let mut buf = [0u8; H2_PREFACE.len()];
+        match tokio::time::timeout(settings.header_read, stream.try_peek(&mut buf)).await {
+            Ok(Ok(true)) => Some(buf == *H2_PREFACE),
+            // Peeking is not offered: HTTP/1.1.
+            Ok(Ok(false)) => Some(false),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                self.listener.rejected(Reason::HeaderTimeout);
+                None
+            }
+        }
     }
 }

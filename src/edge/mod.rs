@@ -44,6 +44,9 @@ pub struct EdgeSettings {
     pub send: Duration,
     /// What `%2F` in a request path does.
     pub encoded_slash: EncodedSlash,
+    /// HTTP/2: h2 by ALPN on TLS listeners, h2c with prior knowledge on
+    /// plain ones (`server.http2`).
+    pub http2: bool,
 }
 
 impl Default for EdgeSettings {
@@ -58,6 +61,7 @@ impl Default for EdgeSettings {
             body_read: Duration::from_secs(30),
             send: Duration::from_secs(30),
             encoded_slash: EncodedSlash::Reject,
+            http2: false,
         }
     }
 }

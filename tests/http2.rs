@@ -1,0 +1,121 @@
+//! HTTP/2 through the real binary, with curl as the client: h2c with prior
+//! knowledge on the plain listener and h2 by ALPN on the TLS one. Each
+//! stream gets exactly the answers an HTTP/1.1 request gets.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use support::{digest, free_port, make_certs, Gateway, Upstream};
+
+fn policy(tls_port: u16, cert: &Path, key: &Path) -> String {
+    format!(
+        r#"
+version: 1
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  threads: 1
+  http2: true
+  tls: {{ listen: ["127.0.0.1:{tls_port}"], cert_file: "{}", key_file: "{}" }}
+store: {{ backend: memory }}
+auth:
+  keys: [{{ id: c1, tenant: acme, sha256: "{}" }}]
+limits:
+  one: {{ key: [credential], capacity: 2, refill_per_second: 0.001 }}
+upstreams:
+  api: {{ servers: ["{{upstream}}"] }}
+routes:
+  - {{ name: api, path: "/**", upstream: api, limits: [one] }}
+responses: {{ ratelimit_headers: draft }}
+"#,
+        cert.display(),
+        key.display(),
+        digest("key-c1")
+    )
+}
+
+/// `curl` with `args`; its output (headers, then the body).
+fn curl(args: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args(["-s", "-D", "-", "--max-time", "10"])
+        .args(args)
+        .output()
+        .expect("curl must be installed (make test installs it)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn status_line(reply: &str) -> &str {
+    reply.lines().next().unwrap_or("")
+}
+
+fn header<'a>(reply: &'a str, name: &str) -> Option<&'a str> {
+    reply.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+#[test]
+fn streams_get_the_same_answers_as_http1_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = make_certs(dir.path(), "h2");
+    let upstream = Upstream::start();
+    let tls_port = free_port();
+    let gw = Gateway::start(&policy(tls_port, &cert, &key), Some(&upstream));
+    let plain = format!("http://{}/v1/x", gw.addr);
+    let auth = "authorization: Bearer key-c1";
+
+    let missing = curl(&["--http2-prior-knowledge", &plain]);
+    assert!(status_line(&missing).starts_with("HTTP/2 401"), "{missing}");
+    assert_eq!(header(&missing, "www-authenticate"), Some("Bearer"));
+    assert_eq!(
+        header(&missing, "content-type"),
+        Some("application/problem+json")
+    );
+
+    let first = curl(&["--http2-prior-knowledge", "-H", auth, &plain]);
+    assert!(status_line(&first).starts_with("HTTP/2 200"), "{first}");
+    assert!(first.contains("\"x-tenant-id\":[\"acme\"]"), "{first}");
+    assert!(header(&first, "ratelimit").is_some(), "{first}");
+
+    // Over TLS, h2 by ALPN; the same budget.
+    let resolve = format!("localhost:{tls_port}:127.0.0.1");
+    let url = format!("https://localhost:{tls_port}/v1/x");
+    let ca = ca.to_string_lossy().into_owned();
+    let second = curl(&[
+        "--http2",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve,
+        "-H",
+        auth,
+        &url,
+    ]);
+    assert!(status_line(&second).starts_with("HTTP/2 200"), "{second}");
+
+    let limited = curl(&["--http2-prior-knowledge", "-H", auth, &plain]);
+    assert!(status_line(&limited).starts_with("HTTP/2 429"), "{limited}");
+    assert!(header(&limited, "retry-after").is_some(), "{limited}");
+    assert!(
+        limited.contains("\"violated-policies\":[\"one\"]"),
+        "{limited}"
+    );
+
+    // HTTP/1.1 on the same listeners, the same answer.
+    let h1 = curl(&["--http1.1", "-H", auth, &plain]);
+    assert!(status_line(&h1).starts_with("HTTP/1.1 429"), "{h1}");
+    let h1_tls = curl(&[
+        "--http1.1",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve,
+        "-H",
+        auth,
+        &url,
+    ]);
+    assert!(status_line(&h1_tls).starts_with("HTTP/1.1 429"), "{h1_tls}");
+}
