@@ -20,6 +20,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use crate::access_log::{self, AccessLog, Line};
 use crate::admission::{self, Admitted, Facts};
 use crate::client_ip;
+use crate::config::schema::UpstreamProtocol;
 use crate::config::HostHeader;
 use crate::drain::{Drain, InFlight};
 use crate::edge::conn::Guarded;
@@ -198,7 +199,21 @@ impl ProxyHttp for Gateway {
         }
         let upstream = rt.pools[pool].def();
         ctx.upstream_started.get_or_insert_with(Instant::now);
-        let mut peer = HttpPeer::new(addr, false, String::new());
+        let mut peer = match &upstream.tls {
+            Some(tls) => {
+                let mut peer = HttpPeer::new(addr, true, tls.sni.clone());
+                peer.options.verify_cert = tls.verify;
+                peer.options.verify_hostname = tls.verify;
+                peer.options.ca = tls.ca.clone();
+                peer
+            }
+            None => HttpPeer::new(addr, false, String::new()),
+        };
+        peer.options.alpn = match upstream.protocol {
+            UpstreamProtocol::Http1 => pingora::protocols::ALPN::H1,
+            UpstreamProtocol::H2 => pingora::protocols::ALPN::H2,
+            UpstreamProtocol::Auto => pingora::protocols::ALPN::H2H1,
+        };
         peer.options.connection_timeout = Some(upstream.connect_timeout);
         peer.options.read_timeout =
             Some(ctx.facts.upstream_timeout.unwrap_or(upstream.read_timeout));

@@ -104,3 +104,79 @@ fn clients_get_through_over_tls_and_a_reload_swaps_the_certificate() {
         "the old certificate is gone"
     );
 }
+
+/// A gateway answering on TLS only, as an HTTPS upstream.
+fn https_upstream(dir: &Path, name: &str) -> (Gateway, u16, std::path::PathBuf) {
+    let (ca, cert, key) = make_certs(dir, name);
+    let port = free_port();
+    let policy = format!(
+        r#"
+version: 1
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  threads: 1
+  http2: true
+  tls: {{ listen: ["127.0.0.1:{port}"], cert_file: "{}", key_file: "{}" }}
+routes:
+  - {{ name: hello, path: "/**", auth: none, respond: {{ status: 200, body: "over https\n" }} }}
+"#,
+        cert.display(),
+        key.display()
+    );
+    (Gateway::start(&policy, None), port, ca)
+}
+
+fn through(port: u16, tls: &str, extra: &str) -> Gateway {
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+upstreams:
+  secure: {{ servers: ["127.0.0.1:{port}"], tls: {tls} {extra} }}
+routes:
+  - {{ name: api, path: "/**", auth: none, upstream: secure }}
+"#
+    );
+    Gateway::start(&policy, None)
+}
+
+#[test]
+fn upstreams_are_reached_over_verified_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_upstream, port, ca) = https_upstream(dir.path(), "up");
+    let (_, _, _) = make_certs(dir.path(), "stranger");
+    let stranger = dir.path().join("stranger-ca.pem");
+    let ca = ca.display().to_string();
+
+    for protocol in ["http1", "h2", "auto"] {
+        let gw = through(
+            port,
+            &format!("{{ ca_file: \"{ca}\" }}"),
+            &format!(", protocol: {protocol}"),
+        );
+        let r = gw.get("/x", &[]);
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (200, "over https\n"),
+            "{protocol}: {}",
+            gw.log()
+        );
+    }
+    // Verification is on by default: another CA, or another name, fails.
+    let wrong_ca = through(
+        port,
+        &format!("{{ ca_file: \"{}\" }}", stranger.display()),
+        "",
+    );
+    assert_eq!(wrong_ca.get("/x", &[]).status, 502);
+    let wrong_name = through(
+        port,
+        &format!("{{ ca_file: \"{ca}\", sni: elsewhere.test }}"),
+        "",
+    );
+    assert_eq!(wrong_name.get("/x", &[]).status, 502);
+    // Unless it is turned off.
+    let unverified = through(port, "{ verify: false }", "");
+    assert_eq!(unverified.get("/x", &[]).status, 200);
+}

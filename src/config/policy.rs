@@ -185,8 +185,23 @@ pub struct Upstream {
     pub server_names: Vec<String>,
     /// The `Host` the upstream receives.
     pub host_header: HostHeader,
+    /// HTTPS to the servers, when set.
+    pub tls: Option<UpstreamTls>,
+    /// The HTTP version spoken to the servers.
+    pub protocol: super::schema::UpstreamProtocol,
     /// Active health checks; without them every server counts as healthy.
     pub health: Option<HealthCheck>,
+}
+
+/// How a pool's servers are reached over TLS.
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    /// The name sent in SNI and verified.
+    pub sni: String,
+    /// CA certificates to verify with; the system's roots when `None`.
+    pub ca: Option<Arc<[pingora::utils::tls::WrappedX509]>>,
+    /// Whether certificates and names are verified.
+    pub verify: bool,
 }
 
 /// What the upstream receives as `Host`.

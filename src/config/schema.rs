@@ -445,10 +445,40 @@ pub struct RawUpstream {
     /// default), `upstream` (the server's `host:port` as configured), or
     /// any other text, sent as it is.
     pub host_header: Option<String>,
+    /// HTTPS to the servers (`upstreams.*.tls`); plain HTTP when absent.
+    pub tls: Option<RawUpstreamTls>,
+    /// `http1`, `h2` or `auto` (ALPN): the HTTP version over TLS; default
+    /// `auto` with `tls`, `http1` without.
+    pub protocol: Option<UpstreamProtocol>,
     /// Bound on reading from a server, 1-3600000 ms; default 30000.
     pub read_timeout_ms: Option<u64>,
     /// Active health checks; without them every server counts as healthy.
     pub health_check: Option<RawHealthCheck>,
+}
+
+/// The `upstreams.*.tls` section.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstreamTls {
+    /// The name sent in SNI and verified; the first server's host when absent.
+    pub sni: Option<String>,
+    /// PEM CA certificates to verify the servers with, instead of the
+    /// system's roots.
+    pub ca_file: Option<String>,
+    /// Whether the servers' certificates are verified; default true.
+    pub verify: Option<bool>,
+}
+
+/// The HTTP version spoken to a pool's servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 only.
+    Http1,
+    /// HTTP/2 only (gRPC upstreams need it).
+    H2,
+    /// Whatever the server prefers by ALPN, h2 or HTTP/1.1 (TLS only).
+    Auto,
 }
 
 /// The `upstreams.*.health_check` section.

@@ -131,7 +131,7 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
     let (limits, limit_ids) = limits(&mut c, raw.limits, memory);
     let (plans, plan_ids) = plans(&mut c, raw.plans, &limits, &limit_ids);
     let auth = auth(&mut c, raw.auth, base, &plan_ids)?;
-    let (upstreams, pool_ids) = upstreams(&mut c, raw.upstreams);
+    let (upstreams, pool_ids) = upstreams(&mut c, raw.upstreams, base);
     let ctx = RouteContext {
         limits: &limits,
         limit_ids: &limit_ids,
@@ -740,6 +740,7 @@ fn add_keys(
 fn upstreams(
     c: &mut Checker,
     raw: UniqueMap<RawUpstream>,
+    base: &Path,
 ) -> (Vec<Upstream>, HashMap<String, PoolId>) {
     let mut out = Vec::new();
     let mut ids = HashMap::new();
@@ -780,6 +781,18 @@ fn upstreams(
             ),
             None => (max_in_flight, 100),
         };
+        if u.protocol == Some(UpstreamProtocol::Auto) && u.tls.is_none() {
+            c.fail(
+                format!("{path}.protocol"),
+                "auto chooses by ALPN, which needs tls; use http1 or h2 (h2c) on plain HTTP",
+            );
+        }
+        if u.tls.is_some() && u.health_check.as_ref().is_some_and(|h| h.path.is_some()) {
+            c.fail(
+                format!("{path}.health_check.path"),
+                "probes speak plain HTTP; with tls, leave out path (a TCP connect probe)",
+            );
+        }
         ids.insert(name.clone(), out.len());
         out.push(Upstream {
             name: name.into(),
@@ -799,6 +812,14 @@ fn upstreams(
                 60_000,
             )),
             retries: c.range(&format!("{path}.retries"), u.retries.unwrap_or(2), 0, 10),
+            protocol: u.protocol.unwrap_or(if u.tls.is_some() {
+                UpstreamProtocol::Auto
+            } else {
+                UpstreamProtocol::Http1
+            }),
+            tls: u
+                .tls
+                .map(|t| upstream_tls(c, &path, t, &server_names, base)),
             server_names,
             host_header: match u.host_header.as_deref() {
                 None | Some("preserve") => HostHeader::Preserve,
@@ -826,6 +847,67 @@ fn upstreams(
         });
     }
     (out, ids)
+}
+
+/// `upstreams.*.tls`: SNI (the first server's host by default), and the CA
+/// file read now.
+fn upstream_tls(
+    c: &mut Checker,
+    path: &str,
+    raw: RawUpstreamTls,
+    servers: &[String],
+    base: &Path,
+) -> UpstreamTls {
+    let first_host = servers
+        .first()
+        .map(|s| s.rsplit_once(':').map_or(s.as_str(), |(h, _)| h))
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
+        .unwrap_or_default();
+    let sni = raw.sni.unwrap_or(first_host);
+    if rustls::pki_types::ServerName::try_from(sni.as_str()).is_err() {
+        c.fail(
+            format!("{path}.tls.sni"),
+            format!("{sni:?} is not a server name"),
+        );
+    }
+    let ca = raw.ca_file.and_then(|file| {
+        use rustls::pki_types::pem::PemObject;
+        let file = base.join(file);
+        let certs: Result<Vec<_>, _> = rustls::pki_types::CertificateDer::pem_file_iter(&file)
+            .and_then(|certs| certs.collect());
+        match certs {
+            Ok(certs) if !certs.is_empty() => Some(
+                certs
+                    .into_iter()
+                    .map(|der| {
+                        pingora::utils::tls::WrappedX509::new(der.to_vec(), |raw| {
+                            pingora::utils::tls::parse_x509(raw)
+                        })
+                    })
+                    .collect::<Vec<_>>()
+                    .into(),
+            ),
+            Ok(_) => {
+                c.fail(
+                    format!("{path}.tls.ca_file"),
+                    format!("{}: no certificate", file.display()),
+                );
+                None
+            }
+            Err(e) => {
+                c.fail(
+                    format!("{path}.tls.ca_file"),
+                    format!("{}: {e}", file.display()),
+                );
+                None
+            }
+        }
+    });
+    UpstreamTls {
+        sni,
+        ca,
+        verify: raw.verify.unwrap_or(true),
+    }
 }
 
 fn health_check(c: &mut Checker, path: &str, h: RawHealthCheck) -> HealthCheck {
