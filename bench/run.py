@@ -320,20 +320,24 @@ class Bench:
                 print(f"round {r + 1} {c}: {results[c][-1]}", flush=True)
         return contenders, results
 
-    def measure_redis(self, port, target, path="/v1/bench"):
+    def measure_redis(self, port, target, path="/v1/bench", connections=None):
         """Requests, command stats and Redis CPU seconds over a 3 s run."""
         redis_cli(port, "CONFIG", "RESETSTAT")
         cpu = redis_cpu_seconds(port)
-        w = wrk(target, 3, self.args.connections, path=path)
+        w = wrk(target, 3, connections or self.args.connections, path=path)
         return w["requests"], commandstats(port), redis_cpu_seconds(port) - cpu
 
     def redis_work(self):
         """Commands, script calls and Redis CPU per admitted and per denied request."""
         port = self.ports["redis"]
         out = {}
-        for label, path in [("tollgate, 3 shared limits, admitted", "/v1/bench"),
-                            ("tollgate, 1 shared limit, admitted", "/one/bench")]:
-            out[label] = self.measure_redis(port, self.ports["tollgate_full"], path)
+        # The contract's targets: at 1, 4 and 32 connections (batches grow
+        # with the load).
+        for c in [1, 4, self.args.connections]:
+            label = f"tollgate, 3 shared limits, admitted, {c} connection{'s' if c > 1 else ''}"
+            out[label] = self.measure_redis(port, self.ports["tollgate_full"], "/v1/bench", c)
+        out["tollgate, 1 shared limit, admitted"] = self.measure_redis(
+            port, self.ports["tollgate_full"], "/one/bench")
         out["NGINX + Lua peer, 1 token bucket, admitted"] = self.measure_redis(port, self.ports["nginx_lua_redis"])
         # Denied: a gateway whose shared budgets are spent after one request.
         dport, _ = self.start_tollgate("tollgate_denied", "redis", capacity=1, rate=0.001)

@@ -154,6 +154,11 @@ impl ProxyHttp for Gateway {
         ctx.started = Some(Instant::now());
         let rt = self.live.load_full();
         ctx.runtime = Some(rt.clone());
+        if session.req_header().version == http::Version::HTTP_2 {
+            // An HTTP/2 stream is not under the edge's guarded stream: a
+            // client that stops reading its response still loses it.
+            session.set_write_timeout(Some(rt.policy.server.edge.send));
+        }
         let peer = peer_ip(session.client_addr());
         let prepared = self.prepare(&rt, peer, session.req_header(), ctx).await;
         ctx.outcome = Some(match &prepared {

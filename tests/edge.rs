@@ -4,7 +4,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::{connect, digest, eventually, raw, status_of, Gateway, Upstream};
 
@@ -251,13 +251,10 @@ fn idle_and_slow_clients_are_cut_at_their_timeouts() {
     let mut idle = connect(gw.addr, None);
     idle.write_all(b"GET /public/x HTTP/1.1\r\nhost: t\r\n\r\n")
         .unwrap();
-    let started = Instant::now();
+    // The gateway closes it (the client would wait 10 s): the idle timeout
+    // is counted below.
     let all = until_closed(&mut idle);
     assert_eq!(status_of(&all), 200);
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "closed by the idle timeout"
-    );
 
     // A head that trickles: 408.
     let mut slow = connect(gw.addr, None);

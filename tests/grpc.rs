@@ -1,0 +1,128 @@
+//! A gRPC-shaped call through the real binary: an HTTP/2 client with prior
+//! knowledge, a unary call (a length-prefixed message in a POST with
+//! `content-type: application/grpc`), an HTTP/2 upstream that answers with
+//! `grpc-status` in trailers. The trailers must come through; the key and
+//! limits apply to the call as to any request.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use support::{digest, Gateway};
+
+/// A gRPC message frame: not compressed, length, message.
+fn frame(message: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(5 + message.len());
+    out.put_u8(0);
+    out.put_u32(message.len() as u32);
+    out.put_slice(message);
+    out.freeze()
+}
+
+/// An HTTP/2 (h2c) server answering every call with its message reversed
+/// and `grpc-status: 0` in trailers.
+async fn start_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    tokio::spawn(async move {
+                        let mut body = request.into_body();
+                        let mut received = BytesMut::new();
+                        while let Some(Ok(chunk)) = body.data().await {
+                            let _ = body.flow_control().release_capacity(chunk.len());
+                            received.extend_from_slice(&chunk);
+                        }
+                        let mut message = received.freeze();
+                        message.advance(5);
+                        let reply: Vec<u8> = message.iter().rev().copied().collect();
+                        let response = http::Response::builder()
+                            .status(200)
+                            .header("content-type", "application/grpc")
+                            .body(())
+                            .unwrap();
+                        let mut send = respond.send_response(response, false).unwrap();
+                        send.send_data(frame(&reply), false).unwrap();
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", "0".parse().unwrap());
+                        trailers.insert("grpc-message", "done".parse().unwrap());
+                        send.send_trailers(trailers).unwrap();
+                    });
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// One unary call through `gateway`: the status, the reply message and the
+/// trailers.
+async fn call(gateway: SocketAddr, key: &str) -> (u16, Vec<u8>, Option<http::HeaderMap>) {
+    let tcp = tokio::net::TcpStream::connect(gateway).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post(format!("http://{gateway}/echo.Echo/Reverse"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {key}"))
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    send.send_data(frame(b"hello"), true).unwrap();
+    let response = response.await.unwrap();
+    let status = response.status().as_u16();
+    let mut body = response.into_body();
+    let mut received = BytesMut::new();
+    while let Some(Ok(chunk)) = body.data().await {
+        let _ = body.flow_control().release_capacity(chunk.len());
+        received.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.ok().flatten();
+    let message = if received.len() >= 5 {
+        received[5..].to_vec()
+    } else {
+        received.to_vec()
+    };
+    (status, message, trailers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_grpc_call_passes_with_its_trailers() {
+    let upstream = start_upstream().await;
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, http2: true }}
+auth:
+  keys: [{{ id: g1, tenant: acme, sha256: "{}" }}]
+limits:
+  calls: {{ key: [credential], capacity: 2, refill_per_second: 0.001 }}
+upstreams:
+  grpc: {{ servers: ["{upstream}"], protocol: h2 }}
+routes:
+  - {{ name: echo, methods: [POST], path: "/echo.Echo/**", upstream: grpc, limits: [calls] }}
+"#,
+        digest("key-g1")
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::start(&policy, None))
+        .await
+        .unwrap();
+    let (status, message, trailers) = call(gw.addr, "key-g1").await;
+    assert_eq!(status, 200, "{}", gw.log());
+    assert_eq!(message, b"olleh");
+    let trailers = trailers.expect("trailers came through");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert_eq!(trailers.get("grpc-message").unwrap(), "done");
+
+    // The key and the limit apply to calls as to any request.
+    assert_eq!(call(gw.addr, "wrong").await.0, 401);
+    assert_eq!(call(gw.addr, "key-g1").await.0, 200);
+    assert_eq!(call(gw.addr, "key-g1").await.0, 429);
+}
