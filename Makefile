@@ -12,7 +12,7 @@ CONFIG ?= config/quickstart.yaml
 # openssl makes the certificates of the TLS tests; curl is the HTTP/2 client.
 SYSTEM_DEPS := cmake=cmake redis-server=redis-server openssl=openssl curl=curl
 # The benchmark's contenders and load generator.
-BENCH_DEPS := nginx=nginx-light wrk=wrk valgrind=valgrind /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
+BENCH_DEPS := nginx=nginx-light wrk=wrk h2load=nghttp2-client valgrind=valgrind /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
 
 .PHONY: run test build release deps bench-deps install bench check-config lint
 
@@ -64,6 +64,7 @@ test: deps
 
 bench: bench-deps
 	$(CARGO) build --release --bin tollgate --example plain_proxy
+	python3 bench/tls.py
 	python3 bench/run.py $(BENCH_ARGS)
 
 # Formatting, then clippy on every target: the benches and the example are

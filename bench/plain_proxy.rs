@@ -4,6 +4,9 @@
 //!
 //!   cargo run --release --example plain_proxy -- LISTEN UPSTREAM THREADS [contract]
 //!
+//! With `PLAIN_TLS_CERT` and `PLAIN_TLS_KEY` set, LISTEN is a TLS listener
+//! (rustls, as tollgate's), offering h2 by ALPN too when `PLAIN_H2=1`.
+//!
 //! With `contract`, it also does the per-request work the design contract
 //! asks of every forwarded request, with constant values and no limits at
 //! all: SHA-256 of the presented API key, bounded upstream connect and read
@@ -98,7 +101,20 @@ fn main() {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut proxy = http_proxy_service(&server.configuration, Plain { upstream, contract });
-    proxy.add_tcp(&listen);
+    match (
+        std::env::var("PLAIN_TLS_CERT"),
+        std::env::var("PLAIN_TLS_KEY"),
+    ) {
+        (Ok(cert), Ok(key)) => {
+            let mut tls = pingora::listeners::tls::TlsSettings::intermediate(&cert, &key)
+                .expect("certificate and key");
+            if std::env::var("PLAIN_H2").is_ok_and(|v| v == "1") {
+                tls.enable_h2();
+            }
+            proxy.add_tls_with_settings(&listen, None, tls);
+        }
+        _ => proxy.add_tcp(&listen),
+    }
     server.add_service(proxy);
     server.run_forever()
 }
