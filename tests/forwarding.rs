@@ -194,3 +194,71 @@ fn the_upstream_host_header_is_as_configured() {
         ["billing.internal"]
     );
 }
+
+/// An upstream that accepts a WebSocket upgrade and then echoes bytes.
+fn websocket_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                    line.clear();
+                }
+                let mut conn = conn;
+                let _ = conn.write_all(
+                    b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+                );
+                let mut buf = [0u8; 64];
+                loop {
+                    match reader.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if conn.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn an_upgraded_connection_holds_its_pool_permit_until_it_closes() {
+    let upstream = websocket_upstream();
+    let routes = "  - { name: ws, path: /ws, auth: none, upstream: api, upgrade: true }";
+    let gw = Gateway::start(&policy(&format!("\"{upstream}\""), "", routes), None);
+    let mut client = TcpStream::connect(gw.addr).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    client
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nhost: t\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\
+              sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        client.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // The tunnel carries bytes both ways…
+    client.write_all(b"hello through").unwrap();
+    let mut echo = [0u8; 13];
+    client.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo, b"hello through");
+    // …and holds the pool's permit while it is open.
+    let in_flight = || gw.metric("tollgate_pool_in_flight{pool=\"api\"}");
+    assert_eq!(in_flight(), 1.0);
+    drop(client);
+    assert!(support::eventually(Duration::from_secs(5), || in_flight() == 0.0));
+}
