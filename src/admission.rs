@@ -10,7 +10,7 @@ use pingora::http::RequestHeader;
 
 use crate::auth::{self, Credential};
 use crate::client_ip;
-use crate::config::{LimitId, Mode, PlanId, PoolId, Route, RouteId, Target};
+use crate::config::{LimitId, Mode, PlanId, Policy, PoolId, Route, RouteId, Target};
 use crate::edge::target;
 use crate::limits::{combine, Charge, Decision, Group, Identity, Source, Verdict};
 use crate::metrics::DecisionOutcome;
@@ -150,19 +150,45 @@ pub fn plan<'a>(
     } else {
         None
     };
+    facts.credential.clone_from(&credential);
+    let network = client_ip::key_network(ip, policy.client_ip.ipv6_prefix);
+    let (charges, authenticated) = charges(policy, route, network, credential.as_deref());
+    Ok(Plan {
+        route,
+        charges,
+        authenticated,
+    })
+}
+
+/// A request's charges on `route`, from the client network `network`, with
+/// the credential its key proved (`None`: no valid key); and whether it may
+/// go past authentication. The pre-auth limits are charged in any case,
+/// the others only when it may. Shared by the gateway and `simulate`.
+pub fn charges(
+    policy: &Policy,
+    route: &Route,
+    network: ipnet::IpNet,
+    credential: Option<&Credential>,
+) -> (Vec<Charge>, bool) {
     let authenticated = !route.auth_required || credential.is_some();
     let who = Identity {
-        ip: Some(client_ip::key_network(ip, policy.client_ip.ipv6_prefix)),
-        credential: credential.as_deref().map(|c| c.id.as_ref()),
-        tenant: credential.as_deref().map(|c| &c.tenant),
+        ip: Some(network),
+        credential: credential.map(|c| c.id.as_ref()),
+        tenant: credential.map(|c| &c.tenant),
         route: &route.name,
     };
-    let plan = credential.as_ref().and_then(|c| c.plan);
-    facts.credential.clone_from(&credential);
-    let mut charges = build_charges(rt, &route.pre_auth, &who, None, route.cost, Group::PreAuth);
+    let plan = credential.and_then(|c| c.plan);
+    let mut charges = build_charges(
+        policy,
+        &route.pre_auth,
+        &who,
+        None,
+        route.cost,
+        Group::PreAuth,
+    );
     if authenticated {
         charges.extend(build_charges(
-            rt,
+            policy,
             &route.request,
             &who,
             plan,
@@ -170,11 +196,7 @@ pub fn plan<'a>(
             Group::Request,
         ));
     }
-    Ok(Plan {
-        route,
-        charges,
-        authenticated,
-    })
+    (charges, authenticated)
 }
 
 /// Acts on the limits' verdicts, group by group: the pre-auth limits, then
@@ -246,14 +268,13 @@ impl Facts {
 }
 
 fn build_charges(
-    rt: &Runtime,
+    policy: &Policy,
     ids: &[LimitId],
     who: &Identity<'_>,
     plan: Option<PlanId>,
     cost: u64,
     group: Group,
 ) -> Vec<Charge> {
-    let policy = &rt.policy;
     ids.iter()
         .map(|&id| {
             let l = &policy.limits[id];

@@ -68,6 +68,11 @@ impl KeyTable {
         self.by_digest.is_empty()
     }
 
+    /// Every credential, in no particular order.
+    pub fn credentials(&self) -> impl Iterator<Item = &Arc<Credential>> {
+        self.by_digest.values()
+    }
+
     /// The credential a raw key belongs to, if any.
     pub fn verify(&self, raw_key: &[u8]) -> Option<Arc<Credential>> {
         self.by_digest.get(&digest(raw_key)).cloned()

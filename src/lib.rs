@@ -20,6 +20,7 @@ pub mod reload;
 pub mod respond;
 pub mod routes;
 pub mod runtime;
+pub mod simulate;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod tls;

@@ -73,6 +73,25 @@ enum Command {
     },
     /// Read a raw API key on stdin, print its SHA-256 in hex.
     HashKey,
+    /// Replay an access log against a policy (or two) in virtual time and
+    /// report what would have been admitted, refused and flagged.
+    Simulate {
+        /// The policy to try; a second --config compares the two.
+        #[arg(long, short, required = true, num_args = 1)]
+        config: Vec<PathBuf>,
+        /// The access log (tollgate's JSON lines); `-` for standard input.
+        #[arg(long)]
+        log: PathBuf,
+        /// Replay only lines at or after this RFC 3339 time.
+        #[arg(long)]
+        from: Option<String>,
+        /// Replay only lines before this RFC 3339 time.
+        #[arg(long)]
+        to: Option<String>,
+        /// Callers listed in the report.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -87,6 +106,22 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Simulate {
+            config,
+            log,
+            from,
+            to,
+            top,
+        } => match simulate(&config, &log, from.as_deref(), to.as_deref(), top) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tollgate: {e:#}");
                 ExitCode::FAILURE
             }
         },
@@ -109,6 +144,50 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// `tollgate simulate`: the report of each policy, and their difference.
+fn simulate(
+    configs: &[PathBuf],
+    log: &std::path::Path,
+    from: Option<&str>,
+    to: Option<&str>,
+    top: usize,
+) -> anyhow::Result<String> {
+    use tollgate::simulate::{difference, report, run, Simulation};
+    anyhow::ensure!(
+        configs.len() <= 2,
+        "at most two policies (--config old --config new)"
+    );
+    let time = |t: Option<&str>, what: &str| -> anyhow::Result<_> {
+        t.map(|t| humantime::parse_rfc3339(t).with_context(|| format!("--{what} {t:?}")))
+            .transpose()
+    };
+    let (from, to) = (time(from, "from")?, time(to, "to")?);
+    let mut sims = configs
+        .iter()
+        .map(|c| {
+            config::load(c)
+                .map(Simulation::new)
+                .map_err(|e| anyhow::anyhow!("{e}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let reader: Box<dyn std::io::BufRead> = if log.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let file = std::fs::File::open(log).with_context(|| format!("--log {}", log.display()))?;
+        Box::new(std::io::BufReader::with_capacity(1 << 20, file))
+    };
+    run(reader, &mut sims, from, to).context("reading the log")?;
+    let mut out = String::new();
+    for (c, sim) in configs.iter().zip(&sims) {
+        out += &report(&c.display().to_string(), sim, top);
+        out.push('\n');
+    }
+    if let [old, new] = &sims[..] {
+        out += &difference(old, new, top);
+    }
+    Ok(out)
 }
 
 fn hash_key() -> anyhow::Result<String> {
