@@ -81,6 +81,8 @@ pub struct Line<'a> {
 /// The access log of the process.
 pub struct AccessLog {
     tx: SyncSender<Vec<u8>>,
+    /// Lines handed to the writer and not yet written out and flushed.
+    pending: Arc<AtomicU64>,
     reopen: Arc<AtomicBool>,
     /// Keep one request in this many (1 = all), by a per-process counter.
     every: u64,
@@ -97,6 +99,8 @@ impl AccessLog {
         let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUE);
         let reopen = Arc::new(AtomicBool::new(false));
         let flag = reopen.clone();
+        let pending = Arc::new(AtomicU64::new(0));
+        let written = pending.clone();
         std::thread::Builder::new()
             .name("access-log".into())
             .spawn(move || loop {
@@ -106,11 +110,14 @@ impl AccessLog {
                             out.reopen(&destination);
                         }
                         out.write(&line);
+                        let mut lines = 1;
                         // Write what waits, then flush once it is all out.
                         while let Ok(line) = rx.try_recv() {
                             out.write(&line);
+                            lines += 1;
                         }
                         out.flush();
+                        written.fetch_sub(lines, Ordering::AcqRel);
                     }
                     Err(RecvTimeoutError::Timeout) => {
                         if flag.swap(false, Ordering::AcqRel) {
@@ -125,6 +132,7 @@ impl AccessLog {
             })?;
         Ok(Self {
             tx,
+            pending,
             reopen,
             every: settings.every.max(1),
             seen: AtomicU64::new(0),
@@ -145,9 +153,23 @@ impl AccessLog {
             return;
         }
         bytes.push(b'\n');
+        // Counted before the send, so the writer never counts it down first.
+        self.pending.fetch_add(1, Ordering::AcqRel);
         match self.tx.try_send(bytes) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => self.dropped.inc(),
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.pending.fetch_sub(1, Ordering::AcqRel);
+                self.dropped.inc();
+            }
+        }
+    }
+
+    /// Waits, at most `limit`, until every line handed over is written and
+    /// flushed (before the process exits).
+    pub fn flush(&self, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.pending.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 
@@ -268,6 +290,7 @@ mod tests {
         let (tx, _rx) = mpsc::sync_channel(2);
         let log = AccessLog {
             tx,
+            pending: Arc::default(),
             reopen: Arc::default(),
             every: 1,
             seen: AtomicU64::new(0),
@@ -304,6 +327,7 @@ mod tests {
         let (tx, _rx) = mpsc::sync_channel(1);
         let log = AccessLog {
             tx,
+            pending: Arc::default(),
             reopen: Arc::default(),
             every: 4,
             seen: AtomicU64::new(0),

@@ -62,12 +62,23 @@ impl Drop for InFlight {
 pub struct Drainer {
     drain: Arc<Drain>,
     grace: Duration,
+    /// Run last, before the process exits (the access log's flush).
+    before_exit: Box<dyn Fn() + Send + Sync>,
 }
 
 impl Drainer {
-    /// Drains `drain` for at most `grace`.
-    pub fn new(drain: Arc<Drain>, grace: Duration) -> Self {
-        Self { drain, grace }
+    /// Drains `drain` for at most `grace`, then runs `before_exit` and ends
+    /// the process.
+    pub fn new(
+        drain: Arc<Drain>,
+        grace: Duration,
+        before_exit: impl Fn() + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            drain,
+            grace,
+            before_exit: Box::new(before_exit),
+        }
     }
 }
 
@@ -91,6 +102,7 @@ impl BackgroundService for Drainer {
             waited_ms = started.elapsed().as_millis() as u64,
             "drained, exiting"
         );
+        (self.before_exit)();
         std::process::exit(0);
     }
 }

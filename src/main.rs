@@ -365,7 +365,11 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
     }
     server.add_service(background_service(
         "drain on SIGTERM",
-        Drainer::new(drain, settings.shutdown_grace),
+        Drainer::new(drain, settings.shutdown_grace, move || {
+            if let Some(log) = &services.access_log {
+                log.flush(std::time::Duration::from_secs(1));
+            }
+        }),
     ));
     server.run_forever()
 }

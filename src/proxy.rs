@@ -323,6 +323,10 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        // An upgraded connection's bytes pass here too; they are no body.
+        if session.was_upgraded() {
+            return Ok(());
+        }
         ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
         if ctx.body_bytes > ctx.facts.max_body_bytes {
             ctx.outcome = Some(Outcome::BadRequest);
@@ -359,11 +363,28 @@ impl ProxyHttp for Gateway {
             ErrorType::ReadTimedout if *e.esource() == ErrorSource::Upstream => 504,
             _ => match e.esource() {
                 ErrorSource::Upstream => 502,
-                ErrorSource::Downstream => 0,
+                // The client went away or stalled: nobody to answer.
+                ErrorSource::Downstream
+                    if matches!(
+                        e.etype(),
+                        ErrorType::ReadError
+                            | ErrorType::WriteError
+                            | ErrorType::ConnectionClosed
+                            | ErrorType::ReadTimedout
+                            | ErrorType::WriteTimedout
+                    ) =>
+                {
+                    0
+                }
+                // The client sent something unreadable (a bad chunk size):
+                // a framing error gets its 400.
+                ErrorSource::Downstream => 400,
                 ErrorSource::Internal | ErrorSource::Unset => 500,
             },
         };
-        if code > 0 {
+        // Once a response has started, an answer of our own would be
+        // written into its body: the connection is closed instead.
+        if code > 0 && session.response_written().is_none() {
             let _ = reject(session, &Rejection::ProxyFailed { status: code }, ctx).await;
         }
         FailToProxy {

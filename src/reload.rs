@@ -75,11 +75,12 @@ impl Reloader {
                 s.threads,
                 tls,
                 s.access_log.clone(),
+                s.edge.http2,
             )
         };
         if listeners(new) != listeners(was) {
             tracing::warn!(
-                "listeners, threads or the access log changed; they take effect at the next restart"
+                "listeners, threads, http2 or the access log changed; they take effect at the next restart"
             );
         }
         let version = policy.policy_version.clone();

@@ -214,6 +214,15 @@ fn oversized_and_ambiguous_requests_are_answered() {
     assert_eq!(status_of(&garbage), 400, "{garbage}");
     assert!(garbage.contains("application/problem+json"));
 
+    let bad_chunk = raw(
+        gw.addr,
+        b"POST /public/x HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\nzz\r\n",
+    );
+    assert_eq!(
+        status_of(&bad_chunk),
+        400,
+        "a framing error gets an answer: {bad_chunk}"
+    );
     let declared = send(
         &gw,
         "POST /public/x HTTP/1.1\r\nhost: t\r\ncontent-length: 65",
@@ -231,8 +240,10 @@ fn oversized_and_ambiguous_requests_are_answered() {
         b"POST /small HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\nconnection: close\r\n\r\nfour",
     );
     assert_eq!(status_of(&fits), 200, "{fits}");
+    // The two fitting bodies, and the bad chunk's head: a body's framing is
+    // found wrong while it streams, after the head went on.
     assert!(
-        upstream.hits() <= 2,
+        upstream.hits() <= 3,
         "only the fitting bodies may reach the upstream"
     );
 }

@@ -262,3 +262,71 @@ fn an_upgraded_connection_holds_its_pool_permit_until_it_closes() {
     drop(client);
     assert!(support::eventually(Duration::from_secs(5), || in_flight() == 0.0));
 }
+
+#[test]
+fn an_error_after_the_response_started_is_not_written_into_it() {
+    // Headers and the first chunk, then nothing past the route's deadline.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                    line.clear();
+                }
+                let mut conn = conn;
+                let _ = conn.write_all(
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",
+                );
+                thread::sleep(Duration::from_secs(3));
+            });
+        }
+    });
+    let routes = "  - { name: api, path: \"/**\", auth: none, upstream: api, timeout_ms: 300 }";
+    let gw = Gateway::start(&policy(&format!("\"{addr}\""), "", routes), None);
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("hello"), "{text}");
+    assert!(
+        !text.contains("problem"),
+        "no error body inside the 200: {text}"
+    );
+}
+
+#[test]
+fn an_upgraded_connection_is_not_held_to_the_body_bound() {
+    let upstream = websocket_upstream();
+    let routes =
+        "  - { name: ws, path: /ws, auth: none, upstream: api, upgrade: true, max_body_bytes: 16 }";
+    let gw = Gateway::start(&policy(&format!("\"{upstream}\""), "", routes), None);
+    let mut client = TcpStream::connect(gw.addr).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    client
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nhost: t\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\r\n",
+        )
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        client.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"));
+    let message = [b'm'; 64];
+    for _ in 0..4 {
+        client.write_all(&message).unwrap();
+        let mut echo = [0u8; 64];
+        client.read_exact(&mut echo).unwrap();
+        assert_eq!(echo, message);
+    }
+}

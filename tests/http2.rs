@@ -104,6 +104,13 @@ fn streams_get_the_same_answers_as_http1_requests() {
         "{limited}"
     );
 
+    // A request shorter than the HTTP/2 preface is still read as HTTP/1.
+    let short = support::raw(gw.addr, b"GET / HTTP/1.0\r\n\r\n");
+    assert!(
+        short.starts_with("HTTP/1.0 401") || short.starts_with("HTTP/1.1 401"),
+        "{short}"
+    );
+
     // HTTP/1.1 on the same listeners, the same answer.
     let h1 = curl(&["--http1.1", "-H", auth, &plain]);
     assert!(status_line(&h1).starts_with("HTTP/1.1 429"), "{h1}");

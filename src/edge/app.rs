@@ -36,16 +36,21 @@ pub struct Edge<A> {
     proxy: Arc<A>,
     settings: Settings,
     listener: Arc<Listener>,
+    /// Whether HTTP/2 is served: fixed at start, like the listeners' ALPN
+    /// and the proxy's HTTP/2 options it goes with.
+    http2: bool,
 }
 
 impl<A> Edge<A> {
     /// Serves `proxy` on one listener, within the bounds `settings` returns,
-    /// accounted in `listener`.
+    /// accounted in `listener`; HTTP/2 as the start-up policy says.
     pub fn new(proxy: Arc<A>, settings: Settings, listener: Arc<Listener>) -> Self {
+        let http2 = settings().http2;
         Self {
             proxy,
             settings,
             listener,
+            http2,
         }
     }
 
@@ -67,7 +72,7 @@ where
         let settings = self.settings();
         let _slot = self.listener.admit(settings.max_connections)?;
         let mut stream = stream;
-        if settings.http2 && self.speaks_h2(&mut stream, &settings).await? {
+        if self.http2 && self.speaks_h2(&mut stream, &settings).await? {
             // Pingora's HTTP/2 server, each stream a request of the proxy.
             return ServerApp::process_new(&self.proxy, stream, shutdown).await;
         }
@@ -99,20 +104,22 @@ where
     }
 }
 
-/// The client's first bytes on an HTTP/2 connection with prior knowledge.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The first bytes of the HTTP/2 preface: no HTTP/1.1 request starts so
+/// (`PRI` is the preface's method), and even the shortest one has them.
+const H2_PREFACE_START: &[u8] = b"PRI";
 
 impl<A> Edge<A> {
     /// Whether the connection speaks HTTP/2: h2 chosen by ALPN, or the
-    /// preface on a plain connection (peeked within `header_read_ms`;
-    /// `None` when nothing came in time).
+    /// start of the preface on a plain connection (its first three bytes,
+    /// peeked within `header_read_ms`; `None` when they did not come in
+    /// time, or the client left).
     async fn speaks_h2(&self, stream: &mut Stream, settings: &EdgeSettings) -> Option<bool> {
         if stream.get_ssl_digest().is_some() {
             return Some(stream.selected_alpn_proto() == Some(ALPN::H2));
         }
-        let mut buf = [0u8; H2_PREFACE.len()];
+        let mut buf = [0u8; H2_PREFACE_START.len()];
         match tokio::time::timeout(settings.header_read, stream.try_peek(&mut buf)).await {
-            Ok(Ok(true)) => Some(buf == *H2_PREFACE),
+            Ok(Ok(true)) => Some(buf == *H2_PREFACE_START),
             // Peeking is not offered: HTTP/1.1.
             Ok(Ok(false)) => Some(false),
             Ok(Err(_)) => None,

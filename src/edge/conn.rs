@@ -101,6 +101,10 @@ pub struct Guarded {
     phase: Phase,
     /// A request head being read, or bytes read ahead and not yet handed on.
     head: BytesMut,
+    /// Bytes of `head` already looked at for the end of the head: it is
+    /// parsed only when an end may have arrived, not after every read (a
+    /// head sent a byte at a time must not cost a parse per byte).
+    scanned: usize,
     /// A complete head and what followed it, handed on before new reads.
     ready: Bytes,
     body: Body,
@@ -130,6 +134,7 @@ impl Guarded {
             listener,
             phase: Phase::Idle { fresh: true },
             head: BytesMut::new(),
+            scanned: 0,
             ready: Bytes::new(),
             body: Body::Done,
             body_finished: AtomicBool::new(false),
@@ -238,7 +243,7 @@ impl Guarded {
                         Poll::Pending => return Poll::Pending,
                     }
                 }
-                Phase::Head => match self.check_head() {
+                Phase::Head => match self.check_head_if_due() {
                     Some(Ok((body, n))) => {
                         self.read_timer.disarm();
                         // What came after the head belongs to the body.
@@ -282,8 +287,25 @@ impl Guarded {
 
     fn start_head(&mut self) {
         self.phase = Phase::Head;
+        self.scanned = 0;
         self.read_timer
             .arm_at(Instant::now() + self.settings.header_read);
+    }
+
+    /// [`Guarded::check_head`], when the bytes read since the last look may
+    /// end the head (a blank line: `\n\n` or `\n\r\n`) or the head has
+    /// outgrown its bound; `None` (read on) otherwise.
+    fn check_head_if_due(&mut self) -> Option<Result<(Body, usize), (Reason, Rejection)>> {
+        let from = self.scanned.saturating_sub(2);
+        let fresh = &self.head[from..];
+        let may_end =
+            fresh.windows(2).any(|w| w == b"\n\n") || fresh.windows(3).any(|w| w == b"\n\r\n");
+        self.scanned = self.head.len();
+        if may_end || self.head.len() > self.settings.max_header_bytes {
+            self.check_head()
+        } else {
+            None
+        }
     }
 
     /// Whether `head` holds a complete, well-framed request head (its body
@@ -324,6 +346,9 @@ impl Guarded {
         while let Phase::Answering(rest) = &mut self.phase {
             if rest.is_empty() {
                 let _ = ready!(Pin::new(&mut self.inner).poll_flush(cx));
+                // A FIN after the answer, so the client reads it before the
+                // connection goes.
+                let _ = ready!(Pin::new(&mut self.inner).poll_shutdown(cx));
                 self.phase = Phase::Closed;
                 break;
             }

@@ -172,10 +172,23 @@ pub fn normalize(raw: &[u8], slash: EncodedSlash) -> Result<Cow<'_, str>, Target
     } else {
         Cow::Owned(rewrite(raw, slash)?)
     };
-    if path.split('/').any(|s| s == "." || s == "..") {
+    if path.split('/').any(is_dot_segment) {
         return Err(TargetError::DotSegment);
     }
     Ok(path)
+}
+
+/// Whether a normalized segment acts as `.` or `..` for some server: as
+/// it is, before `;` parameters (which Tomcat and Jetty strip, so `..;` is
+/// `..` to them), or in any piece between kept `%2F`s (which an upstream
+/// that decodes them splits on).
+fn is_dot_segment(segment: &str) -> bool {
+    segment.split("%2F").any(|piece| {
+        // `;` raw or encoded (`%3B`, which a decoding upstream turns back).
+        let base = piece.split([';']).next().unwrap_or(piece);
+        let base = base.split("%3B").next().unwrap_or(base);
+        base == "." || base == ".."
+    })
 }
 
 /// Bytes that need no work: unreserved characters and the sub-delimiters,

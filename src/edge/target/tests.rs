@@ -59,6 +59,10 @@ fn dot_segments_in_any_encoding_are_not_found() {
         "/a/%2e",
         "/public/%2e%2e/v1/reports/1",
         "/a//../b",
+        "/public/..;/admin",
+        "/public/.;x/admin",
+        "/a/%2e%2e;jsessionid=1/b",
+        "/a/..%3bx/b",
     ] {
         assert_eq!(norm(raw), Err(TargetError::DotSegment), "{raw}");
         assert!(TargetError::DotSegment.is_not_found());
@@ -92,8 +96,14 @@ fn encoded_slash_can_be_kept() {
         keep("/projects/group%2fname").as_deref(),
         Ok("/projects/group%2Fname")
     );
-    // Kept encoded, so it can never form a dot segment or a separator.
-    assert_eq!(keep("/a/%2e%2e%2fb").as_deref(), Ok("/a/..%2Fb"));
+    // An upstream that decodes it would split there: a dot piece between
+    // kept slashes is a dot segment all the same.
+    assert_eq!(keep("/a/%2e%2e%2fb"), Err(TargetError::DotSegment));
+    assert_eq!(
+        keep("/projects/x/..%2F..%2Fadmin"),
+        Err(TargetError::DotSegment)
+    );
+    assert_eq!(keep("/a/b%2F.c").as_deref(), Ok("/a/b%2F.c"));
     assert_eq!(keep("/a%5cb"), Err(TargetError::Backslash));
 }
 
