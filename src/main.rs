@@ -75,23 +75,37 @@ enum Command {
     HashKey,
     /// Replay an access log against a policy (or two) in virtual time and
     /// report what would have been admitted, refused and flagged.
-    Simulate {
-        /// The policy to try; a second --config compares the two.
-        #[arg(long, short, required = true, num_args = 1)]
-        config: Vec<PathBuf>,
-        /// The access log (tollgate's JSON lines); `-` for standard input.
-        #[arg(long)]
-        log: PathBuf,
-        /// Replay only lines at or after this RFC 3339 time.
-        #[arg(long)]
-        from: Option<String>,
-        /// Replay only lines before this RFC 3339 time.
-        #[arg(long)]
-        to: Option<String>,
-        /// Callers listed in the report.
-        #[arg(long, default_value_t = 10)]
-        top: usize,
-    },
+    Simulate(SimulateArgs),
+}
+
+#[derive(clap::Args)]
+struct SimulateArgs {
+    /// The policy to try; a second --config compares the two.
+    #[arg(long, short, required = true, num_args = 1)]
+    config: Vec<PathBuf>,
+    /// The access log; `-` for standard input.
+    #[arg(long)]
+    log: PathBuf,
+    /// The log's format: tollgate (JSON lines) or combined (NGINX).
+    #[arg(long, default_value = "tollgate")]
+    log_format: tollgate::simulate::LogFormat,
+    /// The field naming the caller's credential id: a JSON member
+    /// (default `credential`), or a `name=value` field after the combined
+    /// ones (default `$remote_user`).
+    #[arg(long)]
+    key_field: Option<String>,
+    /// Replay only lines at or after this RFC 3339 time.
+    #[arg(long)]
+    from: Option<String>,
+    /// Replay only lines before this RFC 3339 time.
+    #[arg(long)]
+    to: Option<String>,
+    /// Callers listed in the report.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Also write a self-contained HTML report (charts and tables) here.
+    #[arg(long)]
+    report: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -109,13 +123,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Simulate {
-            config,
-            log,
-            from,
-            to,
-            top,
-        } => match simulate(&config, &log, from.as_deref(), to.as_deref(), top) {
+        Command::Simulate(args) => match simulate(&args) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
@@ -147,23 +155,24 @@ fn main() -> ExitCode {
 }
 
 /// `tollgate simulate`: the report of each policy, and their difference.
-fn simulate(
-    configs: &[PathBuf],
-    log: &std::path::Path,
-    from: Option<&str>,
-    to: Option<&str>,
-    top: usize,
-) -> anyhow::Result<String> {
-    use tollgate::simulate::{difference, report, run, Simulation};
+fn simulate(args: &SimulateArgs) -> anyhow::Result<String> {
+    use tollgate::simulate::{difference, html, report, run, LogReader, Simulation};
+    let SimulateArgs {
+        config: configs,
+        log,
+        top,
+        ..
+    } = args;
     anyhow::ensure!(
         configs.len() <= 2,
         "at most two policies (--config old --config new)"
     );
-    let time = |t: Option<&str>, what: &str| -> anyhow::Result<_> {
-        t.map(|t| humantime::parse_rfc3339(t).with_context(|| format!("--{what} {t:?}")))
+    let time = |t: &Option<String>, what: &str| -> anyhow::Result<_> {
+        t.as_deref()
+            .map(|t| humantime::parse_rfc3339(t).with_context(|| format!("--{what} {t:?}")))
             .transpose()
     };
-    let (from, to) = (time(from, "from")?, time(to, "to")?);
+    let (from, to) = (time(&args.from, "from")?, time(&args.to, "to")?);
     let mut sims = configs
         .iter()
         .map(|c| {
@@ -172,20 +181,30 @@ fn simulate(
                 .map_err(|e| anyhow::anyhow!("{e}"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let reader: Box<dyn std::io::BufRead> = if log.as_os_str() == "-" {
+    let input: Box<dyn std::io::BufRead> = if log.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
     } else {
         let file = std::fs::File::open(log).with_context(|| format!("--log {}", log.display()))?;
         Box::new(std::io::BufReader::with_capacity(1 << 20, file))
     };
-    run(reader, &mut sims, from, to).context("reading the log")?;
+    let reader = LogReader {
+        format: args.log_format,
+        key_field: args.key_field.clone(),
+    };
+    run(input, &reader, &mut sims, from, to).context("reading the log")?;
     let mut out = String::new();
     for (c, sim) in configs.iter().zip(&sims) {
-        out += &report(&c.display().to_string(), sim, top);
+        out += &report(&c.display().to_string(), sim, *top);
         out.push('\n');
     }
     if let [old, new] = &sims[..] {
-        out += &difference(old, new, top);
+        out += &difference(old, new, *top);
+    }
+    if let Some(path) = &args.report {
+        let names: Vec<String> = configs.iter().map(|c| c.display().to_string()).collect();
+        std::fs::write(path, html::page(&names, &sims, *top))
+            .with_context(|| format!("--report {}", path.display()))?;
+        out += &format!("\nreport written to {}\n", path.display());
     }
     Ok(out)
 }

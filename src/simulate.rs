@@ -1,7 +1,8 @@
 //! `tollgate simulate`: what a policy would have done to the traffic of an
 //! access log, before it ships.
 //!
-//! Each line of the log (this gateway's JSON access log) is replayed in
+//! Each line of the log (this gateway's JSON access log, or NGINX's
+//! `combined` format with the caller in a named field) is replayed in
 //! virtual time, in the in-process store on a clock moved by hand to the
 //! line's time: no sleeping, a day of traffic in seconds. A line goes
 //! through the planning code the gateway runs (route by method, host and
@@ -10,6 +11,7 @@
 //! tenant, with refusals per minute. Memory grows with the distinct keys
 //! and minutes, not with the length of the log.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 use std::sync::Arc;
@@ -19,8 +21,10 @@ use serde::Deserialize;
 
 use crate::admission;
 use crate::auth::Credential;
+use crate::client_ip::key_network;
 use crate::clock::{Clock, ManualClock};
 use crate::config::Policy;
+use crate::edge::target;
 use crate::limits::memory::MemoryStore;
 use crate::limits::{combine, Decision, Gate, Group};
 use crate::routes::request_host;
@@ -38,8 +42,133 @@ pub struct LogLine {
     pub path: Option<String>,
     /// The credential id, when the request was authenticated.
     pub credential: Option<String>,
-    /// The client network as keyed (`203.0.113.7/32`).
+    /// The client network as keyed (`203.0.113.7/32`), or a bare address
+    /// (keyed here as the policy's `client_ip` would).
     pub client: Option<String>,
+    /// The request target as received (`combined` logs), normalized here
+    /// as the gateway's edge would; used when `path` is absent.
+    #[serde(skip)]
+    pub target: Option<String>,
+}
+
+/// The formats of access logs `simulate` reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// This gateway's JSON lines (`server.access_log`).
+    #[default]
+    Tollgate,
+    /// NGINX's `combined` format, optionally followed by `name=value`
+    /// fields (`log_format ... 'key=$http_x_credential'`).
+    Combined,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tollgate" => Ok(Self::Tollgate),
+            "combined" => Ok(Self::Combined),
+            other => Err(format!("unknown log format {other:?} (tollgate, combined)")),
+        }
+    }
+}
+
+/// How the lines of a log are read: their format, and which field names
+/// the caller's credential id.
+#[derive(Debug, Clone, Default)]
+pub struct LogReader {
+    /// The format of every line.
+    pub format: LogFormat,
+    /// The field holding the credential id: a JSON member (default
+    /// `credential`), or a `name=value` field after the `combined` ones
+    /// (default `$remote_user`).
+    pub key_field: Option<String>,
+}
+
+impl LogReader {
+    /// The request of one line and its time (ms since the epoch), or
+    /// `None` when the line cannot be read.
+    pub fn parse(&self, line: &str) -> Option<(LogLine, u64)> {
+        match self.format {
+            LogFormat::Tollgate => self.json(line),
+            LogFormat::Combined => self.combined(line),
+        }
+    }
+
+    fn json(&self, line: &str) -> Option<(LogLine, u64)> {
+        let mut parsed: LogLine = serde_json::from_str(line).ok()?;
+        if let Some(field) = &self.key_field {
+            // Only when asked: a second, untyped pass for the named member.
+            let value: serde_json::Value = serde_json::from_str(line).ok()?;
+            parsed.credential = value.get(field).and_then(|v| v.as_str()).map(str::to_owned);
+        }
+        let at = humantime::parse_rfc3339(&parsed.time).ok()?;
+        Some((parsed, epoch_ms(at)))
+    }
+
+    /// `$remote_addr - $remote_user [$time_local] "$request" $status
+    /// $body_bytes_sent "$http_referer" "$http_user_agent"` and, after
+    /// them, any `name=value` or `name="value"` fields.
+    fn combined(&self, line: &str) -> Option<(LogLine, u64)> {
+        let (addr, rest) = line.split_once(' ')?;
+        let (_ident, rest) = rest.split_once(' ')?;
+        let (user, rest) = rest.split_once(" [")?;
+        let (time, rest) = rest.split_once("] \"")?;
+        // NGINX writes a `"` inside a field as `\x22`: the next quote ends it.
+        let (request, rest) = rest.split_once('"')?;
+        let mut words = request.split(' ');
+        let (method, target) = (words.next()?, words.next()?);
+        let at = chrono::DateTime::parse_from_str(time, "%d/%b/%Y:%H:%M:%S %z").ok()?;
+        let at = u64::try_from(at.timestamp_millis()).ok()?;
+        let present = |v: &str| (!v.is_empty() && v != "-").then(|| v.to_owned());
+        let credential = match &self.key_field {
+            None => present(user),
+            Some(name) => fields(rest)
+                .find_map(|f| f.strip_prefix(name.as_str())?.strip_prefix('='))
+                .and_then(|v| present(v.trim_matches('"'))),
+        };
+        let line = LogLine {
+            time: String::new(),
+            method: method.to_owned(),
+            host: None,
+            path: None,
+            credential,
+            client: Some(addr.to_owned()),
+            target: Some(target.to_owned()),
+        };
+        Some((line, at))
+    }
+}
+
+/// The space-separated fields of a `combined` line's tail; a quoted part
+/// (`"Mozilla/5.0 (X11)"`, `key="a b"`) stays within its field.
+fn fields(tail: &str) -> impl Iterator<Item = &str> {
+    let mut rest = tail;
+    std::iter::from_fn(move || {
+        rest = rest.trim_start_matches(' ');
+        if rest.is_empty() {
+            return None;
+        }
+        let mut quoted = false;
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| {
+                if c == '"' {
+                    quoted = !quoted;
+                }
+                c == ' ' && !quoted
+            })
+            .map_or(rest.len(), |(i, _)| i);
+        let (field, tail) = rest.split_at(end);
+        rest = tail;
+        Some(field)
+    })
+}
+
+fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What happened to a set of requests.
@@ -86,6 +215,11 @@ pub struct Simulation {
     pub callers: HashMap<String, Tally>,
     /// Refused requests per minute (minutes since the epoch).
     pub refusals_per_minute: BTreeMap<u64, u64>,
+    /// Refusals per minute, per enforced limit that refused.
+    pub limit_minutes: BTreeMap<String, BTreeMap<u64, u64>>,
+    /// Refusals per minute, per tenant (authenticated callers only: their
+    /// number is bounded by the key table).
+    pub tenant_minutes: HashMap<String, BTreeMap<u64, u64>>,
     /// Lines replayed, and lines skipped (unreadable, no path, no route).
     pub replayed: u64,
     /// Lines that could not be replayed.
@@ -111,6 +245,8 @@ impl Simulation {
             routes: BTreeMap::new(),
             callers: HashMap::new(),
             refusals_per_minute: BTreeMap::new(),
+            limit_minutes: BTreeMap::new(),
+            tenant_minutes: HashMap::new(),
             replayed: 0,
             skipped: 0,
         }
@@ -122,10 +258,21 @@ impl Simulation {
     pub fn replay(&mut self, line: &LogLine, at_ms: u64) {
         self.clock.set(self.clock.now_ms().max(at_ms));
         let now = self.clock.now_ms();
-        let Some(path) = line.path.as_deref() else {
+        let path = match (&line.path, &line.target) {
+            (Some(path), _) => Some(Cow::Borrowed(path.as_str())),
+            // A target the edge refuses (400, 404) never reaches a limit.
+            (None, Some(raw)) => {
+                target::parse(raw.as_bytes(), None, self.policy.server.edge.encoded_slash)
+                    .ok()
+                    .map(|t| t.path)
+            }
+            (None, None) => None,
+        };
+        let Some(path) = path else {
             self.skipped += 1;
             return;
         };
+        let path = path.as_ref();
         let host = line.host.as_deref().map(request_host);
         let Some(route) = self.policy.routes.find(&line.method, host.as_deref(), path) else {
             self.skipped += 1;
@@ -135,7 +282,12 @@ impl Simulation {
         let network = line
             .client
             .as_deref()
-            .and_then(|c| c.parse().ok())
+            .and_then(|c| {
+                c.parse().ok().or_else(|| {
+                    let ip = c.parse().ok()?;
+                    Some(key_network(ip, self.policy.client_ip.ipv6_prefix))
+                })
+            })
             .unwrap_or_else(|| {
                 ipnet::IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED))
             });
@@ -163,7 +315,16 @@ impl Simulation {
                 outcome = Outcome::Refused;
             }
         }
+        let minute = now / 60_000;
         for (c, v) in charges.iter().zip(&verdicts) {
+            if !v.allowed && c.enforce {
+                *self
+                    .limit_minutes
+                    .entry(c.name.to_string())
+                    .or_default()
+                    .entry(minute)
+                    .or_default() += 1;
+            }
             let limit = match (v.allowed, c.enforce) {
                 (true, _) => Outcome::Admitted,
                 (false, true) => Outcome::Refused,
@@ -192,7 +353,15 @@ impl Simulation {
         };
         self.callers.entry(caller).or_default().add(whole, cost);
         if outcome == Outcome::Refused {
-            *self.refusals_per_minute.entry(now / 60_000).or_default() += 1;
+            *self.refusals_per_minute.entry(minute).or_default() += 1;
+            if let Some(c) = &credential {
+                *self
+                    .tenant_minutes
+                    .entry(c.tenant.to_string())
+                    .or_default()
+                    .entry(minute)
+                    .or_default() += 1;
+            }
         }
     }
 
@@ -223,27 +392,19 @@ impl Simulation {
     }
 }
 
-/// Replays every line of `log` (within `[from, to)` when given) against
-/// each simulation, in the log's order.
+/// Replays every line of `log` (within `[from, to)` when given), read by
+/// `reader`, against each simulation, in the log's order.
 pub fn run(
     log: impl BufRead,
+    reader: &LogReader,
     sims: &mut [Simulation],
     from: Option<SystemTime>,
     to: Option<SystemTime>,
 ) -> std::io::Result<()> {
-    let ms = |t: SystemTime| {
-        t.duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    };
-    let (from, to) = (from.map(ms), to.map(ms));
+    let (from, to) = (from.map(epoch_ms), to.map(epoch_ms));
     for (i, line) in log.lines().enumerate() {
         let line = line?;
-        let parsed: Option<(LogLine, u64)> =
-            serde_json::from_str::<LogLine>(&line).ok().and_then(|l| {
-                let at = humantime::parse_rfc3339(&l.time).ok().map(ms)?;
-                Some((l, at))
-            });
-        let Some((line, at)) = parsed else {
+        let Some((line, at)) = reader.parse(&line) else {
             sims.iter_mut().for_each(|s| s.skipped += 1);
             continue;
         };
@@ -334,6 +495,8 @@ pub fn difference(old: &Simulation, new: &Simulation, top: usize) -> String {
     }
     out
 }
+
+pub mod html;
 
 #[cfg(test)]
 mod tests;

@@ -467,3 +467,75 @@ fn the_access_log_has_one_json_line_per_request_as_the_client_saw_it() {
         std::fs::read_to_string(&path).is_ok_and(|t| !t.is_empty())
     }));
 }
+
+#[test]
+fn simulate_replays_the_gateway_s_own_log_to_the_same_refusals() {
+    let upstream = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.jsonl");
+    let policy = POLICY
+        .replace("DIGEST_A1", &digest("key-a1"))
+        .replace("DIGEST_A2", &digest("key-a2"))
+        .replace("DIGEST_B1", &digest("key-b1"))
+        .replace(
+            "threads: 1 }",
+            &format!(
+                "threads: 1, access_log: {{ path: \"{}\" }} }}",
+                log.display()
+            ),
+        );
+    let gw = Gateway::start(&policy, Some(&upstream));
+    // `weighted` holds 10 per credential and barely refills: a1 is refused
+    // 4 times, b1 never; the request without a key is refused by auth.
+    let mut refused = 0;
+    for key in [A1; 14].iter().chain(&[B1; 3]) {
+        refused += usize::from(gw.get("/v1/cheap", &[*key]).status == 429);
+    }
+    assert_eq!(refused, 4);
+    assert_eq!(gw.get("/v1/cheap", &[]).status, 401);
+    let lines = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    assert!(eventually(Duration::from_secs(5), || lines() == 18));
+
+    let report = dir.path().join("report.html");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("simulate")
+        .arg("--config")
+        .arg(&gw.config)
+        .arg("--log")
+        .arg(&log)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("18 requests replayed, 0 lines skipped"),
+        "{text}"
+    );
+    let row = |name: &str| -> Vec<u64> {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row {name}: {text}"));
+        line.split_whitespace()
+            .skip(1)
+            .map(|n| n.parse().unwrap())
+            .collect()
+    };
+    // Admitted, cost, refused, cost, flagged, cost: as the gateway decided.
+    assert_eq!(row("weighted"), [13, 13, 4, 4, 0, 0]);
+    assert_eq!(row("acme")[2], 4);
+    assert_eq!(row("cheap")[2], 5, "four by the limit, one by auth");
+    let page = std::fs::read_to_string(&report).unwrap();
+    assert!(page.contains("<b>weighted</b>: 4 refused"), "{page}");
+}

@@ -61,7 +61,14 @@ fn a_burst_is_refused_exactly_where_the_bucket_runs_out() {
     log += "\nnot json\n";
 
     let mut sims = [Simulation::new(policy())];
-    run(Cursor::new(log), &mut sims, None, None).unwrap();
+    run(
+        Cursor::new(log),
+        &LogReader::default(),
+        &mut sims,
+        None,
+        None,
+    )
+    .unwrap();
     let sim = &sims[0];
     assert_eq!(sim.replayed, 91);
     assert_eq!(sim.skipped, 2);
@@ -101,7 +108,14 @@ fn two_policies_show_who_gains_and_who_loses() {
         crate::config::load(&file).unwrap()
     };
     let mut sims = [Simulation::new(strict), Simulation::new(lenient)];
-    run(Cursor::new(log), &mut sims, None, None).unwrap();
+    run(
+        Cursor::new(log),
+        &LogReader::default(),
+        &mut sims,
+        None,
+        None,
+    )
+    .unwrap();
     assert_eq!(sims[0].callers["acme"].refused.0, 20);
     assert_eq!(sims[1].callers["acme"].refused.0, 5);
     let diff = difference(&sims[0], &sims[1], 5);
@@ -120,6 +134,116 @@ fn a_time_window_limits_the_replay() {
     let mut sims = [Simulation::new(policy())];
     let from = start + Duration::from_secs(120);
     let to = start + Duration::from_secs(300);
-    run(Cursor::new(log), &mut sims, Some(from), Some(to)).unwrap();
+    run(
+        Cursor::new(log),
+        &LogReader::default(),
+        &mut sims,
+        Some(from),
+        Some(to),
+    )
+    .unwrap();
     assert_eq!(sims[0].replayed, 3);
+}
+
+#[test]
+fn the_html_report_stands_alone_and_escapes_names() {
+    let mut log = String::new();
+    for i in 0..30 {
+        log += &line(120_000 + i, Some("c1"), Some("/v1/x"));
+        log.push('\n');
+    }
+    let mut sims = [Simulation::new(policy())];
+    run(
+        Cursor::new(log),
+        &LogReader::default(),
+        &mut sims,
+        None,
+        None,
+    )
+    .unwrap();
+    let page = html::page(&["<old>".to_string()], &sims, 5);
+    assert!(page.starts_with("<!doctype html>"));
+    assert!(page.contains("&lt;old&gt;") && !page.contains("<old>"));
+    assert!(page.contains("<polyline"), "a chart per limit and tenant");
+    assert!(page.contains("<b>per-tenant</b>: 20 refused"), "{page}");
+    assert!(page.contains("<b>acme</b>: 20 refused"), "{page}");
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "nothing fetched"
+    );
+}
+
+/// A `combined` line at `second` after 2025-12-01T00:00:00Z, written with a
+/// +01:00 offset, the credential id in a `cred=` field after a user agent
+/// that names another.
+fn combined(second: u64, client: &str, target: &str, cred: &str) -> String {
+    let (h, m, s) = (1 + second / 3600, second / 60 % 60, second % 60);
+    format!(
+        "{client} - - [01/Dec/2025:{h:02}:{m:02}:{s:02} +0100] \"GET {target} HTTP/1.1\" 200 2 \
+         \"-\" \"probe cred=c9 (X11)\" cred={cred} rt=0.001\n"
+    )
+}
+
+#[test]
+fn a_combined_log_replays_like_the_gateway_s_own() {
+    let mut log = String::new();
+    for s in 0..60 {
+        log += &combined(s, "203.0.113.7", "/v1/x", "c1");
+    }
+    // The burst, its targets written as the edge would normalize them.
+    for i in 0..30 {
+        let target = ["/v1/x", "//v1//x?page=2", "/v1/%78"][i % 3];
+        log += &combined(120, "203.0.113.7", target, "\"c1\"");
+    }
+    // No credential from an IPv6 client; a target the edge refuses; a line
+    // that is not `combined`.
+    log += &combined(200, "2001:db8::1", "/v1/x", "-");
+    log += &combined(201, "203.0.113.7", "/v1/../../etc/passwd", "c1");
+    log += "GET /v1/x\n";
+    let reader = LogReader {
+        format: LogFormat::Combined,
+        key_field: Some("cred".into()),
+    };
+    let mut sims = [Simulation::new(policy())];
+    run(Cursor::new(log), &reader, &mut sims, None, None).unwrap();
+    let sim = &sims[0];
+    assert_eq!((sim.replayed, sim.skipped), (91, 2));
+    assert_eq!(sim.limits["per-tenant"].refused, (20, 20));
+    let minute = (1_764_547_200_000 + 120_000) / 60_000;
+    assert_eq!(sim.peak_minute(), Some((minute, 20)));
+    // Keyed as the policy keys IPv6 clients: by their /64.
+    assert_eq!(sim.callers["2001:db8::/64"].refused, (1, 1));
+}
+
+#[test]
+fn without_a_key_field_the_combined_caller_is_the_remote_user() {
+    let line =
+        "198.51.100.2 - c1 [01/Dec/2025:00:00:00 +0000] \"GET /v1/x HTTP/1.1\" 200 2 \"-\" \"-\"";
+    let (parsed, at) = LogReader {
+        format: LogFormat::Combined,
+        key_field: None,
+    }
+    .parse(line)
+    .unwrap();
+    assert_eq!(at, 1_764_547_200_000);
+    assert_eq!(parsed.credential.as_deref(), Some("c1"));
+    assert_eq!(parsed.target.as_deref(), Some("/v1/x"));
+    assert_eq!(
+        "nginx".parse::<LogFormat>().unwrap_err(),
+        "unknown log format \"nginx\" (tollgate, combined)"
+    );
+}
+
+#[test]
+fn a_json_key_field_names_the_member_holding_the_credential() {
+    let text = line(0, Some("c9"), Some("/v1/x"))
+        .replace("\"bytes_in\"", "\"caller\":\"c1\",\"bytes_in\"");
+    let reader = LogReader {
+        format: LogFormat::Tollgate,
+        key_field: Some("caller".into()),
+    };
+    assert_eq!(
+        reader.parse(&text).unwrap().0.credential.as_deref(),
+        Some("c1")
+    );
 }
