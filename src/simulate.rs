@@ -220,6 +220,8 @@ pub struct Simulation {
     /// Refusals per minute, per tenant (authenticated callers only: their
     /// number is bounded by the key table).
     pub tenant_minutes: HashMap<String, BTreeMap<u64, u64>>,
+    /// The first and last minute replayed (minutes since the epoch).
+    pub span: Option<(u64, u64)>,
     /// Lines replayed, and lines skipped (unreadable, no path, no route).
     pub replayed: u64,
     /// Lines that could not be replayed.
@@ -247,6 +249,7 @@ impl Simulation {
             refusals_per_minute: BTreeMap::new(),
             limit_minutes: BTreeMap::new(),
             tenant_minutes: HashMap::new(),
+            span: None,
             replayed: 0,
             skipped: 0,
         }
@@ -279,6 +282,11 @@ impl Simulation {
             return;
         };
         self.replayed += 1;
+        let minute = now / 60_000;
+        self.span = Some(
+            self.span
+                .map_or((minute, minute), |(first, _)| (first, minute)),
+        );
         let network = line
             .client
             .as_deref()
@@ -315,7 +323,6 @@ impl Simulation {
                 outcome = Outcome::Refused;
             }
         }
-        let minute = now / 60_000;
         for (c, v) in charges.iter().zip(&verdicts) {
             if !v.allowed && c.enforce {
                 *self
@@ -468,6 +475,21 @@ pub fn report(name: &str, sim: &Simulation, top: usize) -> String {
 /// Who gains and who loses from `old` to `new`: callers whose refused
 /// cost changed, most changed first.
 pub fn difference(old: &Simulation, new: &Simulation, top: usize) -> String {
+    let changes = changes(old, new, top);
+    let mut out = String::from("\nrefused cost, second policy against the first\n");
+    if changes.is_empty() {
+        out.push_str("  no caller's refusals change\n");
+    }
+    for (caller, d) in changes {
+        let verdict = if d > 0 { "loses" } else { "gains" };
+        out.push_str(&format!("  {caller:<28} {d:>+12}  ({verdict})\n"));
+    }
+    out
+}
+
+/// The `top` callers whose refused cost changes most from `old` to `new`,
+/// with the change (positive: refused more under `new`).
+pub fn changes<'a>(old: &'a Simulation, new: &'a Simulation, top: usize) -> Vec<(&'a str, i128)> {
     let mut changes: Vec<(&str, i128)> = new
         .callers
         .iter()
@@ -485,15 +507,7 @@ pub fn difference(old: &Simulation, new: &Simulation, top: usize) -> String {
         .collect();
     changes.sort_by(|a, b| b.1.abs().cmp(&a.1.abs()).then(a.0.cmp(b.0)));
     changes.truncate(top);
-    let mut out = String::from("\nrefused cost, second policy against the first\n");
-    if changes.is_empty() {
-        out.push_str("  no caller's refusals change\n");
-    }
-    for (caller, d) in changes {
-        let verdict = if d > 0 { "loses" } else { "gains" };
-        out.push_str(&format!("  {caller:<28} {d:>+12}  ({verdict})\n"));
-    }
-    out
+    changes
 }
 
 pub mod html;

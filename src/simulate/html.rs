@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::{Simulation, Tally};
+use super::{changes, Simulation, Tally};
 
 /// Chart size, in CSS pixels.
 const WIDTH: f64 = 860.0;
@@ -27,16 +27,14 @@ pub fn page(names: &[String], sims: &[Simulation], top: usize) -> String {
          svg{background:#fafafa;border:1px solid #e4e4e4}.axis{font-size:11px;fill:#666}\
          </style></head><body>\n<h1>What the policy would have done</h1>\n",
     );
-    // One time axis for every chart: the span of all refusals.
-    let minutes: Vec<u64> = sims
+    // One time axis for every chart: the span of the log replayed.
+    let span = sims
         .iter()
-        .flat_map(|s| s.refusals_per_minute.keys().copied())
-        .collect();
-    let span = minutes
-        .iter()
-        .min()
-        .copied()
-        .zip(minutes.iter().max().copied());
+        .filter_map(|s| s.span)
+        .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)));
+    if let [old, new] = sims {
+        out += &difference(&names[1], &names[0], &changes(old, new, top));
+    }
     for (name, sim) in names.iter().zip(sims) {
         let _ = writeln!(
             out,
@@ -45,7 +43,7 @@ pub fn page(names: &[String], sims: &[Simulation], top: usize) -> String {
             sim.replayed,
             sim.skipped
         );
-        match span {
+        match span.filter(|_| !sim.refusals_per_minute.is_empty()) {
             Some(span) => {
                 out.push_str("<h3>Refused requests per minute, by limit</h3>\n");
                 for (limit, series) in &sim.limit_minutes {
@@ -131,6 +129,30 @@ fn chart(title: &str, series: &BTreeMap<u64, u64>, span: (u64, u64)) -> String {
         label = HEIGHT - 4.0,
         top = PAD / 2.0 + 4.0,
     )
+}
+
+/// Who gains and who loses from the first policy to the second.
+fn difference(new: &str, old: &str, changes: &[(&str, i128)]) -> String {
+    let mut out = format!(
+        "<h2>Refused cost under {} against {}</h2>\n",
+        escape(new),
+        escape(old)
+    );
+    if changes.is_empty() {
+        out.push_str("<p>No caller's refusals change.</p>\n");
+        return out;
+    }
+    out.push_str("<table><tr><th>caller</th><th class=n>change</th><th></th></tr>\n");
+    for (caller, d) in changes {
+        let verdict = if *d > 0 { "loses" } else { "gains" };
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td class=n>{d:+}</td><td>{verdict}</td></tr>",
+            escape(caller)
+        );
+    }
+    out.push_str("</table>\n");
+    out
 }
 
 fn table<'a>(title: &str, rows: impl Iterator<Item = (&'a str, Tally)>) -> String {

@@ -123,6 +123,12 @@ fn two_policies_show_who_gains_and_who_loses() {
         diff.contains("acme") && diff.contains("-15") && diff.contains("gains"),
         "{diff}"
     );
+    let page = html::page(&["strict".into(), "lenient".into()], &sims, 5);
+    assert!(
+        page.contains("<h2>Refused cost under lenient against strict</h2>")
+            && page.contains("<tr><td>acme</td><td class=n>-15</td><td>gains</td></tr>"),
+        "{page}"
+    );
 }
 
 #[test]
