@@ -2,7 +2,9 @@
 //! knowledge, a unary call (a length-prefixed message in a POST with
 //! `content-type: application/grpc`), an HTTP/2 upstream that answers with
 //! `grpc-status` in trailers. The trailers must come through; the key and
-//! limits apply to the call as to any request.
+//! limits apply to the call as to any request. Then the same with a real
+//! gRPC library on both sides: grpcio's client and server
+//! (`tests/support/grpc_peer.py`).
 
 mod support;
 
@@ -125,4 +127,79 @@ routes:
     assert_eq!(call(gw.addr, "wrong").await.0, 401);
     assert_eq!(call(gw.addr, "key-g1").await.0, 200);
     assert_eq!(call(gw.addr, "key-g1").await.0, 429);
+}
+
+/// Debian's interpreter, which `make test` gives `python3-grpcio`.
+const PYTHON: &str = "/usr/bin/python3";
+const PEER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/grpc_peer.py");
+
+/// A grpcio server; stopped when its stdin closes (on drop).
+struct GrpcServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl GrpcServer {
+    fn start() -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(PYTHON)
+            .args([PEER, "serve"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 with grpcio (make test installs python3-grpcio)");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the server's port");
+        GrpcServer { child, port }
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn grpcio_call(gateway: SocketAddr, key: &str) -> String {
+    let out = std::process::Command::new(PYTHON)
+        .args([PEER, "call", &gateway.to_string(), key, "hello"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn a_grpcio_client_calls_a_grpcio_server_through_the_gateway() {
+    let server = GrpcServer::start();
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, http2: true }}
+auth:
+  keys: [{{ id: g1, tenant: acme, sha256: "{}" }}]
+limits:
+  calls: {{ key: [credential], capacity: 2, refill_per_second: 0.001 }}
+upstreams:
+  grpc: {{ servers: ["127.0.0.1:{}"], protocol: h2 }}
+routes:
+  - {{ name: echo, methods: [POST], path: "/echo.Echo/**", upstream: grpc, limits: [calls] }}
+"#,
+        digest("key-g1"),
+        server.port
+    );
+    let gw = Gateway::start(&policy, None);
+    assert_eq!(
+        grpcio_call(gw.addr, "key-g1"),
+        "OK olleh kept",
+        "{}",
+        gw.log()
+    );
+    // HTTP 401 and 429 reach the client as gRPC's mapping of them.
+    assert!(grpcio_call(gw.addr, "wrong").starts_with("UNAUTHENTICATED"));
+    assert_eq!(grpcio_call(gw.addr, "key-g1"), "OK olleh kept");
+    assert!(grpcio_call(gw.addr, "key-g1").starts_with("UNAVAILABLE"));
 }
