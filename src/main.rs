@@ -349,10 +349,6 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         for addr in &tls.listen {
             let name = addr.to_string();
             let listener = Listener::new(&name, &services.metrics);
-            let mut service = Service::new(
-                format!("tollgate TLS proxy {name}"),
-                Edge::new(proxy.clone(), edge_settings.clone(), listener),
-            );
             let paths = (
                 tls.cert_file.to_string_lossy(),
                 tls.key_file.to_string_lossy(),
@@ -364,7 +360,12 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
             if settings.edge.http2 {
                 tls_settings.enable_h2();
             }
-            service.add_tls_with_settings(&name, None, tls_settings);
+            // The edge does the handshake, after the connection took its
+            // slot and within `header_read_ms`; the listener is plain TCP.
+            let edge = Edge::new(proxy.clone(), edge_settings.clone(), listener)
+                .with_tls(tls_settings.build());
+            let mut service = Service::new(format!("tollgate TLS proxy {name}"), edge);
+            service.add_listener(ListenerConfig::tcp(&name));
             server.add_service(service);
         }
     }

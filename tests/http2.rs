@@ -126,3 +126,38 @@ fn streams_get_the_same_answers_as_http1_requests() {
     ]);
     assert!(status_line(&h1_tls).starts_with("HTTP/1.1 429"), "{h1_tls}");
 }
+
+#[test]
+fn a_client_that_stops_inside_the_preface_is_cut_at_the_header_timeout() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, cert, key) = make_certs(dir.path(), "h2");
+    let text = policy(free_port(), &cert, &key).replace(
+        "http2: true\n",
+        "http2: true\n  timeouts: { header_read_ms: 400 }\n",
+    );
+    let gw = Gateway::start(&text, None);
+    // The preface's first bytes pick HTTP/2; the rest never comes. Without
+    // a deadline, the HTTP/2 handshake would wait for it for ever.
+    let mut stalled = std::net::TcpStream::connect(gw.addr).unwrap();
+    stalled.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
+    stalled
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut out = Vec::new();
+    assert!(
+        stalled.read_to_end(&mut out).is_ok(),
+        "closed by the gateway"
+    );
+    let series = format!(
+        "tollgate_connections_rejected_total{{listener=\"{}\",reason=\"header_timeout\"}}",
+        gw.addr
+    );
+    assert!(gw.metric(&series) >= 1.0);
+    // The whole preface still makes an HTTP/2 connection.
+    let ok = curl(&[
+        "--http2-prior-knowledge",
+        &format!("http://{}/v1/x", gw.addr),
+    ]);
+    assert!(status_line(&ok).starts_with("HTTP/2 401"), "{ok}");
+}

@@ -180,3 +180,45 @@ fn upstreams_are_reached_over_verified_tls() {
     let unverified = through(port, "{ verify: false }", "");
     assert_eq!(unverified.get("/x", &[]).status, 200);
 }
+
+#[test]
+fn clients_silent_before_the_handshake_hold_a_slot_until_the_header_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = make_certs(dir.path(), "first");
+    let upstream = Upstream::start();
+    let port = free_port();
+    let text = policy(port, &cert, &key).replace(
+        "threads: 1\n",
+        "threads: 1\n  limits: { max_connections: 2 }\n  timeouts: { header_read_ms: 400 }\n",
+    );
+    let gw = Gateway::start(&text, Some(&upstream));
+    let listener = format!("listener=\"127.0.0.1:{port}\"");
+
+    // Two connections that never send a ClientHello take both slots...
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    assert!(eventually(Duration::from_secs(5), || {
+        gw.metric(&format!("tollgate_connections{{{listener}}}")) == 2.0
+    }));
+    // ...so a third is refused before its handshake.
+    assert!(https_get(port, &ca, "/x").is_err());
+    let rejected = |reason: &str| {
+        gw.metric(&format!(
+            "tollgate_connections_rejected_total{{{listener},reason=\"{reason}\"}}"
+        ))
+    };
+    assert!(rejected("max_connections") >= 1.0);
+
+    // The handshake is bounded by header_read_ms: both are closed (long
+    // before the client's own 10 s read timeout) and counted.
+    for mut s in silent {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = Vec::new();
+        assert!(s.read_to_end(&mut out).is_ok(), "closed by the gateway");
+    }
+    assert!(eventually(Duration::from_secs(5), || rejected(
+        "header_timeout"
+    ) >= 2.0));
+    assert!(https_get(port, &ca, "/x").is_ok_and(|(reply, _)| reply.starts_with("HTTP/1.1 200")));
+}

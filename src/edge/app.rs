@@ -14,12 +14,19 @@
 //! the connection still counts against `max_connections`, its header list
 //! is bounded by `max_header_bytes`, and it closes after
 //! `keepalive_idle_ms` without streams.
+//!
+//! On TLS listeners the handshake happens here too, after the connection
+//! took its slot: a client that opens connections and never finishes a
+//! handshake is bounded by `max_connections` and by `header_read_ms`
+//! like one that never finishes a request head.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::listeners::tls::Acceptor;
 use pingora::protocols::http::ServerSession;
+use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 
@@ -39,6 +46,8 @@ pub struct Edge<A> {
     /// Whether HTTP/2 is served: fixed at start, like the listeners' ALPN
     /// and the proxy's HTTP/2 options it goes with.
     http2: bool,
+    /// The TLS acceptor of a TLS listener (`server.tls`).
+    tls: Option<Arc<Acceptor>>,
 }
 
 impl<A> Edge<A> {
@@ -51,7 +60,15 @@ impl<A> Edge<A> {
             settings,
             listener,
             http2,
+            tls: None,
         }
+    }
+
+    /// Terminates TLS on this listener's connections with `acceptor`.
+    #[must_use]
+    pub fn with_tls(mut self, acceptor: Acceptor) -> Self {
+        self.tls = Some(Arc::new(acceptor));
+        self
     }
 
     fn settings(&self) -> EdgeSettings {
@@ -71,7 +88,10 @@ where
     ) -> Option<Stream> {
         let settings = self.settings();
         let _slot = self.listener.admit(settings.max_connections)?;
-        let mut stream = stream;
+        let mut stream = match &self.tls {
+            Some(acceptor) => self.handshake(acceptor, stream, &settings).await?,
+            None => stream,
+        };
         if self.http2 && self.speaks_h2(&mut stream, &settings).await? {
             // Pingora's HTTP/2 server, each stream a request of the proxy.
             return ServerApp::process_new(&self.proxy, stream, shutdown).await;
@@ -107,8 +127,33 @@ where
 /// The first bytes of the HTTP/2 preface: no HTTP/1.1 request starts so
 /// (`PRI` is the preface's method), and even the shortest one has them.
 const H2_PREFACE_START: &[u8] = b"PRI";
+/// The whole client preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 impl<A> Edge<A> {
+    /// The TLS handshake, within `header_read_ms` (counted as a header
+    /// timeout when it takes longer); `None` when it failed or timed out.
+    async fn handshake(
+        &self,
+        acceptor: &Acceptor,
+        stream: Stream,
+        settings: &EdgeSettings,
+    ) -> Option<Stream> {
+        // A plain listener's connections are L4 streams.
+        let l4 = *stream.into_any().downcast::<L4Stream>().ok()?;
+        match tokio::time::timeout(settings.header_read, acceptor.tls_handshake(l4)).await {
+            Ok(Ok(tls)) => Some(Box::new(tls)),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                self.listener.rejected(Reason::HeaderTimeout);
+                None
+            }
+        }
+    }
+
     /// Whether the connection speaks HTTP/2: h2 chosen by ALPN, or the
     /// start of the preface on a plain connection (its first three bytes,
     /// peeked within `header_read_ms`; `None` when they did not come in
@@ -117,10 +162,21 @@ impl<A> Edge<A> {
         if stream.get_ssl_digest().is_some() {
             return Some(stream.selected_alpn_proto() == Some(ALPN::H2));
         }
-        let mut buf = [0u8; H2_PREFACE_START.len()];
-        match tokio::time::timeout(settings.header_read, stream.try_peek(&mut buf)).await {
-            Ok(Ok(true)) => Some(buf == *H2_PREFACE_START),
-            // Peeking is not offered: HTTP/1.1.
+        // One deadline for the start and the rest of the preface: the
+        // HTTP/2 handshake that follows has none of its own.
+        let peek = async {
+            let mut start = [0u8; H2_PREFACE_START.len()];
+            if !stream.try_peek(&mut start).await? || start != *H2_PREFACE_START {
+                // Peeking not offered, or not the preface: HTTP/1.1.
+                return Ok(false);
+            }
+            let mut preface = [0u8; H2_PREFACE.len()];
+            stream.try_peek(&mut preface).await?;
+            Ok::<_, std::io::Error>(preface == *H2_PREFACE)
+        };
+        match tokio::time::timeout(settings.header_read, peek).await {
+            Ok(Ok(true)) => Some(true),
+            // HTTP/1.1; a `PRI` that is not the preface gets its parser's 400.
             Ok(Ok(false)) => Some(false),
             Ok(Err(_)) => None,
             Err(_) => {
