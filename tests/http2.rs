@@ -161,3 +161,44 @@ fn a_client_that_stops_inside_the_preface_is_cut_at_the_header_timeout() {
     ]);
     assert!(status_line(&ok).starts_with("HTTP/2 401"), "{ok}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_stops_reading_is_reset_at_the_send_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, cert, key) = make_certs(dir.path(), "h2");
+    let upstream = Upstream::start();
+    let text = policy(free_port(), &cert, &key).replace(
+        "http2: true\n",
+        "http2: true\n  timeouts: { send_ms: 500 }\n",
+    );
+    let upstream_ref = &upstream;
+    let gw = tokio::task::block_in_place(|| Gateway::start(&text, Some(upstream_ref)));
+    let tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::get(format!("http://{}/v1/big", gw.addr))
+        .header("authorization", "Bearer key-c1")
+        .body(())
+        .unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    // Take what the flow-control window allows and never give it back:
+    // the gateway cannot write the rest of the 64 MiB.
+    let mut body = response.into_body();
+    let mut received = 0;
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            match body.data().await {
+                Some(Ok(chunk)) => received += chunk.len(),
+                Some(Err(e)) => return Err(e),
+                None => return Ok(()),
+            }
+        }
+    })
+    .await
+    .expect("the gateway gives up on the stream instead of waiting for ever");
+    assert!(ended.is_err(), "reset, not completed: {ended:?}");
+    assert!(received < 64 << 20, "{received} bytes");
+}
