@@ -45,12 +45,28 @@ const A1: (&str, &str) = ("authorization", "Bearer key-a1");
 const A2: (&str, &str) = ("authorization", "Bearer key-a2");
 const B1: (&str, &str) = ("authorization", "Bearer key-b1");
 
-fn start() -> (Gateway, Upstream) {
-    let upstream = Upstream::start();
-    let policy = POLICY
+fn policy() -> String {
+    POLICY
         .replace("DIGEST_A1", &digest("key-a1"))
         .replace("DIGEST_A2", &digest("key-a2"))
-        .replace("DIGEST_B1", &digest("key-b1"));
+        .replace("DIGEST_B1", &digest("key-b1"))
+}
+
+fn start() -> (Gateway, Upstream) {
+    let upstream = Upstream::start();
+    (Gateway::start(&policy(), Some(&upstream)), upstream)
+}
+
+/// As [`start`], with the access log written to `path`.
+fn start_logging_to(path: &std::path::Path) -> (Gateway, Upstream) {
+    let upstream = Upstream::start();
+    let policy = policy().replace(
+        "threads: 1 }",
+        &format!(
+            "threads: 1, access_log: {{ path: \"{}\" }} }}",
+            path.display()
+        ),
+    );
     (Gateway::start(&policy, Some(&upstream)), upstream)
 }
 
@@ -368,21 +384,9 @@ fn build_and_process_series_are_exported() {
 
 #[test]
 fn the_access_log_has_one_json_line_per_request_as_the_client_saw_it() {
-    let upstream = Upstream::start();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("access.jsonl");
-    let policy = POLICY
-        .replace("DIGEST_A1", &digest("key-a1"))
-        .replace("DIGEST_A2", &digest("key-a2"))
-        .replace("DIGEST_B1", &digest("key-b1"))
-        .replace(
-            "threads: 1 }",
-            &format!(
-                "threads: 1, access_log: {{ path: \"{}\" }} }}",
-                path.display()
-            ),
-        );
-    let gw = Gateway::start(&policy, Some(&upstream));
+    let (gw, upstream) = start_logging_to(&path);
     let statuses = [
         gw.get("/v1/%6Frders/1?x=1", &[A1]).status,
         gw.get("/v1/orders/2", &[]).status,
@@ -470,21 +474,9 @@ fn the_access_log_has_one_json_line_per_request_as_the_client_saw_it() {
 
 #[test]
 fn simulate_replays_the_gateway_s_own_log_to_the_same_refusals() {
-    let upstream = Upstream::start();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.jsonl");
-    let policy = POLICY
-        .replace("DIGEST_A1", &digest("key-a1"))
-        .replace("DIGEST_A2", &digest("key-a2"))
-        .replace("DIGEST_B1", &digest("key-b1"))
-        .replace(
-            "threads: 1 }",
-            &format!(
-                "threads: 1, access_log: {{ path: \"{}\" }} }}",
-                log.display()
-            ),
-        );
-    let gw = Gateway::start(&policy, Some(&upstream));
+    let (gw, _upstream) = start_logging_to(&log);
     // `weighted` holds 10 per credential and barely refills: a1 is refused
     // 4 times, b1 never; the request without a key is refused by auth.
     let mut refused = 0;

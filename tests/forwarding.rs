@@ -27,6 +27,32 @@ routes:
 
 const OPEN: &str = "  - { name: open, path: \"/**\", auth: none, upstream: api }";
 
+/// An upstream written by hand: on each connection (a thread each), the
+/// request head is read, then `answer` gets the connection and the reader
+/// holding whatever came after the head.
+fn raw_upstream<F>(answer: F) -> SocketAddr
+where
+    F: Fn(TcpStream, BufReader<TcpStream>) + Send + Sync + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answer = std::sync::Arc::new(answer);
+    thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let answer = answer.clone();
+            thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                    line.clear();
+                }
+                answer(conn, reader);
+            });
+        }
+    });
+    addr
+}
+
 /// An address nothing listens on: connecting is refused at once.
 fn refused() -> String {
     format!("\"127.0.0.1:{}\"", free_port())
@@ -101,22 +127,10 @@ fn a_dropped_syn_is_latency_not_a_502() {
 fn an_upstream_that_closes_idle_connections_causes_no_502() {
     // Every connection answers one request, then the server closes it
     // without saying so: the gateway's next request on it finds it closed.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut line = String::new();
-                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
-                    line.clear();
-                }
-                let mut conn = conn;
-                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
-                thread::sleep(Duration::from_millis(50));
-                let _ = conn.shutdown(std::net::Shutdown::Both);
-            });
-        }
+    let addr = raw_upstream(|mut conn, _| {
+        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+        thread::sleep(Duration::from_millis(50));
+        let _ = conn.shutdown(std::net::Shutdown::Both);
     });
     let gw = Gateway::start(&policy(&format!("\"{addr}\""), "", OPEN), None);
     for i in 0..12 {
@@ -197,35 +211,22 @@ fn the_upstream_host_header_is_as_configured() {
 
 /// An upstream that accepts a WebSocket upgrade and then echoes bytes.
 fn websocket_upstream() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut line = String::new();
-                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
-                    line.clear();
-                }
-                let mut conn = conn;
-                let _ = conn.write_all(
-                    b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
-                );
-                let mut buf = [0u8; 64];
-                loop {
-                    match reader.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => {
-                            if conn.write_all(&buf[..n]).is_err() {
-                                return;
-                            }
-                        }
+    raw_upstream(|mut conn, mut reader| {
+        let _ = conn.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+        );
+        let mut buf = [0u8; 64];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if conn.write_all(&buf[..n]).is_err() {
+                        return;
                     }
                 }
-            });
+            }
         }
-    });
-    addr
+    })
 }
 
 #[test]
@@ -266,23 +267,10 @@ fn an_upgraded_connection_holds_its_pool_permit_until_it_closes() {
 #[test]
 fn an_error_after_the_response_started_is_not_written_into_it() {
     // Headers and the first chunk, then nothing past the route's deadline.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut line = String::new();
-                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
-                    line.clear();
-                }
-                let mut conn = conn;
-                let _ = conn.write_all(
-                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",
-                );
-                thread::sleep(Duration::from_secs(3));
-            });
-        }
+    let addr = raw_upstream(|mut conn, _| {
+        let _ =
+            conn.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n");
+        thread::sleep(Duration::from_secs(3));
     });
     let routes = "  - { name: api, path: \"/**\", auth: none, upstream: api, timeout_ms: 300 }";
     let gw = Gateway::start(&policy(&format!("\"{addr}\""), "", routes), None);

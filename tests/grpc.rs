@@ -95,10 +95,10 @@ async fn call(gateway: SocketAddr, key: &str) -> (u16, Vec<u8>, Option<http::Hea
     (status, message, trailers)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_unary_grpc_call_passes_with_its_trailers() {
-    let upstream = start_upstream().await;
-    let policy = format!(
+/// A policy serving h2c whose one route calls `upstream` over HTTP/2,
+/// for key `key-g1` with a limit of two calls.
+fn policy(upstream: SocketAddr) -> String {
+    format!(
         r#"
 version: 1
 server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, http2: true }}
@@ -112,7 +112,13 @@ routes:
   - {{ name: echo, methods: [POST], path: "/echo.Echo/**", upstream: grpc, limits: [calls] }}
 "#,
         digest("key-g1")
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_grpc_call_passes_with_its_trailers() {
+    let upstream = start_upstream().await;
+    let policy = policy(upstream);
     let gw = tokio::task::spawn_blocking(move || Gateway::start(&policy, None))
         .await
         .unwrap();
@@ -175,22 +181,7 @@ fn grpcio_call(gateway: SocketAddr, key: &str) -> String {
 #[test]
 fn a_grpcio_client_calls_a_grpcio_server_through_the_gateway() {
     let server = GrpcServer::start();
-    let policy = format!(
-        r#"
-version: 1
-server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, http2: true }}
-auth:
-  keys: [{{ id: g1, tenant: acme, sha256: "{}" }}]
-limits:
-  calls: {{ key: [credential], capacity: 2, refill_per_second: 0.001 }}
-upstreams:
-  grpc: {{ servers: ["127.0.0.1:{}"], protocol: h2 }}
-routes:
-  - {{ name: echo, methods: [POST], path: "/echo.Echo/**", upstream: grpc, limits: [calls] }}
-"#,
-        digest("key-g1"),
-        server.port
-    );
+    let policy = policy(SocketAddr::from(([127, 0, 0, 1], server.port)));
     let gw = Gateway::start(&policy, None);
     assert_eq!(
         grpcio_call(gw.addr, "key-g1"),

@@ -19,11 +19,24 @@ routes:
 "#;
 
 fn policy() -> Policy {
+    policy_with_capacity(10)
+}
+
+/// [`POLICY`] with `per-tenant` holding `capacity`.
+fn policy_with_capacity(capacity: u32) -> Policy {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");
     let digest = hex::encode(crate::auth::digest(b"key-c1"));
-    std::fs::write(&file, POLICY.replace("DIGEST", &digest)).unwrap();
+    let text = POLICY
+        .replace("DIGEST", &digest)
+        .replace("capacity: 10", &format!("capacity: {capacity}"));
+    std::fs::write(&file, text).unwrap();
     crate::config::load(&file).unwrap()
+}
+
+/// Replays `log`, this gateway's JSON lines, against each of `sims`.
+fn replay(log: String, sims: &mut [Simulation]) {
+    run(Cursor::new(log), &LogReader::default(), sims, None, None).unwrap();
 }
 
 /// A line of the gateway's access log at `ms` after 2025-12-01T00:00:00Z.
@@ -61,14 +74,7 @@ fn a_burst_is_refused_exactly_where_the_bucket_runs_out() {
     log += "\nnot json\n";
 
     let mut sims = [Simulation::new(policy())];
-    run(
-        Cursor::new(log),
-        &LogReader::default(),
-        &mut sims,
-        None,
-        None,
-    )
-    .unwrap();
+    replay(log, &mut sims);
     let sim = &sims[0];
     assert_eq!(sim.replayed, 91);
     assert_eq!(sim.skipped, 2);
@@ -97,25 +103,9 @@ fn two_policies_show_who_gains_and_who_loses() {
         log.push('\n');
     }
     let strict = policy();
-    let lenient = {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("policy.yaml");
-        let digest = hex::encode(crate::auth::digest(b"key-c1"));
-        let text = POLICY
-            .replace("DIGEST", &digest)
-            .replace("capacity: 10", "capacity: 25");
-        std::fs::write(&file, text).unwrap();
-        crate::config::load(&file).unwrap()
-    };
+    let lenient = policy_with_capacity(25);
     let mut sims = [Simulation::new(strict), Simulation::new(lenient)];
-    run(
-        Cursor::new(log),
-        &LogReader::default(),
-        &mut sims,
-        None,
-        None,
-    )
-    .unwrap();
+    replay(log, &mut sims);
     assert_eq!(sims[0].callers["acme"].refused.0, 20);
     assert_eq!(sims[1].callers["acme"].refused.0, 5);
     let diff = difference(&sims[0], &sims[1], 5);
@@ -159,14 +149,7 @@ fn the_html_report_stands_alone_and_escapes_names() {
         log.push('\n');
     }
     let mut sims = [Simulation::new(policy())];
-    run(
-        Cursor::new(log),
-        &LogReader::default(),
-        &mut sims,
-        None,
-        None,
-    )
-    .unwrap();
+    replay(log, &mut sims);
     let page = html::page(&["<old>".to_string()], &sims, 5);
     assert!(page.starts_with("<!doctype html>"));
     assert!(page.contains("&lt;old&gt;") && !page.contains("<old>"));

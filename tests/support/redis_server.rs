@@ -35,67 +35,8 @@ impl RedisServer {
     /// directory). The plain port stays for the test's own commands.
     pub fn start_tls() -> (Self, std::path::PathBuf) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-        let openssl = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .output()
-                .expect("openssl must be installed (make test installs it)");
-            assert!(out.status.success(), "openssl {args:?}: {out:?}");
-        };
-        let (ca_key, ca, key, csr, cert, ext) = (
-            path("ca.key"),
-            path("ca.pem"),
-            path("server.key"),
-            path("server.csr"),
-            path("server.pem"),
-            path("ext.cnf"),
-        );
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &ca_key,
-            "-out",
-            &ca,
-            "-days",
-            "2",
-            "-subj",
-            "/CN=tollgate test CA",
-        ]);
-        openssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            "/CN=127.0.0.1",
-        ]);
-        std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\n").expect("write ext.cnf");
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &ca,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-out",
-            &cert,
-            "-days",
-            "2",
-            "-extfile",
-            &ext,
-        ]);
+        let (ca, cert, key) = super::make_certs(dir.path(), "redis");
+        let text = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
         let tls_port = super::free_port();
         let mut server = Self::start_in(
             dir,
@@ -103,17 +44,17 @@ impl RedisServer {
                 "--tls-port".into(),
                 tls_port.to_string(),
                 "--tls-cert-file".into(),
-                cert,
+                text(cert),
                 "--tls-key-file".into(),
-                key,
+                text(key),
                 "--tls-ca-cert-file".into(),
-                ca.clone(),
+                text(ca.clone()),
                 "--tls-auth-clients".into(),
                 "no".into(),
             ],
         );
         server.tls_port = Some(tls_port);
-        (server, ca.into())
+        (server, ca)
     }
 
     /// The TLS url (`rediss://`).
