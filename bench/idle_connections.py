@@ -31,6 +31,10 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARY = os.path.join(ROOT, "target", "release", "tollgate")
@@ -51,12 +55,6 @@ routes:
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Quiet(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -71,11 +69,7 @@ class Quiet(http.server.BaseHTTPRequestHandler):
 
 
 def rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return run.rss_kib(pid) / 1024
 
 
 def settle(pid, seconds=2.0):
@@ -91,17 +85,6 @@ def settle(pid, seconds=2.0):
     return last
 
 
-def wait_listening(port, limit=20):
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"nothing listens on {port}")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--idle", type=int, default=2000)
@@ -114,7 +97,7 @@ def main():
     upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     upstream.request_queue_size = 128
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    port, admin = free_port(), free_port()
+    port, admin = run.free_port(), run.free_port()
     with tempfile.TemporaryDirectory() as tmp:
         policy = os.path.join(tmp, "policy.yaml")
         with open(policy, "w") as f:
@@ -125,7 +108,7 @@ def main():
             stderr=subprocess.DEVNULL,
         )
         try:
-            wait_listening(port)
+            run.wait_port(port)
             base = settle(gw.pid)
             out = []
 

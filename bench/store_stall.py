@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARY = os.path.join(ROOT, "target", "release", "tollgate")
@@ -55,23 +58,6 @@ routes:
   - {{ name: closed, path: /closed, respond: {{ status: 200 }}, limits: [closed-limit] }}
   - {{ name: local, path: /local, respond: {{ status: 200 }}, limits: [local-limit] }}
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(port, limit=20):
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"nothing listens on {port}")
 
 
 def timed_get(port, path):
@@ -102,14 +88,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=50, help="per route and phase")
     args = ap.parse_args()
-    port, admin, redis_port = free_port(), free_port(), free_port()
+    port, admin, redis_port = run.free_port(), run.free_port(), run.free_port()
     with tempfile.TemporaryDirectory() as tmp:
         redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
                                   "--save", "", "--appendonly", "no", "--dir", tmp],
                                  stdout=subprocess.DEVNULL)
         gw = None
         try:
-            wait_listening(redis_port)
+            run.wait_port(redis_port)
             policy = os.path.join(tmp, "policy.yaml")
             with open(policy, "w") as f:
                 f.write(POLICY.format(port=port, admin=admin, redis=redis_port, timeout=TIMEOUT_MS,
@@ -117,7 +103,7 @@ def main():
             gw = subprocess.Popen([BINARY, "run", "--config", policy],
                                   env={**os.environ, "TOLLGATE_KEY_SECRET": "stall-secret", "RUST_LOG": "error"},
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            wait_listening(port)
+            run.wait_port(port)
             print(f"store.timeout_ms {TIMEOUT_MS}; {args.requests} requests per route and phase, one at a time\n")
             print("| Redis | route | statuses | median ms | slowest ms |")
             print("|---|---|---|---:|---:|")
