@@ -87,7 +87,7 @@ routes:
         f"Measured {when} with `{command}` (release build; load average {os.getloadavg()[0]:.2f}): "
         f"{args.lines} lines of one tenant at 20 requests a second from 65 536 client "
         "addresses, against a per-address pre-auth limit and a per-tenant limit, in each log format "
-        "(with `--key-field`, JSON lines are read a second time for the named member).", "",
+        "(with `--key-field`, JSON lines are read as a tree to find the named member).", "",
         "| format | lines | size | wall time | lines per minute | max RSS |",
         "|---|---:|---:|---:|---:|---:|",
     ] + rows) + "\n"

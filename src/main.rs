@@ -192,16 +192,16 @@ fn simulate(args: &SimulateArgs) -> anyhow::Result<String> {
         key_field: args.key_field.clone(),
     };
     run(input, &reader, &mut sims, from, to).context("reading the log")?;
+    let names: Vec<String> = configs.iter().map(|c| c.display().to_string()).collect();
     let mut out = String::new();
-    for (c, sim) in configs.iter().zip(&sims) {
-        out += &report(&c.display().to_string(), sim, *top);
+    for (name, sim) in names.iter().zip(&sims) {
+        out += &report(name, sim, *top);
         out.push('\n');
     }
     if let [old, new] = &sims[..] {
         out += &difference(old, new, *top);
     }
     if let Some(path) = &args.report {
-        let names: Vec<String> = configs.iter().map(|c| c.display().to_string()).collect();
         std::fs::write(path, html::page(&names, &sims, *top))
             .with_context(|| format!("--report {}", path.display()))?;
         out += &format!("\nreport written to {}\n", path.display());

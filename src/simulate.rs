@@ -97,12 +97,16 @@ impl LogReader {
     }
 
     fn json(&self, line: &str) -> Option<(LogLine, u64)> {
-        let mut parsed: LogLine = serde_json::from_str(line).ok()?;
-        if let Some(field) = &self.key_field {
-            // Only when asked: a second, untyped pass for the named member.
-            let value: serde_json::Value = serde_json::from_str(line).ok()?;
-            parsed.credential = value.get(field).and_then(|v| v.as_str()).map(str::to_owned);
-        }
+        let parsed = match &self.key_field {
+            None => serde_json::from_str(line).ok()?,
+            // Only when asked: the line as a tree, for the named member.
+            Some(field) => {
+                let value: serde_json::Value = serde_json::from_str(line).ok()?;
+                let mut parsed = LogLine::deserialize(&value).ok()?;
+                parsed.credential = value.get(field).and_then(|v| v.as_str()).map(str::to_owned);
+                parsed
+            }
+        };
         let at = humantime::parse_rfc3339(&parsed.time).ok()?;
         Some((parsed, epoch_ms(at)))
     }
