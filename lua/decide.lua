@@ -30,14 +30,17 @@
 --                                           (a = limit, b = window in ms)
 --          a, b     i8  as above
 --          cost     i8  whole units
---          flags    B   group * 2 + 1 for enforce, group * 2 for shadow
+--          flags    B   bit 0: enforced (else shadow); bit 1: the group;
+--                       bit 2: a take follows
+--          take     i8  only with flag bit 2: units to take beyond the cost,
+--                       as many as fit, when the charge is spent (a lease)
 --
 -- Reply: one string of little-endian 64-bit integers (struct.pack '<i8'),
 -- which the gateway reads without a general RESP parser: for each request,
--- for each of its limits, four integers: allowed (1 or 0), remaining
+-- for each of its limits, five integers: allowed (1 or 0), remaining
 -- (whole units), wait in ms until the cost fits (0 when allowed, -1 when it
--- never can), ms until the key is back to its initial state; then the time
--- used.
+-- never can), ms until the key is back to its initial state, units taken
+-- beyond the cost; then the time used.
 --
 -- A refund gives each charge's cost back to its state as the in-process
 -- store does (never beyond the initial state; a window that has rolled
@@ -278,6 +281,15 @@ local function spend(s, b, cost)
   end
 end
 
+-- Spends up to `want` more units, as many as fit now; returns how many.
+local function take(s, a, b, want)
+  if want <= 0 or s.kind == SLIDING_LOG then return 0 end
+  local _, rem = check(s, a, b, 0)
+  local granted = min(want, rem)
+  if granted > 0 then spend(s, b, granted) end
+  return granted
+end
+
 -- Gives back a log entry admitted at `spent_at` for `cost`, the newest
 -- such; the running totals after it come down by its cost.
 local function refund_log(s, cost, spent_at)
@@ -363,7 +375,7 @@ local function decide(call_keys, args)
   local reply = {}
   local requests, pos = args[3], 1
   -- Per limit of the current request, flat: state, a, b, cost, group, ok,
-  -- remaining, wait (no table per limit).
+  -- remaining, wait, take (no table per limit).
   local L = {}
   for _ = 1, tonumber(args[2]) do
     local blocked, n, refunding
@@ -373,22 +385,34 @@ local function decide(call_keys, args)
     for j = 0, n - 1 do
       local k, kind, a, b, cost, flags
       k, kind, a, b, cost, flags, pos = unpack_('<I4Bi8i8i8B', requests, pos)
+      local want = 0
+      if flags >= 4 then
+        want, pos = unpack_('<i8', requests, pos)
+        flags = flags - 4
+      end
       local s = state(k, kind, a, b)
       if refunding > 0 then refund(s, a, b, cost, refunding) end
       local ok, rem, wait = check(s, a, b, cost)
       local group = floor(flags / 2)
       if flags % 2 == 1 and not ok and group < gate then gate = group end
-      local o = j * 8
+      local o = j * 9
       L[o + 1], L[o + 2], L[o + 3], L[o + 4] = s, a, b, cost
-      L[o + 5], L[o + 6], L[o + 7], L[o + 8] = group, ok, rem, wait
+      L[o + 5], L[o + 6], L[o + 7], L[o + 8], L[o + 9] = group, ok, rem, wait, want
     end
     for j = 0, n - 1 do
-      local o = j * 8
+      local o = j * 9
       local s, a, b, cost, ok, rem = L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 6], L[o + 7]
       local spent = ok and L[o + 5] < gate
-      if spent then spend(s, b, cost) elseif ok and refunding == 0 then rem = rem + cost end
+      local granted = 0
+      if spent then
+        spend(s, b, cost)
+        granted = take(s, a, b, L[o + 9])
+        rem = rem - granted
+      elseif ok and refunding == 0 then
+        rem = rem + cost
+      end
       s.a, s.b = a, b
-      reply[#reply + 1] = pack('<i8i8i8i8', ok and 1 or 0, rem, L[o + 8], reset(s, a, b))
+      reply[#reply + 1] = pack('<i8i8i8i8i8', ok and 1 or 0, rem, L[o + 8], reset(s, a, b), granted)
     end
   end
 

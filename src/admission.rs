@@ -290,6 +290,8 @@ fn build_charges(
                 group,
                 local: l.local,
                 on_store_error: l.on_store_error,
+                lease: l.lease,
+                take: 0,
             }
         })
         .collect()

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::future::BoxFuture;
 use pingora::apps::ServerApp;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -62,8 +63,9 @@ impl Drop for InFlight {
 pub struct Drainer {
     drain: Arc<Drain>,
     grace: Duration,
-    /// Run last, before the process exits (the access log's flush).
-    before_exit: Box<dyn Fn() + Send + Sync>,
+    /// Run last, before the process exits (leases given back, the access
+    /// log flushed).
+    before_exit: Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>,
 }
 
 impl Drainer {
@@ -72,7 +74,7 @@ impl Drainer {
     pub fn new(
         drain: Arc<Drain>,
         grace: Duration,
-        before_exit: impl Fn() + Send + Sync + 'static,
+        before_exit: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
     ) -> Self {
         Self {
             drain,
@@ -102,7 +104,7 @@ impl BackgroundService for Drainer {
             waited_ms = started.elapsed().as_millis() as u64,
             "drained, exiting"
         );
-        (self.before_exit)();
+        (self.before_exit)().await;
         std::process::exit(0);
     }
 }

@@ -38,7 +38,7 @@ use tollgate::metrics::Metrics;
 use tollgate::pools::Pools;
 use tollgate::proxy::Gateway;
 use tollgate::reload::{HangupListener, Reloader};
-use tollgate::runtime::{Runtime, Services};
+use tollgate::runtime::{LeaseKeeper, Runtime, Services};
 use tollgate::tls::Certificate;
 use tollgate::top::{Redactor, Top};
 
@@ -384,11 +384,19 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         server.add_service(background_service("tollgate admin", listener));
     }
     server.add_service(background_service(
+        "lease keeper",
+        LeaseKeeper::new(services.limiter.clone()),
+    ));
+    server.add_service(background_service(
         "drain on SIGTERM",
         Drainer::new(drain, settings.shutdown_grace, move || {
-            if let Some(log) = &services.access_log {
-                log.flush(std::time::Duration::from_secs(1));
-            }
+            let services = services.clone();
+            Box::pin(async move {
+                services.limiter.return_leases().await;
+                if let Some(log) = &services.access_log {
+                    log.flush(std::time::Duration::from_secs(1));
+                }
+            })
         }),
     ));
     server.run_forever()

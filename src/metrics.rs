@@ -50,6 +50,12 @@ pub struct Metrics {
     /// `tollgate_access_log_dropped_total`: access log lines dropped because
     /// the writer was behind.
     pub access_log_dropped: IntCounter,
+    /// `tollgate_lease_units{limit}`: units this instance holds under
+    /// `sync: lease`.
+    pub lease_units: IntGaugeVec,
+    /// `tollgate_lease_calls_total{limit,kind}`: lease store calls (`take`
+    /// by a request, `renew` in the background, `return`).
+    pub lease_calls: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -128,6 +134,18 @@ impl Metrics {
             .expect("registered once");
         Self {
             access_log_dropped,
+            lease_units: gauge(
+                &r,
+                "tollgate_lease_units",
+                "Units this instance holds under sync: lease.",
+                &["limit"],
+            ),
+            lease_calls: counter(
+                &r,
+                "tollgate_lease_calls_total",
+                "Lease store calls by limit and kind (take, renew, return).",
+                &["limit", "kind"],
+            ),
             requests: counter(
                 &r,
                 "tollgate_requests_total",

@@ -86,6 +86,8 @@ impl Reloader {
         let version = policy.policy_version.clone();
         self.live
             .store(Arc::new(Runtime::new(policy, self.services.clone())));
+        // Leases were taken under the old numbers.
+        self.services.limiter.release_leases();
         metrics.config_reloads.with_label_values(&["ok"]).inc();
         metrics.config_info.reset();
         metrics

@@ -3,6 +3,11 @@
 //! [`Runtime`] that requests use from start to finish.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
 
 use crate::config::Policy;
 use crate::limits::limiter::Limiter;
@@ -71,5 +76,36 @@ impl Runtime {
     /// The process-wide metrics.
     pub fn all_metrics(&self) -> &Metrics {
         &self.services.metrics
+    }
+}
+
+/// Renews leases that ran low and gives back what is due, off the request
+/// path: as soon as there is work, and on a short tick for expiries.
+pub struct LeaseKeeper {
+    limiter: Arc<Limiter>,
+}
+
+/// How often expired leases are looked for.
+const LEASE_TICK: Duration = Duration::from_millis(50);
+
+impl LeaseKeeper {
+    /// Keeps the leases of `limiter`.
+    pub fn new(limiter: Arc<Limiter>) -> Self {
+        Self { limiter }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for LeaseKeeper {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            tokio::select! {
+                () = self.limiter.lease_work() => {}
+                () = tokio::time::sleep(LEASE_TICK) => {}
+                // The drain gives every lease back once requests finished.
+                _ = shutdown.changed() => return,
+            }
+            self.limiter.keep_leases().await;
+        }
     }
 }

@@ -42,6 +42,8 @@ pub fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
         group: Group::Request,
         local: false,
         on_store_error: OnStoreError::Closed,
+        lease: None,
+        take: 0,
     }
 }
 

@@ -60,6 +60,11 @@ const FIXTURES: &[(&str, &str)] = &[
     ("bad_timeout", "tests/config/bad_timeout.yaml: server.timeouts.header_read_ms: must be between 1 and 3600000, got 0"),
     ("sentinel_without_master", "tests/config/sentinel_without_master.yaml: store.master_name: backend redis_sentinel needs the primary's name at the sentinels"),
     ("master_name_without_sentinel", "tests/config/master_name_without_sentinel.yaml: store.master_name: is for backend redis_sentinel, not redis"),
+    ("lease_on_sliding_log", "tests/config/lease_on_sliding_log.yaml: limits.exact.sync: a sliding_log records the time of each admission, and a lease spends units later than the store charged them: use sliding_window, or sync: exact"),
+    ("lease_without_terms", "tests/config/lease_without_terms.yaml: limits.global.lease: sync: lease needs lease: { units, ttl_ms }"),
+    ("lease_too_large", "tests/config/lease_too_large.yaml: limits.global.lease.units: must be a whole number from 1 to 100, got 500\ntests/config/lease_too_large.yaml: limits.global.lease.ttl_ms: must be a whole number from 10 to 60000, got 5"),
+    ("lease_on_local_limit", "tests/config/lease_on_local_limit.yaml: limits.global.sync: a lease is taken from the shared store; a limit with store: local has none"),
+    ("lease_without_sync", "tests/config/lease_without_sync.yaml: limits.global.lease: only read with sync: lease"),
     ("url_password_hidden", "tests/config/url_password_hidden.yaml: store.urls[0]: \"http://gate:***@127.0.0.1:6379\" is not a redis:// or rediss:// url"),
 ];
 

@@ -396,8 +396,9 @@ struct Step {
     second: u8,
 }
 
-/// A list of (limit index, cost, group) and the first blocked group.
-type Request = (Vec<(usize, u64, Group)>, Gate);
+/// A list of (limit index, cost, group, units to take beyond the cost)
+/// and the first blocked group.
+type Request = (Vec<(usize, u64, Group, u64)>, Gate);
 
 fn any_params() -> impl Strategy<Value = Params> {
     let bucket = (1u64..30, 1u64..4_000).prop_map(|(c, per_ms)| Bucket {
@@ -459,7 +460,16 @@ fn group() -> impl Strategy<Value = Group> {
 
 fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
     let request = (
-        prop::collection::vec((0..limits, 1u64..8, group()), 1..=limits),
+        prop::collection::vec(
+            (
+                0..limits,
+                1u64..8,
+                group(),
+                // A lease's take: as many of these units as fit.
+                prop_oneof![2 => Just(0u64), 1 => 1u64..40],
+            ),
+            1..=limits,
+        ),
         prop_oneof![
             4 => Just(Gate::Open),
             1 => Just(Gate::At(Group::Request)),
@@ -511,7 +521,7 @@ fn lua_and_rust_agree_on_random_sequences() {
                     .map(|(charges, blocked)| {
                         let charges = charges
                             .iter()
-                            .map(|&(i, cost, group)| {
+                            .map(|&(i, cost, group, take)| {
                                 let (first, second, enforce) = limits[i];
                                 let params = if step.second & (1 << i) != 0 {
                                     second
@@ -522,6 +532,7 @@ fn lua_and_rust_agree_on_random_sequences() {
                                 let mut c = charge(&format!("l{i}"), &key, params, cost);
                                 c.enforce = enforce;
                                 c.group = group;
+                                c.take = take;
                                 c
                             })
                             .collect();
@@ -607,7 +618,7 @@ fn lua_and_rust_agree_on_refunds() {
                     .collect();
                 clock.advance(after);
                 memory.refund(&spent, spent_at);
-                rt.block_on(redis.refund(&spent, spent_at)).unwrap();
+                rt.block_on(redis.give_back(&spent, spent_at)).unwrap();
                 // The next decisions compare the refunded states.
             }
             Ok(())
@@ -733,6 +744,7 @@ fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
             b: 1000,
             cost: 1,
             flags: 3,
+            take: 0,
         }],
         blocked_from: Gate::Open.wire(),
         refund_at: 0,

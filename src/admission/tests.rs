@@ -161,6 +161,8 @@ fn verdict(allowed: bool) -> Verdict {
         wait_ms: Some(1500),
         reset_ms: 9000,
         source: crate::limits::Source::Store,
+        granted: 0,
+        at: 0,
     }
 }
 

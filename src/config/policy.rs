@@ -160,6 +160,9 @@ pub struct Limit {
     pub on_store_error: OnStoreError,
     /// Enforced, or only decided and counted (shadow).
     pub mode: Mode,
+    /// `sync: lease`: decided against units taken ahead from the shared
+    /// budget; `None` for one store decision per request.
+    pub lease: Option<crate::limits::LeaseTerms>,
 }
 
 /// An upstream pool.
@@ -287,6 +290,15 @@ impl Policy {
     pub fn warnings(&self) -> Vec<String> {
         let instances = self.store.expected_instances;
         let mut out = Vec::new();
+        for limit in self.limits.iter() {
+            if limit.local && limit.lease.is_some() {
+                out.push(format!(
+                    "limit {:?}: sync: lease has no effect on a limit decided in this process \
+                     (store backend memory)",
+                    limit.name
+                ));
+            }
+        }
         for route in self.routes.iter() {
             for &id in route.pre_auth.iter().chain(&route.request) {
                 let limit = &self.limits[id];

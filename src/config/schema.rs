@@ -423,6 +423,32 @@ pub struct RawLimit {
     /// `enforce`, or `shadow` to decide without ever denying; `enforce` when absent.
     #[serde(default)]
     pub mode: Mode,
+    /// `exact` (one store decision per request) or `lease`; `exact` when absent.
+    #[serde(default)]
+    pub sync: LimitSync,
+    /// With `sync: lease`: how many units an instance takes ahead, and for how long.
+    pub lease: Option<RawLease>,
+}
+
+/// The values of `limits.*.sync`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitSync {
+    /// Every decision in the shared store.
+    #[default]
+    Exact,
+    /// Decided against units taken ahead from the shared store.
+    Lease,
+}
+
+/// The `limits.*.lease` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLease {
+    /// Units an instance holds at most per key, 1 to the limit's capacity.
+    pub units: f64,
+    /// Units unspent this long after they were taken go back, 10-60000 ms.
+    pub ttl_ms: f64,
 }
 
 /// One entry of `upstreams`: a pool of servers.

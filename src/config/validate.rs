@@ -17,6 +17,7 @@ use crate::client_ip::{ClientIpConfig, ForwardHeader};
 use crate::edge::{EdgeSettings, EncodedSlash};
 use crate::limits::algorithm::{Bucket, Params, Window, MICRO};
 use crate::limits::redis::redacted;
+use crate::limits::LeaseTerms;
 use crate::routes::{HostPattern, PathTemplate, Router};
 use crate::tls::{Certificate, TlsSettings};
 
@@ -595,6 +596,7 @@ fn limits(c: &mut Checker, raw: UniqueMap<RawLimit>, memory: bool) -> (Vec<Limit
             ids.insert(name, (None, l.algorithm));
             continue;
         };
+        let lease = lease(c, &path, &l, &params);
         ids.insert(name.clone(), (Some(out.len()), l.algorithm));
         out.push(Limit {
             name: name.into(),
@@ -604,9 +606,61 @@ fn limits(c: &mut Checker, raw: UniqueMap<RawLimit>, memory: bool) -> (Vec<Limit
             local: memory || l.store.unwrap_or(Placement::Shared) == Placement::Local,
             on_store_error: l.on_store_error,
             mode: l.mode,
+            lease,
         });
     }
     (out, ids)
+}
+
+/// The terms of `sync: lease`, checked against the limit they belong to.
+fn lease(c: &mut Checker, path: &str, l: &RawLimit, params: &Params) -> Option<LeaseTerms> {
+    let raw = match (l.sync, &l.lease) {
+        (LimitSync::Exact, None) => return None,
+        (LimitSync::Exact, Some(_)) => {
+            c.fail(format!("{path}.lease"), "only read with sync: lease");
+            return None;
+        }
+        (LimitSync::Lease, None) => {
+            c.fail(
+                format!("{path}.lease"),
+                "sync: lease needs lease: { units, ttl_ms }",
+            );
+            return None;
+        }
+        (LimitSync::Lease, Some(raw)) => raw,
+    };
+    if l.store == Some(Placement::Local) {
+        c.fail(
+            format!("{path}.sync"),
+            "a lease is taken from the shared store; a limit with store: local has none",
+        );
+    }
+    if matches!(params, Params::SlidingLog(_)) {
+        c.fail(
+            format!("{path}.sync"),
+            "a sliding_log records the time of each admission, and a lease spends units \
+             later than the store charged them: use sliding_window, or sync: exact",
+        );
+    }
+    let capacity = params.quota();
+    let units = whole(c, &format!("{path}.lease.units"), raw.units, 1, capacity);
+    let ttl_ms = whole(c, &format!("{path}.lease.ttl_ms"), raw.ttl_ms, 10, 60_000);
+    Some(LeaseTerms {
+        units: units?,
+        ttl_ms: ttl_ms?,
+    })
+}
+
+/// A whole number in `min..=max`, or a problem at `path`.
+fn whole(c: &mut Checker, path: &str, value: f64, min: u64, max: u64) -> Option<u64> {
+    if value.fract() != 0.0 || value < min as f64 || value > max as f64 {
+        c.fail(
+            path,
+            format!("must be a whole number from {min} to {max}, got {value}"),
+        );
+        return None;
+    }
+    Some(value as u64)
 }
 
 fn plans(

@@ -159,6 +159,16 @@ impl Params {
         }
     }
 
+    /// A window algorithm's window length; `None` for buckets.
+    pub fn window_ms(&self) -> Option<u64> {
+        match self {
+            Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => {
+                Some(w.window_ms)
+            }
+            Params::TokenBucket(_) | Params::Gcra(_) => None,
+        }
+    }
+
     /// The period the quota refers to, in whole seconds (at least 1): the
     /// time a bucket takes to refill from empty, or the window length.
     pub fn period_secs(&self) -> u64 {
@@ -338,6 +348,20 @@ impl Params {
             }
             _ => {}
         }
+    }
+
+    /// Spends up to `want` more units, as many as fit now, and returns how
+    /// many: a lease's top-up after its request's own cost was spent. A
+    /// sliding log grants nothing (each entry is an admission's time).
+    pub fn take(&self, state: &mut State, want: u64, now: u64) -> u64 {
+        if want == 0 || matches!(self, Params::SlidingLog(_)) {
+            return 0;
+        }
+        let granted = want.min(self.check(state, 0, now).remaining);
+        if granted > 0 {
+            self.spend(state, granted, now);
+        }
+        granted
     }
 
     /// Gives back `cost` charged at `spent_at` by a decision that was then

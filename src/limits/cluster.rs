@@ -153,6 +153,28 @@ impl LimitStore for ClusterStore {
         Ok(verdicts.into_iter().flatten().collect())
     }
 
+    async fn give_back(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError> {
+        let mut slots: Vec<(u16, Vec<&Charge>, Vec<Arc<str>>)> = Vec::new();
+        for c in charges {
+            let key = self.keys.key(c);
+            let s = slot(&key);
+            match slots.iter_mut().find(|(other, ..)| *other == s) {
+                Some((_, members, keys)) => {
+                    members.push(c);
+                    keys.push(key);
+                }
+                None => slots.push((s, vec![c], vec![key])),
+            }
+        }
+        let calls = slots.into_iter().map(|(s, members, keys)| {
+            self.call(s, Request::new(keys, &members, Gate::Open, spent_at.max(1)))
+        });
+        join_all(calls)
+            .await
+            .into_iter()
+            .try_for_each(|r| r.map(drop))
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.batches.ping().await
     }

@@ -7,6 +7,11 @@
 //! failed locally; local charges of groups the store then denied are
 //! refunded. So the decision stays all-or-nothing across both, and nothing
 //! is ever admitted beyond a budget.
+//!
+//! Leased charges (`sync: lease`) are spent like local ones, from what this
+//! instance holds ([`super::lease`]); one that finds too little held joins
+//! the store call, charging its cost and taking a new lease in the same
+//! all-or-nothing decision.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::breaker::{Breaker, Permit};
+use super::lease::{GiveBack, Leases, Spend, Token};
 use super::memory::MemoryStore;
 use super::{gate, undone, Charge, Gate, LimitStore, OnStoreError, Source, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
@@ -36,6 +42,7 @@ pub struct Shared {
 pub struct Limiter<C: Clock = MonotonicClock> {
     local: Arc<MemoryStore<C>>,
     shared: Option<Shared>,
+    leases: Leases,
     clock: C,
     metrics: Arc<Metrics>,
 }
@@ -59,6 +66,7 @@ impl<C: Clock> Limiter<C> {
         Self {
             local,
             shared,
+            leases: Leases::new(metrics.clone()),
             clock,
             metrics,
         }
@@ -100,37 +108,202 @@ impl<C: Clock> Limiter<C> {
         let Some(shared) = &self.shared else {
             return self.local.decide_now(charges, Gate::Open).0;
         };
-        let (local, remote): (Vec<&Charge>, Vec<&Charge>) = charges.iter().partition(|c| c.local);
-        if remote.is_empty() {
+        if charges.iter().all(|c| c.local) {
             return self.local.decide_now(charges, Gate::Open).0;
         }
+        let now = self.clock.now_ms();
 
+        // Leased charges first: spent from what is held, or a take joins
+        // the store call.
+        let mut held: Vec<Option<(Verdict, Option<Token>)>> = vec![None; charges.len()];
+        let mut takes: Vec<(usize, Charge, u64)> = Vec::new();
+        for (i, c) in charges.iter().enumerate() {
+            let Some(terms) = c.lease.filter(|_| !c.local) else {
+                continue;
+            };
+            match self.leases.spend(c, terms, now) {
+                Spend::Held(v, token) => held[i] = Some((v, Some(token))),
+                Spend::Refused(v) => held[i] = Some((v, None)),
+                Spend::Short { want, epoch } => {
+                    self.lease_call(c, "take");
+                    let take = Charge {
+                        take: want,
+                        ..c.clone()
+                    };
+                    takes.push((i, take, epoch));
+                }
+            }
+        }
+
+        let local: Vec<&Charge> = charges.iter().filter(|c| c.local).collect();
         let (local_verdicts, spent_at) = self.local.decide_now(&local, Gate::Open);
+        // Refusals a lease remembers gate like local denials.
+        let refused = charges
+            .iter()
+            .zip(&held)
+            .filter(|(_, h)| matches!(h, Some((v, None)) if !v.allowed))
+            .map(|(c, _)| c);
         let local_gate = gate(
             local.iter().copied(),
             |i| local_verdicts[i].allowed,
-            Gate::Open,
+            gate(refused, |_| false, Gate::Open),
         );
+        let mut taking = takes.iter().peekable();
+        let remote: Vec<&Charge> = (0..charges.len())
+            .filter(|&i| !charges[i].local && held[i].is_none())
+            .map(|i| match taking.next_if(|(t, ..)| *t == i) {
+                Some((_, take, _)) => take,
+                None => &charges[i],
+            })
+            .collect();
 
-        let remote_verdicts = match self.call(shared, &remote, local_gate).await {
-            Ok(v) => v,
-            Err(_) => {
-                // Undo the provisional local charges and decide everything
-                // again with each shared limit's failure mode.
-                self.refund_spent(&local, &local_verdicts, local_gate, Gate::SHUT, spent_at);
-                return self.degraded(charges, shared.instances);
+        let remote_verdicts = if remote.is_empty() {
+            Vec::new()
+        } else {
+            match self.call(shared, &remote, local_gate).await {
+                Ok(v) => v,
+                Err(_) => {
+                    // Undo the provisional local charges and decide the
+                    // rest again with each shared limit's failure mode;
+                    // what the leases held stays spent.
+                    self.refund_spent(&local, &local_verdicts, local_gate, Gate::SHUT, spent_at);
+                    for (i, take, epoch) in &takes {
+                        self.leases
+                            .landed(&charges[*i], take.take, *epoch, None, now);
+                    }
+                    let verdicts = self.degraded(charges, &held, shared.instances);
+                    let final_gate = gate(charges, |i| verdicts[i].allowed, Gate::Open);
+                    self.refund_held(charges, &held, final_gate);
+                    return verdicts;
+                }
             }
         };
         // Back into the charges' order.
         let (mut l, mut r) = (local_verdicts.iter(), remote_verdicts.iter());
         let verdicts: Vec<Verdict> = charges
             .iter()
-            .filter_map(|c| if c.local { l.next() } else { r.next() })
+            .zip(&held)
+            .filter_map(|(c, h)| match h {
+                Some((v, _)) => Some(v),
+                None if c.local => l.next(),
+                None => r.next(),
+            })
             .copied()
             .collect();
         let final_gate = gate(charges, |i| verdicts[i].allowed, local_gate);
         self.refund_spent(&local, &local_verdicts, local_gate, final_gate, spent_at);
+        self.refund_held(charges, &held, final_gate);
+        for (i, take, epoch) in &takes {
+            let v = &verdicts[*i];
+            let spent = v.allowed && final_gate.admits(take.group);
+            self.leases
+                .landed(&charges[*i], take.take, *epoch, spent.then_some(v), now);
+            if !v.allowed {
+                self.leases.refused(take, v.wait_ms, now);
+            }
+        }
         verdicts
+    }
+
+    /// Holds again what leases spent for groups the decision did not charge.
+    fn refund_held(
+        &self,
+        charges: &[Charge],
+        held: &[Option<(Verdict, Option<Token>)>],
+        final_gate: Gate,
+    ) {
+        for (c, h) in charges.iter().zip(held) {
+            if let Some((_, Some(token))) = h {
+                if !final_gate.admits(c.group) {
+                    self.leases.refund(c, *token);
+                }
+            }
+        }
+    }
+
+    fn lease_call(&self, c: &Charge, kind: &str) {
+        self.metrics
+            .lease_calls
+            .with_label_values(&[&c.name, kind])
+            .inc();
+    }
+
+    /// Renews the leases that ran low and gives back what is due: expired
+    /// leases and everything released. The lease keeper runs this whenever
+    /// [`Limiter::lease_work`] resolves, and every tick.
+    pub async fn keep_leases(&self) {
+        let Some(shared) = &self.shared else { return };
+        let now = self.clock.now_ms();
+        self.leases.expire(now);
+        let renewals = self.leases.take_renewals();
+        if !renewals.is_empty() {
+            let charges: Vec<&Charge> = renewals.iter().map(|r| &r.charge).collect();
+            for c in &charges {
+                self.lease_call(c, "renew");
+            }
+            let result = self.call(shared, &charges, Gate::Open).await;
+            for (i, r) in renewals.iter().enumerate() {
+                let v = result.as_ref().ok().map(|v| &v[i]);
+                self.leases.landed(
+                    &r.charge,
+                    r.charge.take,
+                    r.epoch,
+                    v.filter(|v| v.allowed),
+                    now,
+                );
+            }
+        }
+        self.give_back(shared, self.leases.take_returns()).await;
+    }
+
+    /// Gives back units, one store call per take time (calls at once are
+    /// batched by the store).
+    async fn give_back(&self, shared: &Shared, back: Vec<GiveBack>) {
+        if back.is_empty() {
+            return;
+        }
+        let mut by_time: Vec<(u64, Vec<&Charge>)> = Vec::new();
+        for b in &back {
+            self.lease_call(&b.charge, "return");
+            match by_time.iter_mut().find(|(t, _)| *t == b.spent_at) {
+                Some((_, charges)) => charges.push(&b.charge),
+                None => by_time.push((b.spent_at, vec![&b.charge])),
+            }
+        }
+        let calls = by_time.iter().map(|(at, charges)| {
+            tokio::time::timeout(shared.timeout, shared.store.give_back(charges, *at))
+        });
+        for result in futures_util::future::join_all(calls).await {
+            let failed = match result {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e,
+                Err(_) => StoreError::Timeout,
+            };
+            self.metrics.store_error(failed.reason());
+            tracing::warn!(error = %failed, "giving back lease units failed; they stay charged until the keys refill");
+        }
+    }
+
+    /// Gives back every lease now (the policy reloaded): the next requests
+    /// take new ones under the new numbers.
+    pub fn release_leases(&self) {
+        self.leases.release_all();
+    }
+
+    /// Gives back every lease and waits for the store call (shutdown).
+    pub async fn return_leases(&self) {
+        self.leases.release_all();
+        self.keep_leases().await;
+    }
+
+    /// Resolves when a lease wants renewing or giving back.
+    pub async fn lease_work(&self) {
+        self.leases.work().await
+    }
+
+    /// Units this instance holds under leases, over every key.
+    pub fn lease_units(&self) -> u64 {
+        self.leases.held()
     }
 
     /// One bounded, breaker-guarded store call, measured.
@@ -195,14 +368,24 @@ impl<C: Clock> Limiter<C> {
         }
     }
 
-    /// The store is failing: local limits as usual, and each shared limit
-    /// by its `on_store_error`.
-    fn degraded(&self, charges: &[Charge], instances: u32) -> Vec<Verdict> {
-        let mut fixed = vec![None; charges.len()];
+    /// The store is failing: local limits as usual, leased units already
+    /// spent (`held`) stay spent, and each other shared limit follows its
+    /// `on_store_error`.
+    fn degraded(
+        &self,
+        charges: &[Charge],
+        held: &[Option<(Verdict, Option<Token>)>],
+        instances: u32,
+    ) -> Vec<Verdict> {
+        let mut fixed: Vec<Option<Verdict>> = held.iter().map(|h| h.map(|(v, _)| v)).collect();
         let mut run = Vec::new();
         let mut index = Vec::new();
-        let mut blocked = Gate::Open;
+        // A refusal a lease remembers blocks its group, as a closed limit.
+        let mut blocked = gate(charges, |i| fixed[i].is_none_or(|v| v.allowed), Gate::Open);
         for (i, c) in charges.iter().enumerate() {
+            if fixed[i].is_some() {
+                continue;
+            }
             match (c.local, c.on_store_error) {
                 (true, _) => {
                     run.push(c.clone());
@@ -248,6 +431,8 @@ fn failed(allowed: bool, source: Source) -> Verdict {
         wait_ms: None,
         reset_ms: 0,
         source,
+        granted: 0,
+        at: 0,
     }
 }
 

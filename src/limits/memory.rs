@@ -100,18 +100,26 @@ impl<C: Clock> MemoryStore<C> {
                 .get_mut(&c.key)
                 .expect("the first pass made a slot for every charge");
             let spend = check.allowed && gate.admits(c.group);
+            let mut granted = 0;
             if spend {
                 c.params.spend(&mut slot.state, c.cost, now);
+                granted = c.params.take(&mut slot.state, c.take, now);
             }
             let reset_ms = c.params.reset_ms(&slot.state, now);
             slot.expires_at = now + reset_ms + EXPIRY_SLACK_MS;
             verdicts.push(Verdict {
                 allowed: check.allowed,
                 // Admissible but not charged: what is left is untouched.
-                remaining: check.remaining + if check.allowed && !spend { c.cost } else { 0 },
+                remaining: if spend {
+                    check.remaining - granted
+                } else {
+                    check.remaining + if check.allowed { c.cost } else { 0 }
+                },
                 wait_ms: check.wait_ms,
                 reset_ms,
                 source: Source::Store,
+                granted,
+                at: now,
             });
         }
         for (_, guard) in guards.iter_mut() {
@@ -206,6 +214,11 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
         blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError> {
         Ok(self.decide_now(charges, blocked_from).0)
+    }
+
+    async fn give_back(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError> {
+        self.refund(charges, spent_at);
+        Ok(())
     }
 }
 

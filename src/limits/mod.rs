@@ -8,6 +8,7 @@ pub mod algorithm;
 pub mod breaker;
 pub mod cluster;
 pub mod keys;
+pub mod lease;
 pub mod limiter;
 pub mod memory;
 pub mod redis;
@@ -134,6 +135,21 @@ pub struct Charge {
     pub local: bool,
     /// What a shared limit does while the store is failing.
     pub on_store_error: OnStoreError,
+    /// `sync: lease`: decided against units this instance took from the
+    /// shared budget ahead of time, instead of one store call per request.
+    pub lease: Option<LeaseTerms>,
+    /// Units to take from the store beyond `cost`, as many of them as fit,
+    /// when the charge is spent (a lease's top-up; 0 for a plain decision).
+    pub take: u64,
+}
+
+/// The terms of `sync: lease` for one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseTerms {
+    /// Units an instance holds at most, per key.
+    pub units: u64,
+    /// Units unspent this long after they were taken go back.
+    pub ttl_ms: u64,
 }
 
 /// How a verdict was reached.
@@ -162,6 +178,10 @@ pub struct Verdict {
     pub reset_ms: u64,
     /// How the verdict was reached.
     pub source: Source,
+    /// Units taken beyond the cost (see [`Charge::take`]).
+    pub granted: u64,
+    /// The store's time of the decision (ms), which giving back needs.
+    pub at: u64,
 }
 
 /// The decision for one group of a request's charges.
@@ -235,6 +255,11 @@ pub trait LimitStore: Send + Sync {
         charges: &[&Charge],
         blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError>;
+
+    /// Gives back `cost` of each charge, spent at store time `spent_at`:
+    /// a lease's unspent units. Nothing grows beyond its initial state, and
+    /// a window that has rolled since is left alone.
+    async fn give_back(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError>;
 
     /// Whether the store answers at all (readiness probes).
     async fn ping(&self) -> Result<(), StoreError> {

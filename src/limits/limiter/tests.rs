@@ -51,6 +51,8 @@ fn store_verdict(allowed: bool) -> Verdict {
         wait_ms: (!allowed).then_some(1_000),
         reset_ms: 1_000,
         source: Source::Store,
+        granted: 0,
+        at: 0,
     }
 }
 
@@ -73,6 +75,10 @@ impl LimitStore for FakeStore {
             }
             Answer::Short => Ok(Vec::new()),
         }
+    }
+
+    async fn give_back(&self, _: &[&Charge], _: u64) -> Result<(), StoreError> {
+        unreachable!("no test of this store holds a lease")
     }
 }
 

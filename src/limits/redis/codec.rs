@@ -6,10 +6,11 @@
 //! the server's `TIME`), `ARGV[2]` the number of requests and `ARGV[3]` one
 //! binary string: per request its gate (1 byte), its limit count (2 bytes)
 //! and its refund time (8 bytes), then per limit the key's index (4 bytes),
-//! the algorithm (1 byte), its two parameters and the cost (8 bytes each)
-//! and its flags (1 byte). All numbers are little-endian. The reply is one
-//! binary string: four `i64`s per limit (admitted, remaining, wait or -1,
-//! reset), then the store time of the decision.
+//! the algorithm (1 byte), its two parameters and the cost (8 bytes each),
+//! its flags (1 byte) and, when flag bit 2 says so, the units to take
+//! beyond the cost (8 bytes). All numbers are little-endian. The reply is
+//! one binary string: five `i64`s per limit (admitted, remaining, wait or
+//! -1, reset, units taken), then the store time of the decision.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,12 +37,14 @@ pub mod kind {
 
 /// Bytes of one request's header in the call.
 const REQUEST_HEAD: usize = 1 + 2 + 8;
-/// Bytes of one limit in the call.
+/// Bytes of one limit in the call, without a take.
 const LIMIT: usize = 4 + 1 + 3 * 8 + 1;
+/// Flag bit: a take follows the limit's flags.
+const TAKES: u8 = 4;
 /// Bytes of one number in the script's reply.
 const NUMBER: usize = 8;
 /// Bytes of one limit's verdict in the script's reply.
-const VERDICT: usize = 4 * NUMBER;
+const VERDICT: usize = 5 * NUMBER;
 
 /// One limit as the script reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +59,8 @@ pub struct Spec {
     pub cost: u64,
     /// `group * 2 + 1` when enforced, `group * 2` for shadow limits.
     pub flags: u8,
+    /// Units to take beyond the cost, as many as fit (a lease); 0 for none.
+    pub take: u64,
 }
 
 impl Spec {
@@ -74,6 +79,7 @@ impl Spec {
             b,
             cost: charge.cost,
             flags: charge.group.wire() * 2 + u8::from(charge.enforce),
+            take: charge.take,
         }
     }
 }
@@ -129,7 +135,7 @@ pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'
     let mut keys: Vec<&str> = Vec::new();
     let size = requests
         .clone()
-        .map(|r| REQUEST_HEAD + r.limits.len() * LIMIT)
+        .map(|r| REQUEST_HEAD + r.limits.len() * (LIMIT + 8))
         .sum();
     let mut bytes = Vec::with_capacity(size);
     let mut count = 0;
@@ -148,7 +154,12 @@ pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'
             for n in [l.a, l.b, l.cost] {
                 bytes.extend_from_slice(&n.to_le_bytes());
             }
-            bytes.push(l.flags);
+            if l.take > 0 {
+                bytes.push(l.flags | TAKES);
+                bytes.extend_from_slice(&l.take.to_le_bytes());
+            } else {
+                bytes.push(l.flags);
+            }
         }
     }
     Call {
@@ -169,8 +180,12 @@ pub fn decode(reply: &[u8], limits: usize) -> Result<Decided, StoreError> {
         )));
     }
     let (verdicts, time) = reply.split_at(limits * VERDICT);
-    let verdicts = verdicts.chunks_exact(VERDICT).map(verdict).collect();
-    Ok((verdicts, number(time, 0).max(0) as u64))
+    let at = number(time, 0).max(0) as u64;
+    let verdicts = verdicts
+        .chunks_exact(VERDICT)
+        .map(|v| verdict(v, at))
+        .collect();
+    Ok((verdicts, at))
 }
 
 /// The `i`th little-endian `i64` of `bytes`.
@@ -180,8 +195,9 @@ fn number(bytes: &[u8], i: usize) -> i64 {
     i64::from_le_bytes(word)
 }
 
-/// One limit's verdict: four little-endian `i64`s.
-fn verdict(bytes: &[u8]) -> Verdict {
+/// One limit's verdict, reached at store time `at`: five little-endian
+/// `i64`s.
+fn verdict(bytes: &[u8], at: u64) -> Verdict {
     let n = |i: usize| number(bytes, i);
     Verdict {
         allowed: n(0) == 1,
@@ -189,6 +205,8 @@ fn verdict(bytes: &[u8]) -> Verdict {
         wait_ms: u64::try_from(n(2)).ok(),
         reset_ms: n(3).max(0) as u64,
         source: Source::Store,
+        granted: n(4).max(0) as u64,
+        at,
     }
 }
 

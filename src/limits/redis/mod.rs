@@ -107,19 +107,6 @@ impl RedisStore {
         let request = Request::new(keys, charges, blocked_from, refund_at);
         self.batches.submit(0, request).await.map(|(v, _)| v)
     }
-
-    /// Gives back what a decision at store time `spent_at` charged for these
-    /// charges, as [`MemoryStore::refund`] does.
-    ///
-    /// [`MemoryStore::refund`]: super::memory::MemoryStore::refund
-    pub async fn refund(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError> {
-        if charges.is_empty() {
-            return Ok(());
-        }
-        self.submit(charges, Gate::Open, spent_at.max(1))
-            .await
-            .map(drop)
-    }
 }
 
 #[async_trait]
@@ -130,6 +117,19 @@ impl LimitStore for RedisStore {
         blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError> {
         self.submit(charges, blocked_from, 0).await
+    }
+
+    /// Gives back what a decision at store time `spent_at` charged for these
+    /// charges, as [`MemoryStore::refund`] does.
+    ///
+    /// [`MemoryStore::refund`]: super::memory::MemoryStore::refund
+    async fn give_back(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError> {
+        if charges.is_empty() {
+            return Ok(());
+        }
+        self.submit(charges, Gate::Open, spent_at.max(1))
+            .await
+            .map(drop)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

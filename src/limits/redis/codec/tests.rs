@@ -30,12 +30,18 @@ fn read_back(call: &Call<'_>) -> Vec<ReadBack> {
             let kind = take(1)[0];
             let (a, bb, cost) = (u64_of(take(8)), u64_of(take(8)), u64_of(take(8)));
             let flags = take(1)[0];
+            let want = if flags & TAKES != 0 {
+                u64_of(take(8))
+            } else {
+                0
+            };
             let spec = Spec {
                 kind,
                 a,
                 b: bb,
                 cost,
-                flags,
+                flags: flags & !TAKES,
+                take: want,
             };
             limits.push((call.keys[key - 1].to_owned(), spec));
         }
@@ -52,6 +58,8 @@ fn spec(kind: u8, a: u64) -> Spec {
         b: a * 3,
         cost: a + 1,
         flags: 3,
+        // Every other limit takes units beyond its cost, as a lease does.
+        take: if a % 2 == 0 { a * 5 } else { 0 },
     }
 }
 
@@ -123,13 +131,18 @@ fn charges_become_the_scripts_numbers() {
     }
     let enforced_in_group_1 = charge("l", "k", cases[0].0, 1);
     assert_eq!(Spec::of(&enforced_in_group_1).flags, 3);
+    let taking = Charge {
+        take: 40,
+        ..charge("l", "k", cases[0].0, 1)
+    };
+    assert_eq!(Spec::of(&taking).take, 40);
 }
 
 /// A reply as the script writes it.
-fn reply(verdicts: &[(i64, i64, i64, i64)], time: i64) -> Vec<u8> {
+fn reply(verdicts: &[(i64, i64, i64, i64, i64)], time: i64) -> Vec<u8> {
     let mut out = Vec::new();
-    for &(a, r, w, t) in verdicts {
-        for n in [a, r, w, t] {
+    for &(a, r, w, t, g) in verdicts {
+        for n in [a, r, w, t, g] {
             out.extend_from_slice(&n.to_le_bytes());
         }
     }
@@ -139,26 +152,38 @@ fn reply(verdicts: &[(i64, i64, i64, i64)], time: i64) -> Vec<u8> {
 
 #[test]
 fn replies_decode_to_verdicts_and_the_store_time() {
-    let bytes = reply(&[(1, 4, 0, 900), (0, 0, 1500, 3000), (0, 0, -1, 10)], 77);
+    let bytes = reply(
+        &[(1, 4, 0, 900, 12), (0, 0, 1500, 3000, 0), (0, 0, -1, 10, 0)],
+        77,
+    );
     let (verdicts, at) = decode(&bytes, 3).unwrap();
     assert_eq!(at, 77);
     let summary: Vec<_> = verdicts
         .iter()
-        .map(|v| (v.allowed, v.remaining, v.wait_ms, v.reset_ms))
+        .map(|v| {
+            (
+                v.allowed,
+                v.remaining,
+                v.wait_ms,
+                v.reset_ms,
+                v.granted,
+                v.at,
+            )
+        })
         .collect();
     assert_eq!(
         summary,
         [
-            (true, 4, Some(0), 900),
-            (false, 0, Some(1500), 3000),
-            (false, 0, None, 10),
+            (true, 4, Some(0), 900, 12, 77),
+            (false, 0, Some(1500), 3000, 0, 77),
+            (false, 0, None, 10, 0, 77),
         ]
     );
 }
 
 #[test]
 fn a_reply_of_the_wrong_size_is_an_error() {
-    let bytes = reply(&[(1, 1, 0, 0)], 1);
+    let bytes = reply(&[(1, 1, 0, 0, 0)], 1);
     assert!(matches!(decode(&bytes, 2), Err(StoreError::Reply(_))));
     assert!(matches!(decode(&bytes[1..], 1), Err(StoreError::Reply(_))));
 }

@@ -1,0 +1,429 @@
+//! Leased budgets (`sync: lease`): a hot key decided in this process
+//! against units taken ahead of time from the shared budget.
+//!
+//! An instance takes up to `units` of a key's budget in one store call (the
+//! request's own all-or-nothing call when it holds too little, or a
+//! background renewal once half is spent) and admits against what it holds
+//! with no store call at all. What it has not spent goes back when `ttl_ms`
+//! has passed since its last take, when the policy reloads and when the
+//! process shuts down.
+//!
+//! Admissions never exceed what was taken, and what was taken never
+//! exceeded the budget, so a leased limit is never over-spent. The price is
+//! under-use: units held unspent, at most `units` per key and instance,
+//! since a take never asks for more than brings the held and asked-for
+//! units to `units`.
+//!
+//! A window's units count in the window the store charged them to, so a
+//! window lease also ends with that window (reckoned from before the call
+//! was sent, so never late).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use prometheus::IntGauge;
+
+use super::{Charge, LeaseTerms, Source, Verdict};
+use crate::metrics::Metrics;
+
+const SHARDS: usize = 16;
+
+/// What one instance holds of one key's budget.
+struct Held {
+    /// The charge the units were taken for: its limit, key and numbers.
+    charge: Charge,
+    terms: LeaseTerms,
+    /// Units held now.
+    units: u64,
+    /// Units asked for by store calls in flight.
+    pending: u64,
+    /// This process's time (ms) at which what is held goes back (`ttl_ms`
+    /// after the last take); until then it is only spent.
+    expires_at: u64,
+    /// This process's time (ms) from which nothing held may be spent: the
+    /// end of the window it was taken in; never for a bucket.
+    valid_until: u64,
+    /// The store's time of the last take: what a give-back refers to.
+    taken_at: u64,
+    /// Changes whenever the held units leave (given back or dropped), so
+    /// that a spend undone or a take landing afterwards is not mixed in.
+    epoch: u64,
+    /// Until then (this process's time, ms) a request this lease cannot
+    /// pay for is refused here: the store refused a take and said how long
+    /// the cost would not fit, capped at `ttl_ms` so that units other
+    /// instances give back are seen.
+    refused_until: u64,
+    /// The store's wait for that refusal, as of when it was given.
+    refused_wait_ms: u64,
+    /// What the store had left after the last take, and its reset.
+    shared_remaining: u64,
+    reset_ms: u64,
+    gauge: IntGauge,
+}
+
+impl Held {
+    /// Takes the held units out, to be given back: `None` when none.
+    fn surrender(&mut self, epoch: u64) -> Option<GiveBack> {
+        let units = std::mem::take(&mut self.units);
+        self.gauge.sub(units as i64);
+        self.epoch = epoch;
+        (units > 0).then(|| GiveBack {
+            charge: Charge {
+                cost: units,
+                take: 0,
+                ..self.charge.clone()
+            },
+            spent_at: self.taken_at,
+        })
+    }
+}
+
+/// Units that go back to the store: `charge.cost` of them, taken at store
+/// time `spent_at`.
+#[derive(Debug, Clone)]
+pub struct GiveBack {
+    /// The key, numbers and unit count to give back.
+    pub charge: Charge,
+    /// The store time of the take.
+    pub spent_at: u64,
+}
+
+/// A renewal wanted: take up to `want` units for the charge's key.
+#[derive(Debug, Clone)]
+pub struct Renewal {
+    /// The key and numbers, with `cost` 0 and `take` the units wanted.
+    pub charge: Charge,
+    /// The lease's epoch when it was asked for.
+    pub epoch: u64,
+}
+
+/// Proof of a spend from a lease, to undo it.
+#[derive(Debug, Clone, Copy)]
+pub struct Token {
+    epoch: u64,
+    taken_at: u64,
+}
+
+/// What a leased charge gets from what this instance holds.
+#[derive(Debug)]
+pub enum Spend {
+    /// Spent from the lease.
+    Held(Verdict, Token),
+    /// Too little held, and the store refused a take a moment ago: refused
+    /// here, with no store call.
+    Refused(Verdict),
+    /// Too little held: the request's store call charges the cost and
+    /// takes up to `want` more.
+    Short {
+        /// Units to take beyond the cost.
+        want: u64,
+        /// The lease's epoch when the take was asked for.
+        epoch: u64,
+    },
+}
+
+/// The leases of one process, by key.
+pub struct Leases {
+    shards: Vec<Mutex<HashMap<String, Held, ahash::RandomState>>>,
+    hasher: ahash::RandomState,
+    epochs: AtomicU64,
+    returns: Mutex<Vec<GiveBack>>,
+    renewals: Mutex<Vec<Renewal>>,
+    wake: tokio::sync::Notify,
+    metrics: Arc<Metrics>,
+}
+
+impl Leases {
+    /// No leases yet.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: Default::default(),
+            epochs: AtomicU64::new(1),
+            returns: Mutex::default(),
+            renewals: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            metrics,
+        }
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Held, ahash::RandomState>> {
+        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epochs.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn give_back_later(&self, back: impl IntoIterator<Item = GiveBack>) {
+        let mut returns = self.returns.lock().unwrap_or_else(|e| e.into_inner());
+        let before = returns.len();
+        returns.extend(back);
+        if returns.len() > before {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Spends `c.cost` (at this process's time `now`) from what is held
+    /// for its key, or says how much to take.
+    pub fn spend(&self, c: &Charge, terms: LeaseTerms, now: u64) -> Spend {
+        let mut back = None;
+        let mut renew = None;
+        let spend = {
+            let mut shard = self.shard(&c.key);
+            if !shard.contains_key(&c.key) {
+                let held = Held {
+                    charge: c.clone(),
+                    terms,
+                    units: 0,
+                    pending: 0,
+                    expires_at: 0,
+                    valid_until: 0,
+                    taken_at: 0,
+                    epoch: self.epoch(),
+                    refused_until: 0,
+                    refused_wait_ms: 0,
+                    shared_remaining: 0,
+                    reset_ms: 0,
+                    gauge: self.metrics.lease_units.with_label_values(&[&c.name]),
+                };
+                shard.insert(c.key.clone(), held);
+            }
+            let Some(held) = shard.get_mut(&c.key) else {
+                unreachable!("the lease was just ensured")
+            };
+            if held.charge.params != c.params || held.terms != terms {
+                // A reload or a plan changed the numbers: what is held was
+                // taken under the old ones.
+                back = held.surrender(self.epoch());
+                held.charge = c.clone();
+                held.terms = terms;
+            } else if held.units > 0 && now >= held.valid_until {
+                // Taken in a window that has ended since.
+                back = held.surrender(self.epoch());
+            }
+            if held.units >= c.cost {
+                held.units -= c.cost;
+                held.gauge.sub(c.cost as i64);
+                let verdict = Verdict {
+                    allowed: true,
+                    remaining: held.units + held.shared_remaining,
+                    wait_ms: Some(0),
+                    reset_ms: held.reset_ms,
+                    source: Source::Store,
+                    granted: 0,
+                    at: held.taken_at,
+                };
+                let outstanding = held.units + held.pending;
+                if outstanding <= terms.units / 2 {
+                    let want = terms.units - outstanding;
+                    held.pending += want;
+                    renew = Some(Renewal {
+                        charge: Charge {
+                            cost: 0,
+                            take: want,
+                            ..held.charge.clone()
+                        },
+                        epoch: held.epoch,
+                    });
+                }
+                let token = Token {
+                    epoch: held.epoch,
+                    taken_at: held.taken_at,
+                };
+                Spend::Held(verdict, token)
+            } else if now < held.refused_until {
+                let waited = held.refused_wait_ms - (held.refused_until - now);
+                Spend::Refused(Verdict {
+                    allowed: false,
+                    remaining: held.units,
+                    wait_ms: Some(held.refused_wait_ms.saturating_sub(waited).max(1)),
+                    reset_ms: held.reset_ms,
+                    source: Source::Store,
+                    granted: 0,
+                    at: held.taken_at,
+                })
+            } else {
+                let want = terms.units.saturating_sub(held.units + held.pending);
+                held.pending += want;
+                Spend::Short {
+                    want,
+                    epoch: held.epoch,
+                }
+            }
+        };
+        self.give_back_later(back);
+        if let Some(r) = renew {
+            self.renewals
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(r);
+            self.wake.notify_one();
+        }
+        spend
+    }
+
+    /// Undoes a [`Spend::Held`] (a later part of the same decision denied):
+    /// the units are held again, or given back when the lease has moved on.
+    pub fn refund(&self, c: &Charge, token: Token) {
+        let back = {
+            let mut shard = self.shard(&c.key);
+            match shard.get_mut(&c.key) {
+                Some(held) if held.epoch == token.epoch => {
+                    held.units += c.cost;
+                    held.gauge.add(c.cost as i64);
+                    None
+                }
+                _ => Some(GiveBack {
+                    charge: Charge {
+                        take: 0,
+                        ..c.clone()
+                    },
+                    spent_at: token.taken_at,
+                }),
+            }
+        };
+        self.give_back_later(back);
+    }
+
+    /// The store refused a take's cost for `wait_ms` (from `sent_at`):
+    /// requests that cannot be paid from the lease are refused here until
+    /// then, at most `ttl_ms`.
+    pub fn refused(&self, c: &Charge, wait_ms: Option<u64>, sent_at: u64) {
+        let Some(wait_ms) = wait_ms else { return };
+        let mut shard = self.shard(&c.key);
+        if let Some(held) = shard.get_mut(&c.key) {
+            let wait_ms = wait_ms.min(held.terms.ttl_ms);
+            held.refused_until = sent_at + wait_ms;
+            held.refused_wait_ms = wait_ms;
+        }
+    }
+
+    /// A take asked for `asked` units beyond the cost has ended: with the
+    /// store's verdict when the charge was spent (its `granted` units now
+    /// held), `None` when it was not or the call failed. `sent_at` is this
+    /// process's time when the call was sent.
+    pub fn landed(
+        &self,
+        c: &Charge,
+        asked: u64,
+        epoch: u64,
+        spent: Option<&Verdict>,
+        sent_at: u64,
+    ) {
+        let back = {
+            let mut shard = self.shard(&c.key);
+            let held = shard.get_mut(&c.key).filter(|h| h.epoch == epoch);
+            let (Some(held), Some(v)) = (held, spent) else {
+                if let Some(held) = shard.get_mut(&c.key) {
+                    held.pending = held.pending.saturating_sub(asked);
+                }
+                // Taken for a lease that has moved on: straight back.
+                let back = spent.filter(|v| v.granted > 0).map(|v| GiveBack {
+                    charge: Charge {
+                        cost: v.granted,
+                        take: 0,
+                        ..c.clone()
+                    },
+                    spent_at: v.at,
+                });
+                drop(shard);
+                self.give_back_later(back);
+                return;
+            };
+            held.pending = held.pending.saturating_sub(asked);
+            let mut back = None;
+            let mut valid_until = u64::MAX;
+            if let Some(window_ms) = held.charge.params.window_ms() {
+                let start = |t: u64| t - t % window_ms;
+                if held.units > 0 && start(v.at) != start(held.taken_at) {
+                    // Units of a window that has ended go back to it: its
+                    // count still weighs in a sliding window.
+                    back = held.surrender(self.epoch());
+                }
+                valid_until = sent_at + (start(v.at) + window_ms - v.at);
+            }
+            held.units += v.granted;
+            held.gauge.add(v.granted as i64);
+            held.taken_at = v.at;
+            held.valid_until = valid_until;
+            held.expires_at = (sent_at + held.terms.ttl_ms).min(valid_until);
+            held.shared_remaining = v.remaining;
+            held.reset_ms = v.reset_ms;
+            back
+        };
+        self.give_back_later(back);
+    }
+
+    /// Every lease whose time is up at `now` gives its units back; leases
+    /// holding nothing, asking for nothing and expired are forgotten.
+    pub fn expire(&self, now: u64) {
+        let mut back = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            shard.retain(|_, held| {
+                if now < held.expires_at {
+                    return true;
+                }
+                if held.units > 0 {
+                    back.extend(held.surrender(self.epochs.fetch_add(1, Ordering::Relaxed)));
+                }
+                held.pending > 0
+            });
+        }
+        self.give_back_later(back);
+    }
+
+    /// Every lease gives its units back (the policy reloads, or the process
+    /// stops); takes still in flight give theirs back when they land.
+    pub fn release_all(&self) {
+        let mut back = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for held in shard.values_mut() {
+                back.extend(held.surrender(self.epochs.fetch_add(1, Ordering::Relaxed)));
+                held.expires_at = 0;
+                held.valid_until = 0;
+            }
+        }
+        self.give_back_later(back);
+    }
+
+    /// The give-backs waiting, taken out.
+    pub fn take_returns(&self) -> Vec<GiveBack> {
+        std::mem::take(&mut *self.returns.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The renewals waiting, taken out.
+    pub fn take_renewals(&self) -> Vec<Renewal> {
+        std::mem::take(&mut *self.renewals.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Resolves when a renewal or a give-back is waiting.
+    pub async fn work(&self) {
+        self.wake.notified().await
+    }
+
+    /// Units held now, over every key.
+    pub fn held(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|e| e.into_inner());
+                s.values().map(|h| h.units).sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// Whether no lease is held or wanted.
+    pub fn is_empty(&self) -> bool {
+        self.shards
+            .iter()
+            .all(|s| s.lock().unwrap_or_else(|e| e.into_inner()).is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests;
