@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""A hot key decided exactly in Redis, leased, and in process, in one run.
+
+Three release gateways with one route behind one global limit (`key: []`,
+the key every request touches): `exact` decides every request in Redis,
+two with `sync: lease` (units 50 and 200, ttl 1000 ms), `memory` in
+process with no store at all. Each gets the same wrk load in turn, rounds rotated;
+the script prints req/s, p99, the gateway's CPU per request
+(utime + stime from /proc over the requests served) and the Redis script
+calls per request (`INFO commandstats`, FCALL or EVALSHA).
+
+Then accuracy: four gateways share a budget of capacity 100 refilling 50 a
+second, eight clients send as fast as they can for `--seconds`, and the
+admitted count is set against capacity + rate × elapsed (the most any
+exact limiter may admit) for exact and for lease.
+
+    python3 bench/lease.py [--duration 8] [--rounds 3] [--connections 32]
+
+Needs `cargo build --release --bin tollgate`, redis-server, wrk and an
+upstream (NGINX, as bench/run.py starts it).
+"""
+
+import argparse
+import hashlib
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import run  # noqa: E402
+
+POLICY = """
+version: 1
+server: {{ listen: ["127.0.0.1:{port}"], admin_listen: "127.0.0.1:{admin}", threads: 1 }}
+store: {{ backend: {backend}, urls: ["redis://127.0.0.1:{redis}/0"], timeout_ms: 50 }}
+auth:
+  keys: [ {{ id: bench, tenant: bench-tenant, sha256: "{digest}" }} ]
+limits:
+  global: {{ key: [], capacity: {capacity}, refill_per_second: {rate}{sync} }}
+upstreams:
+  api: {{ servers: ["127.0.0.1:{upstream}"], max_in_flight: 1024 }}
+routes:
+  - {{ name: bench, path: "/**", upstream: api, limits: [global] }}
+"""
+LEASE = ", sync: lease, lease: {{ units: {units}, ttl_ms: 1000 }}"
+
+
+def start(bench, name, backend, lease, capacity=run.MAX, rate=run.MAX):
+    """A gateway; `lease` is the lease's units, or 0 for none."""
+    port, admin = run.free_port(), run.free_port()
+    text = POLICY.format(port=port, admin=admin, backend=backend, redis=bench.ports["redis"],
+                         digest=hashlib.sha256(run.API_KEY.encode()).hexdigest(),
+                         capacity=capacity, rate=rate, sync=LEASE.format(units=lease) if lease else "",
+                         upstream=bench.ports["upstream"])
+    path = bench.work / (re.sub(r"\W+", "-", name) + ".yaml")
+    path.write_text(text)
+    p = bench.procs.start(name, [str(run.RELEASE / "tollgate"), "run", "--config", str(path)],
+                          env={"TOLLGATE_KEY_SECRET": run.SECRET, "RUST_LOG": "warn"})
+    run.wait_port(port)
+    bench.ports[name] = port
+    return port, p
+
+
+def script_calls(port):
+    stats = run.commandstats(port)
+    return sum(stats.get(c, (0, 0, 0))[0] for c in ("fcall", "evalsha"))
+
+
+def throughput(bench, args):
+    contenders = {"exact": ("redis", 0), "lease, units 50": ("redis", 50), "lease, units 200": ("redis", 200),
+                  "memory": ("memory", 0)}
+    procs = {name: start(bench, name, backend, lease)[1] for name, (backend, lease) in contenders.items()}
+    for name in contenders:
+        run.wrk(bench.ports[name], 2, args.connections, path="/x")  # warm-up
+    results = {name: [] for name in contenders}
+    names = list(contenders)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            calls, cpu = script_calls(bench.ports["redis"]), run.cpu_seconds(procs[name].pid)
+            w = run.wrk(bench.ports[name], args.duration, args.connections, path="/x")
+            w["cpu_us"] = (run.cpu_seconds(procs[name].pid) - cpu) * 1e6 / max(w["requests"], 1)
+            w["calls"] = (script_calls(bench.ports["redis"]) - calls) / max(w["requests"], 1)
+            results[name].append(w)
+            print(f"round {r + 1} {name}: {w}", flush=True)
+    for name in contenders:
+        bench.procs.stop(name)
+    return results
+
+
+def accuracy(bench, args, instances=4, capacity=100, rate=50):
+    out = {}
+    for lease in (0, 50):
+        label = f"lease, units {lease}" if lease else "exact"
+        redis = bench.ports["redis"]
+        run.redis_cli(redis, "FLUSHALL")
+        ports = [start(bench, f"acc_{label}_{i}", "redis", lease, capacity, rate)[0] for i in range(instances)]
+        admitted, lock = [0], threading.Lock()
+        calls = script_calls(redis)
+        start_at = time.time()
+        sent = [0]
+
+        def client(n):
+            i = n
+            while time.time() - start_at < args.seconds:
+                status, _ = run.http_get(ports[i % len(ports)], "/x", {"Authorization": f"Bearer {run.API_KEY}"})
+                i += 1
+                with lock:
+                    sent[0] += 1
+                    admitted[0] += status == 200
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.time() - start_at
+        out[label] = (admitted[0], capacity + rate * elapsed, sent[0], (script_calls(redis) - calls) / sent[0])
+        print(f"accuracy {label}: admitted {admitted[0]} of at most {capacity + rate * elapsed:.0f} "
+              f"({sent[0]} sent, {out[label][3]:.3f} script calls per request)", flush=True)
+        for i in range(instances):
+            bench.procs.stop(f"acc_{label}_{i}")
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=5.0)
+    args = p.parse_args()
+    bench = run.Bench(argparse.Namespace(connections=args.connections))
+    try:
+        bench.start_redis()
+        bench.start_nginx("upstream", "upstream.conf")
+        results = throughput(bench, args)
+        acc = accuracy(bench, args)
+    finally:
+        bench.procs.stop_all()
+    print("\n| Hot key decided | req/s (median) | p99 ms | CPU µs/request | script calls/request |")
+    print("|---|---|---|---|---|")
+    memory_rps = sorted(w["rps"] for w in results["memory"])[len(results["memory"]) // 2]
+    for name, ws in results.items():
+        med = lambda k: sorted(w[k] for w in ws)[len(ws) // 2]  # noqa: E731
+        print(f"| {name} | {med('rps'):.0f} ({med('rps') / memory_rps:.2f} × memory) | {med('p99'):.2f} | "
+              f"{med('cpu_us'):.1f} | {med('calls'):.4f} |")
+    print("\n| Accuracy (4 gateways, capacity 100, 50/s) | admitted | at most | overage | calls/request |")
+    print("|---|---|---|---|---|")
+    for label, (admitted, bound, sent, calls) in acc.items():
+        print(f"| {label} | {admitted} | {bound:.0f} | {max(0, admitted - int(bound))} | {calls:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
