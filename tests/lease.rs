@@ -9,20 +9,29 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use support::redis_server::RedisServer;
+use support::redis_server::{RedisCluster, RedisServer};
 use support::{digest, eventually, get, Gateway};
 
 const SECRET: (&str, &str) = ("TOLLGATE_KEY_SECRET", "lease-secret-71c2");
 const INSTANCES: usize = 4;
 const UNITS: usize = 20;
 
-/// A global budget leased `UNITS` at a time.
+/// A global budget leased `UNITS` at a time, in one Redis.
 fn policy(redis: &RedisServer, capacity: u64, per_second: f64, ttl_ms: u64) -> String {
+    let store = format!(
+        "{{ backend: redis, urls: [\"{}\"], timeout_ms: 500 }}",
+        redis.url()
+    );
+    policy_on(&store, capacity, per_second, ttl_ms)
+}
+
+/// The same on the `store` given.
+fn policy_on(store: &str, capacity: u64, per_second: f64, ttl_ms: u64) -> String {
     format!(
         r#"
 version: 1
 server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
-store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+store: {store}
 auth:
   keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
 limits:
@@ -30,7 +39,6 @@ limits:
 routes:
   - {{ name: api, path: "/**", respond: {{ status: 200, body: "ok" }}, limits: [hot] }}
 "#,
-        redis.url(),
         digest("key-c1")
     )
 }
@@ -176,4 +184,38 @@ fn a_gateway_that_stops_gives_its_lease_back() {
         99,
         "all but the one request spent"
     );
+}
+
+#[test]
+fn leases_are_taken_and_given_back_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let store = format!(
+        "{{ backend: redis_cluster, urls: [{}], timeout_ms: 1000 }}",
+        urls.join(", ")
+    );
+    let text = policy_on(&store, 100, 0.001, 300);
+    let gws: Vec<Gateway> = (0..2)
+        .map(|_| Gateway::start_with_env(&text, None, &[SECRET]))
+        .collect();
+    let all: Vec<&Gateway> = gws.iter().collect();
+    assert_eq!(blast(&all, 2, 30), 60);
+    assert!(eventually(Duration::from_secs(10), || all
+        .iter()
+        .all(|g| held(g) == 0.0)));
+    assert_eq!(spend_the_rest(all[1], 60, 100), 100);
+}
+
+#[test]
+fn a_reload_gives_leases_back() {
+    let redis = RedisServer::start();
+    let text = policy(&redis, 100, 0.001, 60_000);
+    let gw = Gateway::start_with_env(&text, None, &[SECRET]);
+    assert_eq!(blast(&[&gw], 1, 1), 1);
+    assert_eq!(held(&gw), UNITS as f64);
+    gw.rewrite(&text, None);
+    gw.signal("-HUP");
+    assert!(eventually(Duration::from_secs(10), || held(&gw) == 0.0));
+    // The units came back to the store: the rest of the budget is there.
+    assert_eq!(spend_the_rest(&gw, 1, 100), 100);
 }
