@@ -358,7 +358,8 @@ impl Leases {
     }
 
     /// Every lease whose time is up at `now` gives its units back; leases
-    /// holding nothing, asking for nothing and expired are forgotten.
+    /// holding nothing, asking for nothing and remembering no refusal are
+    /// forgotten.
     pub fn expire(&self, now: u64) {
         let mut back = Vec::new();
         for shard in &self.shards {
@@ -370,7 +371,8 @@ impl Leases {
                 if held.units > 0 {
                     back.extend(held.surrender(self.epochs.fetch_add(1, Ordering::Relaxed)));
                 }
-                held.pending > 0
+                // Kept while a take is out or a refusal is remembered.
+                held.pending > 0 || now < held.refused_until
             });
         }
         self.give_back_later(back);
