@@ -47,6 +47,8 @@ pub struct Facts {
     pub upgrade: bool,
     /// The matched route's bound on waiting for the upstream's response.
     pub upstream_timeout: Option<std::time::Duration>,
+    /// The matched route's place when its pool is full.
+    pub priority: crate::config::schema::Priority,
     /// Whether the request target was accepted (so its path is normalized).
     pub target_ok: bool,
 }
@@ -137,6 +139,7 @@ pub fn plan<'a>(
     facts.max_body_bytes = route.max_body_bytes;
     facts.upgrade = route.upgrade;
     facts.upstream_timeout = route.timeout;
+    facts.priority = route.priority;
     if target.rewritten {
         facts.rewritten_target = Some(target.origin_form());
     }

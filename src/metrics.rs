@@ -27,7 +27,8 @@ pub struct Metrics {
     pub pool_in_flight: IntGaugeVec,
     /// `tollgate_pool_waiting{pool}`: requests waiting for a permit.
     pub pool_waiting: IntGaugeVec,
-    /// `tollgate_pool_rejections_total{pool}`: requests refused by a saturated pool.
+    /// `tollgate_pool_rejections_total{pool,priority}`: requests refused by a
+    /// saturated pool, by route priority.
     pub pool_rejections: IntCounterVec,
     /// `tollgate_pool_wait_seconds{pool}`: time spent waiting for a permit.
     pub pool_wait_seconds: HistogramVec,
@@ -182,7 +183,7 @@ impl Metrics {
                 &r,
                 "tollgate_pool_rejections_total",
                 "Requests refused by a saturated pool.",
-                &["pool"],
+                &["pool", "priority"],
             ),
             pool_wait_seconds: histogram(
                 &r,

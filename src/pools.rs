@@ -2,15 +2,20 @@
 //! slot and for how long, and which of its servers are healthy.
 //!
 //! A rate limit bounds how fast callers start work; a pool bounds how much
-//! of it runs at once. Each pool has a semaphore of `max_in_flight` permits
-//! and a bounded wait queue. The permit is a value held by the request
-//! context: dropping it is the only way to release it, so no early return,
-//! client abort, upstream error or panic can leak one.
+//! of it runs at once. Each pool has `max_in_flight` permits and a bounded
+//! wait queue served in priority order (critical, normal, sheddable; first
+//! come first served within one): a freed permit goes to the first waiter
+//! of the highest priority, the `reserve.critical` share of the permits
+//! only ever to critical routes, and when the queue is full a newcomer
+//! displaces the newest waiter of a lower priority, which is refused. The
+//! permit is a value held by the request context: dropping it is the only
+//! way to release it, so no early return, client abort, upstream error or
+//! panic can leak one.
 //!
-//! Pools outlive policies: a reload resizes a pool's semaphore in place, so
-//! requests in flight keep their permits and the bound holds across it.
+//! Pools outlive policies: a reload resizes a pool in place, so requests in
+//! flight keep their permits and the bound holds across it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,8 +23,9 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use prometheus::{Histogram, IntCounter, IntGauge};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 
+use crate::config::schema::Priority;
 use crate::config::Upstream;
 use crate::metrics::Metrics;
 
@@ -69,8 +75,52 @@ impl Server {
 struct PoolMetrics {
     in_flight: IntGauge,
     waiting: IntGauge,
-    rejections: IntCounter,
+    /// Refusals by priority: critical, normal, sheddable.
+    rejections: [IntCounter; 3],
     wait_seconds: Histogram,
+}
+
+/// Who holds the pool's permits and who waits for one.
+struct Permits {
+    size: u32,
+    /// Of `size`, the permits only critical routes may take.
+    reserved: u32,
+    in_flight: u32,
+    /// Waiters by priority, then arrival; each is sent `true` with a
+    /// permit, or `false` when displaced.
+    waiters: BTreeMap<(Priority, u64), oneshot::Sender<bool>>,
+    arrivals: u64,
+}
+
+impl Permits {
+    fn free_for(&self, priority: Priority) -> bool {
+        let usable = match priority {
+            Priority::Critical => self.size,
+            _ => self.size - self.reserved.min(self.size),
+        };
+        self.in_flight < usable
+    }
+
+    /// Hands freed permits to the waiters that may take them, highest
+    /// priority first.
+    fn hand_off(&mut self) {
+        loop {
+            let next = self
+                .waiters
+                .keys()
+                .find(|(p, _)| self.free_for(*p))
+                .copied();
+            let Some(key) = next else { return };
+            let Some(waiter) = self.waiters.remove(&key) else {
+                return;
+            };
+            self.in_flight += 1;
+            if waiter.send(true).is_err() {
+                // It stopped waiting meanwhile.
+                self.in_flight -= 1;
+            }
+        }
+    }
 }
 
 /// Why a request got no permit.
@@ -89,9 +139,7 @@ pub struct Pool {
     def: ArcSwap<Upstream>,
     servers: ArcSwap<Vec<Arc<Server>>>,
     next: AtomicUsize,
-    permits: Arc<Semaphore>,
-    size: Mutex<u32>,
-    waiting: AtomicU32,
+    permits: Arc<Mutex<Permits>>,
     metrics: PoolMetrics,
     /// When the health checks last ran for this pool.
     pub(crate) last_checked: Mutex<Option<Instant>>,
@@ -99,29 +147,57 @@ pub struct Pool {
 
 /// A slot in the pool, held until the upstream response is over.
 pub struct PoolPermit {
-    _permit: OwnedSemaphorePermit,
+    permits: Arc<Mutex<Permits>>,
     in_flight: IntGauge,
 }
 
 impl Drop for PoolPermit {
     fn drop(&mut self) {
+        let mut permits = lock(&self.permits);
+        permits.in_flight -= 1;
+        permits.hand_off();
         self.in_flight.dec();
     }
 }
 
-/// Keeps `waiting` honest however the wait ends.
-struct WaitSlot<'a>(&'a Pool);
+fn lock(permits: &Mutex<Permits>) -> std::sync::MutexGuard<'_, Permits> {
+    permits.lock().unwrap_or_else(|e| e.into_inner())
+}
 
-impl Drop for WaitSlot<'_> {
+/// A place in the queue: leaves it however the wait ends (a timeout, the
+/// client gone), passing on a permit handed over meanwhile.
+struct Waiting<'a> {
+    pool: &'a Pool,
+    key: (Priority, u64),
+    /// Where the permit arrives; `None` once it is taken.
+    rx: Option<oneshot::Receiver<bool>>,
+}
+
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
-        self.0.metrics.waiting.dec();
+        let mut permits = lock(&self.pool.permits);
+        if permits.waiters.remove(&self.key).is_none() {
+            // Handed a permit (under this lock, so it is in the channel by
+            // now) that nobody will use: pass it on.
+            if let Some(mut rx) = self.rx.take() {
+                if rx.try_recv() == Ok(true) {
+                    permits.in_flight -= 1;
+                    permits.hand_off();
+                }
+            }
+        }
+        self.pool.metrics.waiting.dec();
     }
 }
 
 impl Pool {
     fn new(def: &Upstream, metrics: &Metrics) -> Self {
         let label = [def.name.as_ref()];
+        let rejections = [Priority::Critical, Priority::Normal, Priority::Sheddable].map(|p| {
+            metrics
+                .pool_rejections
+                .with_label_values(&[&def.name, p.label()])
+        });
         Self {
             name: def.name.clone(),
             def: ArcSwap::from_pointee(def.clone()),
@@ -132,13 +208,17 @@ impl Pool {
                     .collect(),
             ),
             next: AtomicUsize::new(0),
-            permits: Arc::new(Semaphore::new(def.max_in_flight as usize)),
-            size: Mutex::new(def.max_in_flight),
-            waiting: AtomicU32::new(0),
+            permits: Arc::new(Mutex::new(Permits {
+                size: def.max_in_flight,
+                reserved: def.reserved_critical,
+                in_flight: 0,
+                waiters: BTreeMap::new(),
+                arrivals: 0,
+            })),
             metrics: PoolMetrics {
                 in_flight: metrics.pool_in_flight.with_label_values(&label),
                 waiting: metrics.pool_waiting.with_label_values(&label),
-                rejections: metrics.pool_rejections.with_label_values(&label),
+                rejections,
                 wait_seconds: metrics.pool_wait_seconds.with_label_values(&label),
             },
             last_checked: Mutex::new(None),
@@ -155,40 +235,67 @@ impl Pool {
         self.servers.load_full()
     }
 
-    /// Takes a permit, waiting in the bounded queue if need be.
-    pub async fn admit(&self) -> Result<PoolPermit, PoolRefusal> {
-        let permit = match self.permits.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => self
-                .wait()
-                .await
-                .inspect_err(|_| self.metrics.rejections.inc())?,
-        };
+    /// Takes a permit for a route of `priority`, waiting in the bounded
+    /// queue if need be.
+    pub async fn admit(&self, priority: Priority) -> Result<PoolPermit, PoolRefusal> {
+        self.wait(priority)
+            .await
+            .inspect_err(|_| self.metrics.rejections[priority as usize].inc())?;
         self.metrics.in_flight.inc();
         Ok(PoolPermit {
-            _permit: permit,
+            permits: self.permits.clone(),
             in_flight: self.metrics.in_flight.clone(),
         })
     }
 
-    async fn wait(&self) -> Result<OwnedSemaphorePermit, PoolRefusal> {
+    async fn wait(&self, priority: Priority) -> Result<(), PoolRefusal> {
         let def = self.def.load();
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= def.queue_max_waiting {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(PoolRefusal::Saturated);
-        }
+        let (rx, key) = {
+            let mut permits = lock(&self.permits);
+            let ahead = permits.waiters.keys().any(|(p, _)| *p <= priority);
+            if permits.free_for(priority) && !ahead {
+                permits.in_flight += 1;
+                return Ok(());
+            }
+            if permits.waiters.len() >= def.queue_max_waiting as usize {
+                // Full: the newest waiter of a lower priority makes room.
+                let last = permits.waiters.keys().next_back().copied();
+                match last.filter(|(p, _)| *p > priority) {
+                    Some(lowest) => {
+                        if let Some(displaced) = permits.waiters.remove(&lowest) {
+                            let _ = displaced.send(false);
+                        }
+                    }
+                    None => return Err(PoolRefusal::Saturated),
+                }
+            }
+            let (tx, rx) = oneshot::channel();
+            permits.arrivals += 1;
+            let key = (priority, permits.arrivals);
+            permits.waiters.insert(key, tx);
+            (rx, key)
+        };
         self.metrics.waiting.inc();
-        let _slot = WaitSlot(self);
+        let mut place = Waiting {
+            pool: self,
+            key,
+            rx: Some(rx),
+        };
         let started = Instant::now();
-        let acquired =
-            tokio::time::timeout(def.queue_timeout, self.permits.clone().acquire_owned()).await;
+        let arrived = match place.rx.as_mut() {
+            Some(rx) => tokio::time::timeout(def.queue_timeout, rx).await,
+            None => unreachable!("the receiver is set above"),
+        };
         self.metrics
             .wait_seconds
             .observe(started.elapsed().as_secs_f64());
-        match acquired {
-            Ok(Ok(permit)) => Ok(permit),
-            _ => Err(PoolRefusal::Saturated),
+        if let Ok(Ok(true)) = arrived {
+            place.rx = None;
+            return Ok(());
         }
+        // Timed out or displaced; a permit handed over meanwhile is passed
+        // on as `place` drops.
+        Err(PoolRefusal::Saturated)
     }
 
     /// The next healthy server, round robin.
@@ -204,7 +311,7 @@ impl Pool {
     }
 
     /// Applies a new definition: servers (keeping the health of those that
-    /// stay), queue settings, and the semaphore's size.
+    /// stay), queue settings, and the number of permits.
     fn update(&self, def: &Upstream) {
         let old = self.servers.load();
         let servers = def
@@ -219,30 +326,12 @@ impl Pool {
             .collect();
         self.servers.store(Arc::new(servers));
         self.def.store(Arc::new(def.clone()));
-        self.resize(def.max_in_flight);
-    }
-
-    fn resize(&self, target: u32) {
-        let mut size = self.size.lock().unwrap_or_else(|e| e.into_inner());
-        if target > *size {
-            self.permits.add_permits((target - *size) as usize);
-        } else if target < *size {
-            let surplus = *size - target;
-            // Free permits go at once; the rest as requests in flight finish.
-            let taken = self.permits.forget_permits(surplus as usize) as u32;
-            let owed = surplus - taken;
-            if owed > 0 {
-                let permits = self.permits.clone();
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move {
-                        if let Ok(p) = permits.acquire_many_owned(owed).await {
-                            p.forget();
-                        }
-                    });
-                }
-            }
-        }
-        *size = target;
+        // Shrinking: permits in flight above the new size are not handed on
+        // as they come back.
+        let mut permits = lock(&self.permits);
+        permits.size = def.max_in_flight;
+        permits.reserved = def.reserved_critical;
+        permits.hand_off();
     }
 }
 

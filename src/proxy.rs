@@ -96,7 +96,7 @@ impl Gateway {
                 PoolRefusal::Saturated => Rejection::Overloaded { retry_after: 1 },
                 PoolRefusal::NoHealthyServer => Rejection::NoHealthyUpstream { retry_after: 1 },
             };
-            ctx.permit = Some(pool.admit().await.map_err(refusal)?);
+            ctx.permit = Some(pool.admit(ctx.facts.priority).await.map_err(refusal)?);
             let server = pool.pick().map_err(refusal)?;
             ctx.server = Some((pool_id, server));
         }

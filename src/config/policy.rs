@@ -194,6 +194,8 @@ pub struct Upstream {
     pub protocol: super::schema::UpstreamProtocol,
     /// Active health checks; without them every server counts as healthy.
     pub health: Option<HealthCheck>,
+    /// Permits only critical routes may take.
+    pub reserved_critical: u32,
 }
 
 /// How a pool's servers are reached over TLS.
@@ -275,6 +277,8 @@ pub struct Route {
     pub upgrade: bool,
     /// The longest wait for the upstream's response; `None`: the pool's.
     pub timeout: Option<Duration>,
+    /// Its place when the pool is full.
+    pub priority: super::schema::Priority,
 }
 
 impl Policy {

@@ -480,6 +480,42 @@ pub struct RawUpstream {
     pub read_timeout_ms: Option<u64>,
     /// Active health checks; without them every server counts as healthy.
     pub health_check: Option<RawHealthCheck>,
+    /// Shares of `max_in_flight` kept for a priority (`critical` only).
+    pub reserve: Option<RawReserve>,
+}
+
+/// The `upstreams.*.reserve` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReserve {
+    /// The share of `max_in_flight` only critical routes may take, 0 to
+    /// below 1.
+    pub critical: f64,
+}
+
+/// The values of `routes[].priority`: who waits first and is shed last when
+/// a pool is full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// Served first, and alone in the reserved share.
+    Critical,
+    /// The default.
+    #[default]
+    Normal,
+    /// Refused first.
+    Sheddable,
+}
+
+impl Priority {
+    /// The `priority` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Normal => "normal",
+            Priority::Sheddable => "sheddable",
+        }
+    }
 }
 
 /// The `upstreams.*.tls` section.
@@ -579,6 +615,10 @@ pub struct RawRoute {
     /// The longest wait for the upstream's response (to its first byte, and
     /// between reads), 1-3600000 ms; the pool's `read_timeout_ms` when absent.
     pub timeout_ms: Option<u64>,
+    /// `critical`, `normal` or `sheddable` when its pool is full; `normal`
+    /// when absent.
+    #[serde(default)]
+    pub priority: Priority,
 }
 
 /// The `routes[].respond` section: a response made by the gateway.

@@ -898,9 +898,24 @@ fn upstreams(
             health: u
                 .health_check
                 .map(|h| health_check(c, &format!("{path}.health_check"), h)),
+            reserved_critical: reserve(c, &path, u.reserve, max_in_flight),
         });
     }
     (out, ids)
+}
+
+/// `upstreams.*.reserve`: the permits only critical routes may take, of
+/// `max_in_flight`; at least one is left to the others.
+fn reserve(c: &mut Checker, path: &str, raw: Option<RawReserve>, max_in_flight: u32) -> u32 {
+    let Some(raw) = raw else { return 0 };
+    if !(0.0..1.0).contains(&raw.critical) {
+        c.fail(
+            format!("{path}.reserve.critical"),
+            format!("must be a share from 0 to below 1, got {}", raw.critical),
+        );
+        return 0;
+    }
+    ((f64::from(max_in_flight) * raw.critical).round() as u32).min(max_in_flight.saturating_sub(1))
 }
 
 /// `upstreams.*.tls`: SNI (the first server's host by default), and the CA
@@ -1068,6 +1083,7 @@ fn routes(
                 timeout: r.timeout_ms.map(|ms| {
                     Duration::from_millis(c.range(&format!("{path}.timeout_ms"), ms, 1, 3_600_000))
                 }),
+                priority: r.priority,
             };
             router.push(methods, hosts, template, route);
         }

@@ -19,6 +19,7 @@ fn upstream(servers: &[&str], max_in_flight: u32, max_waiting: u32, wait_ms: u64
         tls: None,
         protocol: crate::config::schema::UpstreamProtocol::Http1,
         health: None,
+        reserved_critical: 0,
     }
 }
 
@@ -57,26 +58,38 @@ fn healthy_servers_take_turns() {
 #[tokio::test(start_paused = true)]
 async fn permits_are_bounded_queued_and_released_by_drop() {
     let (p, metrics) = pool(&upstream(&["127.0.0.1:1"], 2, 1, 50));
-    let a = p.admit().await.unwrap();
-    let _b = p.admit().await.unwrap();
+    let a = p.admit(Priority::Normal).await.unwrap();
+    let _b = p.admit(Priority::Normal).await.unwrap();
     assert_eq!(metrics.pool_in_flight.with_label_values(&["api"]).get(), 2);
     // The third waits in the queue and gets a permit when one is dropped.
     let waiter = {
         let p = p.clone();
-        tokio::spawn(async move { p.admit().await.map(drop) })
+        tokio::spawn(async move { p.admit(Priority::Normal).await.map(drop) })
     };
     tokio::task::yield_now().await;
     // The queue holds one: a fourth is refused at once.
     tokio::time::advance(Duration::from_millis(5)).await;
     assert_eq!(metrics.pool_waiting.with_label_values(&["api"]).get(), 1);
-    assert_eq!(p.admit().await.err(), Some(PoolRefusal::Saturated));
+    assert_eq!(
+        p.admit(Priority::Normal).await.err(),
+        Some(PoolRefusal::Saturated)
+    );
     drop(a);
     assert_eq!(waiter.await.unwrap().err(), None);
     // With nothing released, a waiter times out (paused time jumps to the
     // timeout once nothing else can run).
-    let _c = p.admit().await.unwrap();
-    assert_eq!(p.admit().await.err(), Some(PoolRefusal::Saturated));
-    assert_eq!(metrics.pool_rejections.with_label_values(&["api"]).get(), 2);
+    let _c = p.admit(Priority::Normal).await.unwrap();
+    assert_eq!(
+        p.admit(Priority::Normal).await.err(),
+        Some(PoolRefusal::Saturated)
+    );
+    assert_eq!(
+        metrics
+            .pool_rejections
+            .with_label_values(&["api", "normal"])
+            .get(),
+        2
+    );
     drop(_c);
     drop(_b);
     assert_eq!(metrics.pool_in_flight.with_label_values(&["api"]).get(), 0);
@@ -90,14 +103,17 @@ async fn a_reload_resizes_the_pool_in_place() {
     let first = pools
         .reconcile(&[upstream(&["127.0.0.1:1"], 1, 0, 0)])
         .remove(0);
-    let held = first.admit().await.unwrap();
+    let held = first.admit(Priority::Normal).await.unwrap();
     let bigger = pools
         .reconcile(&[upstream(&["127.0.0.1:1"], 3, 0, 0)])
         .remove(0);
     assert!(Arc::ptr_eq(&first, &bigger), "the same pool, resized");
-    let more = [bigger.admit().await.unwrap(), bigger.admit().await.unwrap()];
+    let more = [
+        bigger.admit(Priority::Normal).await.unwrap(),
+        bigger.admit(Priority::Normal).await.unwrap(),
+    ];
     assert!(
-        bigger.admit().await.is_err(),
+        bigger.admit(Priority::Normal).await.is_err(),
         "3 in flight, including the one from before"
     );
     // Shrinking to 1 while 3 are in flight: nothing new until two finish.
@@ -106,11 +122,76 @@ async fn a_reload_resizes_the_pool_in_place() {
         .remove(0);
     drop(held);
     tokio::task::yield_now().await;
-    assert!(smaller.admit().await.is_err());
+    assert!(smaller.admit(Priority::Normal).await.is_err());
     drop(more);
     // Lets the task that takes back the owed permits run.
     tokio::time::advance(Duration::from_millis(10)).await;
-    let only = smaller.admit().await.unwrap();
-    assert!(smaller.admit().await.is_err());
+    let only = smaller.admit(Priority::Normal).await.unwrap();
+    assert!(smaller.admit(Priority::Normal).await.is_err());
     drop(only);
+}
+
+/// Starts waiting for a permit of `priority` in the background.
+fn waiter(
+    p: &Arc<Pool>,
+    priority: Priority,
+) -> tokio::task::JoinHandle<Result<PoolPermit, PoolRefusal>> {
+    let p = p.clone();
+    tokio::spawn(async move { p.admit(priority).await })
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_served_by_priority_and_the_lowest_is_displaced() {
+    let (p, metrics) = pool(&upstream(&["127.0.0.1:1"], 1, 2, 60_000));
+    let running = p.admit(Priority::Normal).await.unwrap();
+    let sheddable = waiter(&p, Priority::Sheddable);
+    tokio::task::yield_now().await;
+    let normal = waiter(&p, Priority::Normal);
+    tokio::task::yield_now().await;
+    // The queue of two is full: a critical newcomer displaces the
+    // sheddable waiter, which is refused at once.
+    let critical = waiter(&p, Priority::Critical);
+    tokio::task::yield_now().await;
+    assert_eq!(sheddable.await.unwrap().err(), Some(PoolRefusal::Saturated));
+    // A normal newcomer finds nobody lower to displace.
+    assert_eq!(
+        p.admit(Priority::Normal).await.err(),
+        Some(PoolRefusal::Saturated)
+    );
+    // The freed permit goes to the critical waiter, though it came last.
+    drop(running);
+    let critical = critical.await.unwrap().unwrap();
+    assert!(!normal.is_finished());
+    drop(critical);
+    drop(normal.await.unwrap().unwrap());
+    let refused = |p: &str| metrics.pool_rejections.with_label_values(&["api", p]).get();
+    assert_eq!(
+        (refused("critical"), refused("normal"), refused("sheddable")),
+        (0, 1, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_reserved_share_goes_only_to_critical_routes() {
+    let def = Upstream {
+        reserved_critical: 1,
+        ..upstream(&["127.0.0.1:1"], 3, 0, 0)
+    };
+    let (p, _) = pool(&def);
+    let normal = [
+        p.admit(Priority::Normal).await.unwrap(),
+        p.admit(Priority::Sheddable).await.unwrap(),
+    ];
+    // Two of three taken: the third is the reserve.
+    assert_eq!(
+        p.admit(Priority::Normal).await.err(),
+        Some(PoolRefusal::Saturated)
+    );
+    let critical = p.admit(Priority::Critical).await.unwrap();
+    assert_eq!(
+        p.admit(Priority::Critical).await.err(),
+        Some(PoolRefusal::Saturated)
+    );
+    drop(normal);
+    drop(critical);
 }
