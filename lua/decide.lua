@@ -28,6 +28,8 @@
 --                                            b = micro-tokens per ms)
 --                       FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG
 --                                           (a = limit, b = window in ms)
+--                       QUOTA               (a = limit, b = 1 for a UTC
+--                                            day, 2 for a UTC month)
 --          a, b     i8  as above
 --          cost     i8  whole units
 --          flags    B   bit 0: enforced (else shadow); bit 1: the group;
@@ -57,7 +59,7 @@
 -- the number that gives the state its meaning (i8: a GCRA's rate, a
 -- window's length, 0 for a token bucket), then the state's numbers (i8
 -- each): token_bucket balance, at; gcra tat, frac; fixed_window start,
--- count; sliding_window start, curr, prev. State of another algorithm or
+-- count; sliding_window start, curr, prev; quota period start, count. State of another algorithm or
 -- meaning, of another length or of an older format is not read: the key
 -- starts afresh, as in the in-process store.
 --
@@ -75,10 +77,11 @@ local SLACK = 1000
 -- Expired log entries removed per decision, at most.
 local PRUNE = 64
 -- Algorithm numbers (kind), as src/limits/redis/codec.rs sends them.
-local TOKEN_BUCKET, GCRA, FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG = 1, 2, 3, 4, 5
+local TOKEN_BUCKET, GCRA, FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG, QUOTA = 1, 2, 3, 4, 5, 6
 -- Binary state: format and length by algorithm.
-local FORMAT = { '<Bi8i8i8', '<Bi8i8i8', '<Bi8i8i8', '<Bi8i8i8i8' }
-local LENGTH = { 25, 25, 25, 33 }
+local FORMAT = { '<Bi8i8i8', '<Bi8i8i8', '<Bi8i8i8', '<Bi8i8i8i8', nil, '<Bi8i8i8' }
+local LENGTH = { 25, 25, 25, 33, nil, 25 }
+local DAY_MS = 86400000
 -- Big-endian, so that entries of one instant sort by running total.
 local ENTRY = '>i8i8i8'
 
@@ -96,6 +99,43 @@ local function align(t, w) return t - t % w end
 local function int(n)
   if n < 1e14 then return n end
   return string.format('%d', n)
+end
+
+-- Days since 1970-01-01 of a date, and back (H. Hinnant's algorithms, as
+-- in src/limits/algorithm.rs).
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = floor(y / 400)
+  local yoe = y - era * 400
+  local mp = m - 3
+  if m <= 2 then mp = m + 9 end
+  local doy = floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
+  local m = mp + 3
+  if mp >= 10 then m = mp - 9 end
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+
+-- The start and end (ms) of the calendar period (1 day, 2 month) holding t.
+local function period(t, code)
+  local day = floor(t / DAY_MS)
+  if code == 1 then return day * DAY_MS, (day + 1) * DAY_MS end
+  local y, m = civil_from_days(day)
+  local ny, nm = y, m + 1
+  if m == 12 then ny, nm = y + 1, 1 end
+  return days_from_civil(y, m, 1) * DAY_MS, days_from_civil(ny, nm, 1) * DAY_MS
 end
 
 -- The check of a bucket holding `balance`: allowed, remaining, wait.
@@ -239,6 +279,9 @@ local function state(k, kind, a, b)
   elseif kind == FIXED_WINDOW then
     if not x or now >= x + b then x, y = align(now, b), 0 end
     s.x, s.y = x, y
+  elseif kind == QUOTA then
+    if not x or now >= select(2, period(x, b)) then x, y = period(now, b), 0 end
+    s.x, s.y = x, y
   else
     if not x or now >= x + 2 * b then
       x, y, z = align(now, b), 0, 0
@@ -259,6 +302,10 @@ local function check(s, a, b, cost)
   if k == TOKEN_BUCKET then return check_bucket(a, b, s.x, cost) end
   if k == GCRA then return check_bucket(a, b, max(0, a - debt(s, b)), cost) end
   if k == FIXED_WINDOW then return check_counter(a, s.y, cost, s.x + b - max(now, s.x)) end
+  if k == QUOTA then
+    local _, finish = period(s.x, b)
+    return check_counter(a, s.y, cost, finish - max(now, s.x))
+  end
   if k == SLIDING_WINDOW then
     return check_sliding(a, b, s.y, s.z, cost, max(now, s.x) - s.x)
   end
@@ -273,7 +320,7 @@ local function spend(s, b, cost)
     local owed = s.y + cost * MICRO
     local whole = floor(owed / b)
     s.x, s.y = s.x + whole, owed - whole * b
-  elseif k == FIXED_WINDOW or k == SLIDING_WINDOW then
+  elseif k == FIXED_WINDOW or k == SLIDING_WINDOW or k == QUOTA then
     s.y = s.y + cost
   else
     s.run = s.run + cost
@@ -327,6 +374,9 @@ local function refund(s, a, b, cost, spent_at)
     s.x, s.y = now + whole, owed - whole * b
   elseif k == FIXED_WINDOW then
     if spent_at >= s.x and spent_at < s.x + b then s.y = max(0, s.y - cost) end
+  elseif k == QUOTA then
+    local _, finish = period(s.x, b)
+    if spent_at >= s.x and spent_at < finish then s.y = max(0, s.y - cost) end
   elseif k == SLIDING_WINDOW then
     if spent_at >= s.x then
       s.y = max(0, s.y - cost)
@@ -345,6 +395,10 @@ local function reset(s, a, b)
   if k == GCRA then return math.ceil(debt(s, b) / b) end
   if k == FIXED_WINDOW then
     if s.y > 0 then return max(0, s.x + b - now) end
+    return 0
+  end
+  if k == QUOTA then
+    if s.y > 0 then return max(0, select(2, period(s.x, b)) - now) end
     return 0
   end
   if k == SLIDING_WINDOW then

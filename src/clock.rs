@@ -13,17 +13,24 @@ pub trait Clock: Send + Sync + 'static {
     fn now_ms(&self) -> u64;
 }
 
-/// The process's monotonic clock.
+/// The process's monotonic clock, reading milliseconds since the Unix
+/// epoch as of its start: calendar periods (quotas) fall on UTC days and
+/// months as in Redis, and a wall clock stepped back never moves it back.
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     origin: Instant,
+    epoch_ms: u64,
 }
 
 impl MonotonicClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
+        let epoch_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         Self {
             origin: Instant::now(),
+            epoch_ms,
         }
     }
 }
@@ -36,9 +43,9 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_ms(&self) -> u64 {
-        // Start at one second so that "time zero" never collides with a
-        // freshly created state's timestamp arithmetic.
-        1_000 + self.origin.elapsed().as_millis() as u64
+        // Never zero, even on a machine whose clock reads 1970: "time zero"
+        // must not collide with a fresh state's timestamp arithmetic.
+        self.epoch_ms.max(1_000) + self.origin.elapsed().as_millis() as u64
     }
 }
 

@@ -97,13 +97,13 @@ impl LeaseKeeper {
 
 #[async_trait]
 impl BackgroundService for LeaseKeeper {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        // Runs through the drain, while requests still take and spend;
+        // the drain gives every lease back once they have finished.
         loop {
             tokio::select! {
                 () = self.limiter.lease_work() => {}
                 () = tokio::time::sleep(LEASE_TICK) => {}
-                // The drain gives every lease back once requests finished.
-                _ = shutdown.changed() => return,
             }
             self.limiter.keep_leases().await;
         }

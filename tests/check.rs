@@ -27,7 +27,7 @@ fn example_policies_are_valid() {
 
 const FIXTURES: &[(&str, &str)] = &[
     ("unknown_field", "tests/config/unknown_field.yaml:6:5: routes[0]: unknown field `limtis`, expected one of `name`, `methods`, `path`, `auth`, `upstream`, `respond`, `cost`, `limits`, `max_body_bytes`, `upgrade`, `hosts`, `timeout_ms`, `priority`"),
-    ("unknown_algorithm", "tests/config/unknown_algorithm.yaml:3:43: limits.per-tenant.algorithm: unknown variant `leaky_bucket`, expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log`"),
+    ("unknown_algorithm", "tests/config/unknown_algorithm.yaml:3:43: limits.per-tenant.algorithm: unknown variant `leaky_bucket`, expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log`, `quota`"),
     ("yaml_syntax", "tests/config/yaml_syntax.yaml:4:1: did not find expected ',' or '}' at line 4 column 1, while parsing a flow mapping at line 3 column 5"),
     ("dangling_limit", "tests/config/dangling_limit.yaml: routes[0].limits[1]: unknown limit \"per-tenat\""),
     ("dangling_upstream", "tests/config/dangling_upstream.yaml: routes[0].upstream: unknown upstream \"apii\""),
@@ -66,6 +66,8 @@ const FIXTURES: &[(&str, &str)] = &[
     ("lease_on_local_limit", "tests/config/lease_on_local_limit.yaml: limits.global.sync: a lease is taken from the shared store; a limit with store: local has none"),
     ("lease_without_sync", "tests/config/lease_without_sync.yaml: limits.global.lease: only read with sync: lease"),
     ("reserve_everything", "tests/config/reserve_everything.yaml: upstreams.api.reserve.critical: must be a share from 0 to below 1, got 1"),
+    ("lease_on_quota", "tests/config/lease_on_quota.yaml: limits.monthly.sync: a quota counts a calendar period; a lease's units would outlive it: use sync: exact"),
+    ("quota_without_period", "tests/config/quota_without_period.yaml: limits.monthly: `window_seconds` does not apply to quota; it takes `limit` and `period`\ntests/config/quota_without_period.yaml: limits.monthly: missing `period`"),
     ("url_password_hidden", "tests/config/url_password_hidden.yaml: store.urls[0]: \"http://gate:***@127.0.0.1:6379\" is not a redis:// or rediss:// url"),
 ];
 

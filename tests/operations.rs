@@ -72,7 +72,7 @@ fn a_pool_never_has_more_than_its_bound_in_flight() {
         statuses.contains(&503),
         "12 at once cannot all fit in 2 + a queue of 2"
     );
-    assert!(gw.metric("tollgate_pool_rejections_total{pool=\"slow\"}") >= 1.0);
+    assert!(gw.metric("tollgate_pool_rejections_total{pool=\"slow\",priority=\"normal\"}") >= 1.0);
 
     // Clients that give up mid-request and upstreams that fail must not
     // leak a permit either.

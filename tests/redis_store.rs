@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use support::redis_server::{RedisCluster, RedisServer};
 use tollgate::clock::ManualClock;
-use tollgate::limits::algorithm::{Bucket, Params, Window, MICRO};
+use tollgate::limits::algorithm::{Bucket, Params, Period, Quota, Window, MICRO};
 use tollgate::limits::cluster::ClusterStore;
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
@@ -406,12 +406,18 @@ fn any_params() -> impl Strategy<Value = Params> {
         per_ms,
     });
     let win = (1u64..30, 1u64..4_000).prop_map(|(limit, window_ms)| Window { limit, window_ms });
+    let quota = (
+        1u64..30,
+        prop_oneof![Just(Period::Day), Just(Period::Month)],
+    )
+        .prop_map(|(limit, period)| Quota { limit, period });
     prop_oneof![
         bucket.clone().prop_map(Params::TokenBucket),
         bucket.prop_map(Params::Gcra),
         win.clone().prop_map(Params::FixedWindow),
         win.clone().prop_map(Params::SlidingWindow),
         win.prop_map(Params::SlidingLog),
+        quota.prop_map(Params::Quota),
     ]
 }
 
@@ -430,6 +436,7 @@ fn resized(params: Params, to: u64) -> Params {
         Params::FixedWindow(w) => Params::FixedWindow(Window { limit: to, ..w }),
         Params::SlidingWindow(w) => Params::SlidingWindow(Window { limit: to, ..w }),
         Params::SlidingLog(w) => Params::SlidingLog(Window { limit: to, ..w }),
+        Params::Quota(q) => Params::Quota(Quota { limit: to, ..q }),
     }
 }
 
@@ -758,4 +765,54 @@ fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
         other => panic!("expected a script error, got {other:?}"),
     }
     assert!(server.keys().is_empty(), "nothing was written");
+}
+
+/// Milliseconds since the epoch of a UTC date and time.
+fn utc(y: i32, m: u32, d: u32, hms: (u32, u32, u32)) -> u64 {
+    use chrono::{NaiveDate, TimeZone, Utc};
+    let date = NaiveDate::from_ymd_opt(y, m, d).unwrap();
+    let at = date.and_hms_opt(hms.0, hms.1, hms.2).unwrap();
+    Utc.from_utc_datetime(&at).timestamp_millis() as u64
+}
+
+#[test]
+fn quotas_roll_over_at_utc_calendar_boundaries_in_lua_and_rust() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    // The last second of a period, then the first of the next: month
+    // ends of 31, 30 and 28 or 29 days, a year's end, and a day.
+    let edges = [
+        (Period::Month, utc(2026, 12, 31, (23, 59, 59)), "2026-12"),
+        (Period::Month, utc(2027, 4, 30, (23, 59, 59)), "2027-04"),
+        (Period::Month, utc(2028, 2, 29, (23, 59, 59)), "2028-02"),
+        (Period::Month, utc(2027, 2, 28, (23, 59, 59)), "2027-02"),
+        (Period::Day, utc(2026, 12, 1, (23, 59, 59)), "2026-12-01"),
+    ];
+    for (i, (period, last_second, name)) in edges.into_iter().enumerate() {
+        assert_eq!(period.name(last_second), name);
+        let (start, end) = period.bounds(last_second);
+        assert!(start <= last_second && last_second < end && end - last_second == 1_000);
+        let clock = ManualClock::new(last_second);
+        let memory = MemoryStore::new(clock.clone());
+        let redis = store(&server, &clock);
+        let p = Params::Quota(Quota { limit: 3, period });
+        let c = charge("q", &format!("quota-edge-{i}"), p, 2);
+        let decide = |expect: &[bool]| {
+            let want = memory.decide_now(std::slice::from_ref(&c), Gate::Open).0;
+            let got = rt.block_on(redis.decide(&[&c], Gate::Open)).unwrap();
+            assert_eq!(got, want, "{name}");
+            assert_eq!(
+                got.iter().map(|v| v.allowed).collect::<Vec<_>>(),
+                expect,
+                "{name}"
+            );
+            got[0]
+        };
+        decide(&[true]);
+        // Over the period's limit: the wait is what is left of the period.
+        let refused = decide(&[false]);
+        assert_eq!(refused.wait_ms, Some(1_000));
+        clock.advance(1_000);
+        decide(&[true]);
+    }
 }

@@ -328,6 +328,8 @@ pub struct RawOverride {
     pub limit: Option<f64>,
     /// Replacement `window_seconds` of a window limit.
     pub window_seconds: Option<f64>,
+    /// `quota`: `day` or `month` (calendar periods in UTC).
+    pub period: Option<crate::limits::algorithm::Period>,
 }
 
 /// The values of `limits.*.scope`: when a limit runs.
@@ -370,6 +372,8 @@ pub enum AlgorithmName {
     SlidingWindow,
     /// Exact: one entry per admitted request in the last `window_seconds`.
     SlidingLog,
+    /// `limit` per calendar `period` (UTC), with no refill.
+    Quota,
 }
 
 impl fmt::Display for AlgorithmName {
@@ -380,6 +384,7 @@ impl fmt::Display for AlgorithmName {
             AlgorithmName::FixedWindow => "fixed_window",
             AlgorithmName::SlidingWindow => "sliding_window",
             AlgorithmName::SlidingLog => "sliding_log",
+            AlgorithmName::Quota => "quota",
         })
     }
 }
@@ -415,6 +420,8 @@ pub struct RawLimit {
     pub limit: Option<f64>,
     /// Window algorithms: the window length, at most 86400.
     pub window_seconds: Option<f64>,
+    /// `quota`: `day` or `month` (calendar periods in UTC).
+    pub period: Option<crate::limits::algorithm::Period>,
     /// `local` or `shared`; `shared` when absent (`local` with `backend: memory`).
     pub store: Option<Placement>,
     /// What a shared limit does while the store fails; `closed` when absent.

@@ -15,7 +15,7 @@ use crate::access_log::{AccessLogSettings, Destination};
 use crate::auth::{parse_digest, Credential, KeyTable};
 use crate::client_ip::{ClientIpConfig, ForwardHeader};
 use crate::edge::{EdgeSettings, EncodedSlash};
-use crate::limits::algorithm::{Bucket, Params, Window, MICRO};
+use crate::limits::algorithm::{Bucket, Params, Quota, Window, MICRO};
 use crate::limits::redis::redacted;
 use crate::limits::LeaseTerms;
 use crate::routes::{HostPattern, PathTemplate, Router};
@@ -469,6 +469,15 @@ fn params(
     algorithm: AlgorithmName,
     n: &RawOverride,
 ) -> Option<Params> {
+    if algorithm == AlgorithmName::Quota {
+        return quota(c, path, n);
+    }
+    if n.period.is_some() {
+        c.fail(
+            path,
+            format!("`period` does not apply to {algorithm}; it is for quota"),
+        );
+    }
     let bucket = matches!(algorithm, AlgorithmName::TokenBucket | AlgorithmName::Gcra);
     let (wanted, unwanted) = if bucket {
         (
@@ -590,6 +599,7 @@ fn limits(c: &mut Checker, raw: UniqueMap<RawLimit>, memory: bool) -> (Vec<Limit
             refill_per_second: l.refill_per_second,
             limit: l.limit,
             window_seconds: l.window_seconds,
+            period: l.period,
         };
         let Some(params) = params(c, &path, l.algorithm, &numbers) else {
             // Known but invalid: references to it are not a second error.
@@ -610,6 +620,29 @@ fn limits(c: &mut Checker, raw: UniqueMap<RawLimit>, memory: bool) -> (Vec<Limit
         });
     }
     (out, ids)
+}
+
+/// A calendar quota: `limit` and `period`, nothing else.
+fn quota(c: &mut Checker, path: &str, n: &RawOverride) -> Option<Params> {
+    for (field, value) in [
+        ("capacity", n.capacity),
+        ("refill_per_second", n.refill_per_second),
+        ("window_seconds", n.window_seconds),
+    ] {
+        if value.is_some() {
+            c.fail(
+                path,
+                format!("`{field}` does not apply to quota; it takes `limit` and `period`"),
+            );
+        }
+    }
+    let limit = c.required(path, "limit", n.limit);
+    let period = c.required(path, "period", n.period);
+    let limit = c.whole(&format!("{path}.limit"), limit?, MAX_AMOUNT)?;
+    Some(Params::Quota(Quota {
+        limit,
+        period: period?,
+    }))
 }
 
 /// The terms of `sync: lease`, checked against the limit they belong to.
@@ -633,6 +666,12 @@ fn lease(c: &mut Checker, path: &str, l: &RawLimit, params: &Params) -> Option<L
         c.fail(
             format!("{path}.sync"),
             "a lease is taken from the shared store; a limit with store: local has none",
+        );
+    }
+    if matches!(params, Params::Quota(_)) {
+        c.fail(
+            format!("{path}.sync"),
+            "a quota counts a calendar period; a lease's units would outlive it: use sync: exact",
         );
     }
     if matches!(params, Params::SlidingLog(_)) {
@@ -689,6 +728,11 @@ fn plans(
                     &path,
                     "a pre_auth limit runs before the plan is known and cannot be overridden",
                 );
+            }
+            let mut numbers = numbers;
+            if let (Params::Quota(q), None) = (limits[id].params, numbers.period) {
+                // A plan changes a quota's amount; the period is the limit's.
+                numbers.period = Some(q.period);
             }
             if let Some(p) = params(c, &path, algorithm, &numbers) {
                 plan.overrides.push((id, p));

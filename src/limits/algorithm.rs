@@ -32,6 +32,86 @@ pub enum Params {
     SlidingWindow(Window),
     /// One entry per admission: exact over the rolling window.
     SlidingLog(Window),
+    /// A count per calendar period (UTC), with no refill.
+    Quota(Quota),
+}
+
+/// Limit and period of a calendar quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    /// Admitted cost per period.
+    pub limit: u64,
+    /// The calendar period.
+    pub period: Period,
+}
+
+/// A calendar period, in UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Period {
+    /// From midnight to midnight.
+    Day,
+    /// From the first of the month to the first of the next.
+    Month,
+}
+
+const DAY_MS: u64 = 86_400_000;
+
+impl Period {
+    /// Its number in the Redis script (`b` of a quota).
+    pub fn code(self) -> u64 {
+        match self {
+            Period::Day => 1,
+            Period::Month => 2,
+        }
+    }
+
+    /// The start and end (ms since the epoch) of the period holding `now`.
+    pub fn bounds(self, now: u64) -> (u64, u64) {
+        let day = now / DAY_MS;
+        match self {
+            Period::Day => (day * DAY_MS, (day + 1) * DAY_MS),
+            Period::Month => {
+                let (y, m, _) = civil_from_days(day as i64);
+                let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                let start = days_from_civil(y, m, 1) as u64 * DAY_MS;
+                (start, days_from_civil(ny, nm, 1) as u64 * DAY_MS)
+            }
+        }
+    }
+
+    /// The period holding `now` as text: `2026-12-01` or `2026-12`.
+    pub fn name(self, now: u64) -> String {
+        let (y, m, d) = civil_from_days((now / DAY_MS) as i64);
+        match self {
+            Period::Day => format!("{y:04}-{m:02}-{d:02}"),
+            Period::Month => format!("{y:04}-{m:02}"),
+        }
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
+/// `days_from_civil`); `lua/decide.lua` has the same.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date of a day count since 1970-01-01: (year, month, day).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// Capacity and refill of a token bucket or GCRA limit.
@@ -156,6 +236,7 @@ impl Params {
         match self {
             Params::TokenBucket(b) | Params::Gcra(b) => b.capacity / MICRO,
             Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => w.limit,
+            Params::Quota(q) => q.limit,
         }
     }
 
@@ -165,7 +246,7 @@ impl Params {
             Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => {
                 Some(w.window_ms)
             }
-            Params::TokenBucket(_) | Params::Gcra(_) => None,
+            Params::TokenBucket(_) | Params::Gcra(_) | Params::Quota(_) => None,
         }
     }
 
@@ -179,6 +260,10 @@ impl Params {
             Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => {
                 w.window_ms.div_ceil(1000).max(1)
             }
+            Params::Quota(q) => match q.period {
+                Period::Day => 86_400,
+                Period::Month => 30 * 86_400,
+            },
         }
     }
 
@@ -193,6 +278,10 @@ impl Params {
             Params::FixedWindow(w) => Params::FixedWindow(w.share(n)),
             Params::SlidingWindow(w) => Params::SlidingWindow(w.share(n)),
             Params::SlidingLog(w) => Params::SlidingLog(w.share(n)),
+            Params::Quota(q) => Params::Quota(Quota {
+                limit: (q.limit / n).max(1),
+                ..q
+            }),
         }
     }
 
@@ -217,6 +306,10 @@ impl Params {
                 entries: VecDeque::new(),
                 total: 0,
             },
+            Params::Quota(q) => State::Window {
+                start: q.period.bounds(now).0,
+                count: 0,
+            },
         }
     }
 
@@ -232,6 +325,7 @@ impl Params {
             Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => {
                 w.window_ms
             }
+            Params::Quota(q) => q.period.code(),
         }
     }
 
@@ -282,6 +376,12 @@ impl Params {
                     *count = 0;
                 }
             }
+            (Params::Quota(q), State::Window { start, count }) => {
+                if now >= q.period.bounds(*start).1 {
+                    *start = q.period.bounds(now).0;
+                    *count = 0;
+                }
+            }
             (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
                 if now >= *start + 2 * w.window_ms {
                     *start = align(now, w.window_ms);
@@ -316,8 +416,15 @@ impl Params {
                 b.capacity.saturating_sub(gcra_debt(b, *tat, *frac, now)),
                 cost,
             ),
-            (Params::FixedWindow(w), State::Window { start, count }) => {
-                check_counter(w, *count, cost, *start + w.window_ms - now.max(*start))
+            (Params::FixedWindow(w), State::Window { start, count }) => check_counter(
+                w.limit,
+                *count,
+                cost,
+                *start + w.window_ms - now.max(*start),
+            ),
+            (Params::Quota(q), State::Window { start, count }) => {
+                let end = q.period.bounds(*start).1;
+                check_counter(q.limit, *count, cost, end - now.max(*start))
             }
             (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
                 check_sliding(w, *curr, *prev, cost, now.max(*start) - *start)
@@ -340,7 +447,7 @@ impl Params {
                 *tat += owed / b.per_ms;
                 *frac = owed % b.per_ms;
             }
-            (Params::FixedWindow(_), State::Window { count, .. })
+            (Params::FixedWindow(_) | Params::Quota(_), State::Window { count, .. })
             | (Params::SlidingWindow(_), State::Sliding { curr: count, .. }) => *count += cost,
             (Params::SlidingLog(_), State::Log { entries, total }) => {
                 entries.push_back((log_now(entries, now), cost));
@@ -384,6 +491,11 @@ impl Params {
             {
                 *count = count.saturating_sub(cost);
             }
+            (Params::Quota(q), State::Window { start, count })
+                if (*start..q.period.bounds(*start).1).contains(&spent_at) =>
+            {
+                *count = count.saturating_sub(cost);
+            }
             (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
                 if spent_at >= *start {
                     *curr = curr.saturating_sub(cost);
@@ -412,6 +524,9 @@ impl Params {
             }
             (Params::FixedWindow(w), State::Window { start, count }) if *count > 0 => {
                 (*start + w.window_ms).saturating_sub(now)
+            }
+            (Params::Quota(q), State::Window { start, count }) if *count > 0 => {
+                q.period.bounds(*start).1.saturating_sub(now)
             }
             (Params::SlidingWindow(w), State::Sliding { start, curr, prev }) => {
                 let windows = if *curr > 0 { 2 } else { u64::from(*prev > 0) };
@@ -447,9 +562,9 @@ fn gcra_debt(b: &Bucket, tat: u64, frac: u64, now: u64) -> u64 {
         .saturating_add(frac)
 }
 
-fn check_counter(w: &Window, count: u64, cost: u64, until_next_ms: u64) -> Check {
-    let left = w.limit.saturating_sub(count);
-    if cost > w.limit {
+fn check_counter(limit: u64, count: u64, cost: u64, until_next_ms: u64) -> Check {
+    let left = limit.saturating_sub(count);
+    if cost > limit {
         return Check::deny(left, None);
     }
     if cost <= left {

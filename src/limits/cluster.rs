@@ -133,13 +133,25 @@ impl LimitStore for ClusterStore {
             if undo.is_empty() {
                 continue;
             }
+            // Each undone charge gives back its cost and what it took
+            // beyond it (a lease's take).
+            let mut back = Vec::with_capacity(undo.len());
             for &i in &undo {
+                let granted = verdicts[i].map_or(0, |v| v.granted);
                 if let Some(v) = verdicts[i].as_mut() {
                     // Admissible but not charged: what is left is untouched.
-                    v.remaining += charges[i].cost;
+                    v.remaining += charges[i].cost + granted;
+                    v.granted = 0;
                 }
+                back.push(Charge {
+                    cost: charges[i].cost + granted,
+                    take: 0,
+                    ..charges[i].clone()
+                });
             }
-            refunds.push(self.call(*slot, part(&undo, *at)));
+            let back: Vec<&Charge> = back.iter().collect();
+            let keys = undo.iter().map(|&i| keys[i].clone()).collect();
+            refunds.push(self.call(*slot, Request::new(keys, &back, blocked_from, *at)));
         }
         for refund in join_all(refunds).await {
             if let Err(e) = refund {

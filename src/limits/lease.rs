@@ -200,6 +200,7 @@ impl Leases {
                 back = held.surrender(self.epoch());
                 held.charge = c.clone();
                 held.terms = terms;
+                held.refused_until = 0;
             } else if held.units > 0 && now >= held.valid_until {
                 // Taken in a window that has ended since.
                 back = held.surrender(self.epoch());
@@ -235,7 +236,9 @@ impl Leases {
                 };
                 Spend::Held(verdict, token)
             } else if now < held.refused_until {
-                let waited = held.refused_wait_ms - (held.refused_until - now);
+                let waited = held
+                    .refused_wait_ms
+                    .saturating_sub(held.refused_until - now);
                 Spend::Refused(Verdict {
                     allowed: false,
                     remaining: held.units,
@@ -266,24 +269,28 @@ impl Leases {
     }
 
     /// Undoes a [`Spend::Held`] (a later part of the same decision denied):
-    /// the units are held again, or given back when the lease has moved on.
+    /// the units are held again, up to `units`, and the rest given back, all
+    /// of them when the lease has moved on (given back, another window).
     pub fn refund(&self, c: &Charge, token: Token) {
         let back = {
             let mut shard = self.shard(&c.key);
-            match shard.get_mut(&c.key) {
+            let kept = match shard.get_mut(&c.key) {
                 Some(held) if held.epoch == token.epoch => {
-                    held.units += c.cost;
-                    held.gauge.add(c.cost as i64);
-                    None
+                    let kept = c.cost.min(held.terms.units.saturating_sub(held.units));
+                    held.units += kept;
+                    held.gauge.add(kept as i64);
+                    kept
                 }
-                _ => Some(GiveBack {
-                    charge: Charge {
-                        take: 0,
-                        ..c.clone()
-                    },
-                    spent_at: token.taken_at,
-                }),
-            }
+                _ => 0,
+            };
+            (c.cost > kept).then(|| GiveBack {
+                charge: Charge {
+                    cost: c.cost - kept,
+                    take: 0,
+                    ..c.clone()
+                },
+                spent_at: token.taken_at,
+            })
         };
         self.give_back_later(back);
     }
@@ -338,9 +345,10 @@ impl Leases {
             let mut valid_until = u64::MAX;
             if let Some(window_ms) = held.charge.params.window_ms() {
                 let start = |t: u64| t - t % window_ms;
-                if held.units > 0 && start(v.at) != start(held.taken_at) {
-                    // Units of a window that has ended go back to it: its
-                    // count still weighs in a sliding window.
+                if start(v.at) != start(held.taken_at) {
+                    // Units of a window that has ended go back to it (its
+                    // count still weighs in a sliding window), and spends
+                    // from it that are undone later follow them there.
                     back = held.surrender(self.epoch());
                 }
                 valid_until = sent_at + (start(v.at) + window_ms - v.at);
@@ -388,6 +396,7 @@ impl Leases {
                 back.extend(held.surrender(self.epochs.fetch_add(1, Ordering::Relaxed)));
                 held.expires_at = 0;
                 held.valid_until = 0;
+                held.refused_until = 0;
             }
         }
         self.give_back_later(back);
@@ -401,6 +410,14 @@ impl Leases {
     /// The renewals waiting, taken out.
     pub fn take_renewals(&self) -> Vec<Renewal> {
         std::mem::take(&mut *self.renewals.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Drops the renewals waiting (the process stops): nothing is taken
+    /// that would only be given back.
+    pub fn drop_renewals(&self) {
+        for r in self.take_renewals() {
+            self.landed(&r.charge, r.charge.take, r.epoch, None, 0);
+        }
     }
 
     /// Resolves when a renewal or a give-back is waiting.

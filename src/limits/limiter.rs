@@ -135,18 +135,28 @@ impl<C: Clock> Limiter<C> {
             }
         }
 
-        let local: Vec<&Charge> = charges.iter().filter(|c| c.local).collect();
-        let (local_verdicts, spent_at) = self.local.decide_now(&local, Gate::Open);
-        // Refusals a lease remembers gate like local denials.
+        // Until the takes land (or the request is dropped meanwhile), what
+        // they asked for counts as asked.
+        let mut landing = Landing {
+            leases: &self.leases,
+            takes: &takes,
+            sent_at: now,
+            armed: true,
+        };
+        // Refusals a lease remembers gate like local denials: nothing of
+        // their group or later ones is charged.
         let refused = charges
             .iter()
             .zip(&held)
             .filter(|(_, h)| matches!(h, Some((v, None)) if !v.allowed))
             .map(|(c, _)| c);
+        let refused_gate = gate(refused, |_| false, Gate::Open);
+        let local: Vec<&Charge> = charges.iter().filter(|c| c.local).collect();
+        let (local_verdicts, spent_at) = self.local.decide_now(&local, refused_gate);
         let local_gate = gate(
             local.iter().copied(),
             |i| local_verdicts[i].allowed,
-            gate(refused, |_| false, Gate::Open),
+            refused_gate,
         );
         let mut taking = takes.iter().peekable();
         let remote: Vec<&Charge> = (0..charges.len())
@@ -167,10 +177,7 @@ impl<C: Clock> Limiter<C> {
                     // rest again with each shared limit's failure mode;
                     // what the leases held stays spent.
                     self.refund_spent(&local, &local_verdicts, local_gate, Gate::SHUT, spent_at);
-                    for (i, take, epoch) in &takes {
-                        self.leases
-                            .landed(&charges[*i], take.take, *epoch, None, now);
-                    }
+                    drop(landing);
                     let verdicts = self.degraded(charges, &held, shared.instances);
                     let final_gate = gate(charges, |i| verdicts[i].allowed, Gate::Open);
                     self.refund_held(charges, &held, final_gate);
@@ -193,11 +200,12 @@ impl<C: Clock> Limiter<C> {
         let final_gate = gate(charges, |i| verdicts[i].allowed, local_gate);
         self.refund_spent(&local, &local_verdicts, local_gate, final_gate, spent_at);
         self.refund_held(charges, &held, final_gate);
+        landing.armed = false;
         for (i, take, epoch) in &takes {
             let v = &verdicts[*i];
             let spent = v.allowed && final_gate.admits(take.group);
             self.leases
-                .landed(&charges[*i], take.take, *epoch, spent.then_some(v), now);
+                .landed(take, take.take, *epoch, spent.then_some(v), now);
             if !v.allowed {
                 self.leases.refused(take, v.wait_ms, now);
             }
@@ -293,6 +301,7 @@ impl<C: Clock> Limiter<C> {
     /// Gives back every lease and waits for the store call (shutdown).
     pub async fn return_leases(&self) {
         self.leases.release_all();
+        self.leases.drop_renewals();
         self.keep_leases().await;
     }
 
@@ -415,6 +424,27 @@ impl<C: Clock> Limiter<C> {
             fixed[i] = Some(v);
         }
         fixed.into_iter().flatten().collect()
+    }
+}
+
+/// Takes of one decision not yet landed: landed as failed if the decision
+/// is dropped (its request went away) or its store call failed, so that
+/// what they asked for is not counted as asked for ever.
+struct Landing<'a> {
+    leases: &'a Leases,
+    takes: &'a [(usize, Charge, u64)],
+    sent_at: u64,
+    armed: bool,
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            for (_, take, epoch) in self.takes {
+                self.leases
+                    .landed(take, take.take, *epoch, None, self.sent_at);
+            }
+        }
     }
 }
 

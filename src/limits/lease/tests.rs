@@ -25,6 +25,11 @@ struct Store {
     inner: MemoryStore<ManualClock>,
     calls: AtomicU64,
     failing: std::sync::atomic::AtomicBool,
+    /// Calls never answer while set.
+    stalled: std::sync::atomic::AtomicBool,
+    /// Calls holding this key wait for `release`.
+    stall: std::sync::Mutex<Option<String>>,
+    release: tokio::sync::Notify,
 }
 
 impl Store {
@@ -33,6 +38,9 @@ impl Store {
             inner: MemoryStore::new(clock.clone()),
             calls: AtomicU64::new(0),
             failing: Default::default(),
+            stalled: Default::default(),
+            stall: Default::default(),
+            release: tokio::sync::Notify::new(),
         })
     }
 
@@ -67,6 +75,13 @@ impl LimitStore for Store {
         blocked_from: Gate,
     ) -> Result<Vec<Verdict>, StoreError> {
         self.check()?;
+        if self.stalled.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        let stall = self.stall.lock().unwrap().clone();
+        if charges.iter().any(|c| Some(&c.key) == stall.as_ref()) {
+            self.release.notified().await;
+        }
         Ok(self.inner.decide_now(charges, blocked_from).0)
     }
 
@@ -463,4 +478,83 @@ async fn a_refused_take_is_remembered_for_at_most_the_lease_time() {
         calls + 1,
         "the store is asked again after ttl_ms"
     );
+}
+
+#[tokio::test]
+async fn a_remembered_refusal_charges_no_local_limit_of_its_group() {
+    let clock = ManualClock::new(1_000_000);
+    let store = Store::new(&clock);
+    let limiter = instance(&clock, &store, 1);
+    let hot = leased(bucket_params(1, 1), 1, 1_000, 1);
+    let local = local_charge("local", "local", bucket_params(5, 1), 1);
+    assert!(limiter.decide(std::slice::from_ref(&hot)).await[0].allowed);
+    // Refused by the store once, then remembered: the local limit of the
+    // same request is never charged.
+    for _ in 0..10 {
+        let v = limiter.decide(&[hot.clone(), local.clone()]).await;
+        assert!(!v[0].allowed && v[1].allowed);
+    }
+    let v = limiter.decide(std::slice::from_ref(&local)).await;
+    assert_eq!(v[0].remaining, 4, "the local budget of 5 is whole");
+}
+
+#[tokio::test]
+async fn a_spend_undone_after_its_window_ended_is_not_held_in_the_next() {
+    let clock = ManualClock::new(1_000_000);
+    let store = Store::new(&clock);
+    let limiter = Arc::new(instance(&clock, &store, 1));
+    let hot = leased(Params::FixedWindow(window(100, 1)), 10, 60_000, 1);
+    // An exact limit that denies from its second request on.
+    let never_refills = Params::TokenBucket(crate::limits::algorithm::Bucket {
+        capacity: MICRO,
+        per_ms: 1,
+    });
+    let exact = charge("exact", "exact", never_refills, 1);
+    let _ = limiter.decide(std::slice::from_ref(&exact)).await;
+    for _ in 0..10 {
+        assert!(limiter.decide(std::slice::from_ref(&hot)).await[0].allowed);
+    }
+    assert_eq!(limiter.lease_units(), 1);
+    // R1 spends the last unit of this window's lease, and waits on the
+    // store for its exact limit.
+    *store.stall.lock().unwrap() = Some("exact".into());
+    let before = store.calls();
+    let r1 = {
+        let (limiter, hot, exact) = (limiter.clone(), hot.clone(), exact.clone());
+        tokio::spawn(async move { limiter.decide(&[hot, exact]).await })
+    };
+    while store.calls() == before {
+        tokio::task::yield_now().await;
+    }
+    // Next window: the renewals R1 asked for land there, and some of the
+    // new lease is spent.
+    clock.advance(1_000);
+    limiter.keep_leases().await;
+    for _ in 0..2 {
+        assert!(limiter.decide(std::slice::from_ref(&hot)).await[0].allowed);
+    }
+    let held = limiter.lease_units();
+    assert!(held > 0 && held < 10, "{held}");
+    // R1 is denied: its unit belongs to the last window, not this one.
+    store.release.notify_one();
+    let v = r1.await.unwrap();
+    assert!(v[0].allowed && !v[1].allowed);
+    assert_eq!(limiter.lease_units(), held);
+}
+
+#[tokio::test]
+async fn a_request_dropped_while_taking_leaves_nothing_asked_for() {
+    let clock = ManualClock::new(1_000_000);
+    let store = Store::new(&clock);
+    let limiter = instance(&clock, &store, 1);
+    let hot = leased(bucket_params(100, 1), 10, 60_000, 1);
+    store.stalled.store(true, Ordering::SeqCst);
+    let call = limiter.decide(std::slice::from_ref(&hot));
+    assert!(tokio::time::timeout(Duration::from_millis(5), call)
+        .await
+        .is_err());
+    store.stalled.store(false, Ordering::SeqCst);
+    // The next request takes its cost and a whole lease again.
+    assert!(limiter.decide(std::slice::from_ref(&hot)).await[0].allowed);
+    assert_eq!(limiter.lease_units(), 10);
 }

@@ -33,6 +33,8 @@ pub mod kind {
     pub const SLIDING_WINDOW: u8 = 4;
     /// `sliding_log`: a and b as for a fixed window.
     pub const SLIDING_LOG: u8 = 5;
+    /// `quota`: a = limit, b = the period (1 day, 2 month, UTC).
+    pub const QUOTA: u8 = 6;
 }
 
 /// Bytes of one request's header in the call.
@@ -72,6 +74,7 @@ impl Spec {
             Params::FixedWindow(w) => (kind::FIXED_WINDOW, w.limit, w.window_ms),
             Params::SlidingWindow(w) => (kind::SLIDING_WINDOW, w.limit, w.window_ms),
             Params::SlidingLog(w) => (kind::SLIDING_LOG, w.limit, w.window_ms),
+            Params::Quota(q) => (kind::QUOTA, q.limit, q.period.code()),
         };
         Spec {
             kind,
