@@ -1,5 +1,6 @@
-//! The admin listener: liveness, readiness, metrics, heavy hitters and
-//! reload. `/admin/*` requires the admin token when one is configured.
+//! The admin listener: liveness, readiness, metrics, heavy hitters, quota
+//! usage and reload. `/admin/*` requires the admin token when one is
+//! configured.
 
 use std::sync::Arc;
 
@@ -11,6 +12,8 @@ use pingora::protocols::http::ServerSession;
 
 use crate::config::{Mode, OnStoreError};
 use crate::drain::Drain;
+use crate::limits::algorithm::Params;
+use crate::limits::{Charge, Group, Identity, Source};
 use crate::reload::Reloader;
 use crate::runtime::Runtime;
 
@@ -102,6 +105,10 @@ impl Admin {
                 let body = serde_json::json!({ "top": rows }).to_string();
                 respond(200, "application/json", body.into_bytes())
             }
+            (&Method::GET, "/admin/usage") => {
+                let rt = self.live.load();
+                usage(&rt, session.req_header().uri.query()).await
+            }
             (&Method::POST, "/admin/reload") => {
                 let reloader = self.reloader.clone();
                 match tokio::task::spawn_blocking(move || reloader.reload()).await {
@@ -113,7 +120,9 @@ impl Admin {
                     Err(_) => text(500, "reload failed\n".into()),
                 }
             }
-            (_, "/admin/top" | "/admin/reload") => text(405, "method not allowed\n".into()),
+            (_, "/admin/top" | "/admin/reload" | "/admin/usage") => {
+                text(405, "method not allowed\n".into())
+            }
             _ => text(404, "not found\n".into()),
         }
     }
@@ -131,6 +140,104 @@ fn respond(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> 
 
 fn text(status: u16, body: String) -> Response<Vec<u8>> {
     respond(status, "text/plain; charset=utf-8", body.into_bytes())
+}
+
+/// `GET /admin/usage?limit=L&tenant=T`: a quota's period, and how much of
+/// it the tenant has used, read from the store the limit lives in (nothing
+/// is charged). The quota's key may only be `[tenant]` or `[]`.
+async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
+    let args: std::collections::HashMap<String, String> =
+        form_urlencoded::parse(query.unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    let Some(name) = args.get("limit") else {
+        return text(400, "usage needs ?limit=NAME (and &tenant=ID)\n".into());
+    };
+    let policy = &rt.policy;
+    let Some((id, limit)) = policy
+        .limits
+        .iter()
+        .enumerate()
+        .find(|(_, l)| *l.name == **name)
+    else {
+        return text(404, format!("no limit {name:?}\n"));
+    };
+    if !matches!(limit.params, Params::Quota(_)) {
+        return text(400, format!("limit {name:?} is not a quota\n"));
+    }
+    if limit.key.ip || limit.key.credential || limit.key.route {
+        return text(
+            400,
+            format!("limit {name:?} is keyed by more than the tenant; usage is read per tenant\n"),
+        );
+    }
+    let tenant: Option<Arc<str>> = match (limit.key.tenant, args.get("tenant")) {
+        (true, Some(t)) => Some(t.as_str().into()),
+        (true, None) => {
+            return text(
+                400,
+                format!("limit {name:?} is per tenant: add &tenant=ID\n"),
+            )
+        }
+        (false, _) => None,
+    };
+    // The tenant's plan, from its credentials.
+    let plan = tenant.as_ref().and_then(|t| {
+        policy
+            .auth
+            .keys
+            .credentials()
+            .find(|c| c.tenant == *t)
+            .and_then(|c| c.plan)
+    });
+    let params = policy.params(id, plan);
+    let Params::Quota(quota) = params else {
+        return text(500, "a plan changed the quota's algorithm\n".into());
+    };
+    let who = Identity {
+        ip: None,
+        credential: None,
+        tenant: tenant.as_ref(),
+        route: "",
+    };
+    let probe = Charge {
+        limit: id,
+        name: limit.name.clone(),
+        params,
+        key: who.key(&limit.name, limit.key),
+        tenant: tenant.clone(),
+        cost: 0,
+        enforce: true,
+        group: Group::Request,
+        local: limit.local,
+        on_store_error: OnStoreError::Closed,
+        lease: None,
+        take: 0,
+    };
+    let verdict = rt.limiter().decide(std::slice::from_ref(&probe)).await[0];
+    if verdict.source != Source::Store {
+        return text(503, "the limit store is unavailable\n".into());
+    }
+    let now = std::time::SystemTime::now();
+    let now_ms = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let (start, end) = quota.period.bounds(now_ms);
+    let at = |ms: u64| {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+        humantime::format_rfc3339_seconds(t).to_string()
+    };
+    let body = serde_json::json!({
+        "limit": limit.name.as_ref(),
+        "tenant": tenant.as_deref(),
+        "period": quota.period.name(now_ms),
+        "period_start": at(start),
+        "period_end": at(end),
+        "quota": quota.limit,
+        "used": quota.limit.saturating_sub(verdict.remaining),
+        "remaining": verdict.remaining,
+    });
+    respond(200, "application/json", body.to_string().into_bytes())
 }
 
 /// Whether every shared limit can decide without the store.

@@ -1,12 +1,14 @@
 //! The controls beyond rate, through the real binary: load shedding by
-//! priority.
+//! priority, calendar quotas.
 
 mod support;
 
 use std::thread;
 use std::time::Duration;
 
-use support::{get, Gateway, Upstream};
+use support::redis_server::RedisServer;
+use support::{digest, get, Gateway, Upstream};
+use tollgate::limits::algorithm::Period;
 
 /// Runs `clients` threads each sending `each` requests to `path` one after
 /// the other; returns the statuses.
@@ -73,4 +75,115 @@ routes:
         0.0
     );
     assert!(upstream.max_in_flight() <= 4);
+}
+
+/// A monthly quota of 3 for tenant acme (plan free) and of 5 for tenant
+/// bigco (plan pro), in `store`.
+fn quota_policy(store: &str) -> String {
+    format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, admin_token_env: CONTROLS_ADMIN_TOKEN }}
+store: {store}
+auth:
+  keys:
+    - {{ id: c1, tenant: acme, plan: free, sha256: "{}" }}
+    - {{ id: c2, tenant: bigco, plan: pro, sha256: "{}" }}
+plans:
+  free: {{}}
+  pro: {{ monthly: {{ limit: 5 }} }}
+limits:
+  monthly: {{ algorithm: quota, key: [tenant], limit: 3, period: month }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200, body: "ok" }}, limits: [monthly] }}
+responses: {{ ratelimit_headers: draft }}
+"#,
+        digest("key-c1"),
+        digest("key-c2")
+    )
+}
+
+fn usage(gw: &Gateway, query: &str) -> support::Reply {
+    get(
+        gw.admin,
+        &format!("/admin/usage?{query}"),
+        &[("authorization", "Bearer usage-token")],
+    )
+}
+
+fn assert_quota(gw: &Gateway) {
+    let acme = [("authorization", "Bearer key-c1")];
+    for left in [2, 1, 0] {
+        let r = gw.get("/x", &acme);
+        assert_eq!(r.status, 200);
+        let field = r.header("ratelimit").unwrap().to_string();
+        assert!(
+            field.starts_with(&format!("\"monthly\";r={left};t=")),
+            "{field}"
+        );
+    }
+    let refused = gw.get("/x", &acme);
+    assert_eq!(refused.status, 429);
+    // Retry when the month turns: within 31 days.
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=31 * 86_400).contains(&retry), "{retry}");
+
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let r = usage(gw, "limit=monthly&tenant=acme");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let u = r.json();
+    assert_eq!(u["period"], Period::Month.name(now_ms));
+    assert_eq!(
+        (
+            u["quota"].as_u64(),
+            u["used"].as_u64(),
+            u["remaining"].as_u64()
+        ),
+        (Some(3), Some(3), Some(0))
+    );
+    assert!(
+        u["period_end"].as_str().unwrap().ends_with("-01T00:00:00Z"),
+        "{u}"
+    );
+    // The pro plan's quota, untouched.
+    let u = usage(gw, "limit=monthly&tenant=bigco").json();
+    assert_eq!(
+        (u["quota"].as_u64(), u["used"].as_u64()),
+        (Some(5), Some(0))
+    );
+    // Reading usage charges nothing.
+    let u = usage(gw, "limit=monthly&tenant=bigco").json();
+    assert_eq!(u["remaining"].as_u64(), Some(5));
+    assert_eq!(usage(gw, "limit=nope&tenant=acme").status, 404);
+    assert_eq!(usage(gw, "limit=monthly").status, 400);
+    let anonymous = get(gw.admin, "/admin/usage?limit=monthly&tenant=acme", &[]);
+    assert_eq!(anonymous.status, 401);
+}
+
+const ADMIN: (&str, &str) = ("CONTROLS_ADMIN_TOKEN", "usage-token");
+const SECRET: (&str, &str) = ("TOLLGATE_KEY_SECRET", "controls-secret-5d1e");
+
+#[test]
+fn a_monthly_quota_counts_and_reports_usage_in_memory() {
+    let gw = Gateway::start_with_env(&quota_policy("{ backend: memory }"), None, &[ADMIN]);
+    assert_quota(&gw);
+}
+
+#[test]
+fn a_monthly_quota_counts_and_reports_usage_in_redis() {
+    let redis = RedisServer::start();
+    let store = format!("{{ backend: redis, urls: [\"{}\"] }}", redis.url());
+    let gw = Gateway::start_with_env(&quota_policy(&store), None, &[ADMIN, SECRET]);
+    assert_quota(&gw);
+    // The key lives until the month ends (and a margin), no longer.
+    // (bigco's key, never charged, lives a second after each read.)
+    let keys = redis.keys();
+    assert!((1..=2).contains(&keys.len()), "{keys:?}");
+    for k in keys {
+        let ttl: i64 = redis.cmd(&["PTTL", &k]).unwrap();
+        assert!(ttl > 0 && ttl <= 31 * 86_400_000 + 1_000, "{k}: {ttl}");
+    }
 }
