@@ -33,16 +33,25 @@
 --          a, b     i8  as above
 --          cost     i8  whole units
 --          flags    B   bit 0: enforced (else shadow); bit 1: the group;
---                       bit 2: a take follows
+--                       bit 2: a take follows; bit 3: a delay follows;
+--                       bit 4: forced
 --          take     i8  only with flag bit 2: units to take beyond the cost,
 --                       as many as fit, when the charge is spent (a lease)
+--          delay    i8  only with flag bit 3: a cost that fits within this
+--                       many ms is admitted after that wait, charged now
+--                       (a bucket goes into debt, a GCRA's TAT moves ahead)
+--
+-- A forced charge (a cost learnt after the response) is charged whatever
+-- the state, into debt of at most one more capacity or limit, and gates
+-- nothing.
 --
 -- Reply: one string of little-endian 64-bit integers (struct.pack '<i8'),
 -- which the gateway reads without a general RESP parser: for each request,
--- for each of its limits, five integers: allowed (1 or 0), remaining
--- (whole units), wait in ms until the cost fits (0 when allowed, -1 when it
--- never can), ms until the key is back to its initial state, units taken
--- beyond the cost; then the time used.
+-- for each of its limits, five integers: allowed (1, 0, or 2 when admitted
+-- after a delay), remaining (whole units), wait in ms until the cost fits
+-- (0 when allowed, -1 when it never can; the delay when allowed is 2), ms
+-- until the key is back to its initial state, units taken beyond the cost;
+-- then the time used.
 --
 -- A refund gives each charge's cost back to its state as the in-process
 -- store does (never beyond the initial state; a window that has rolled
@@ -139,11 +148,13 @@ local function period(t, code)
 end
 
 -- The check of a bucket holding `balance`: allowed, remaining, wait.
+-- (A balance below zero is a debt: a delayed admission, a forced charge.)
 local function check_bucket(cap, per_ms, balance, cost)
   local need = cost * MICRO
-  if need > cap then return false, floor(balance / MICRO), -1 end
+  local left = floor(max(0, balance) / MICRO)
+  if need > cap then return false, left, -1 end
   if balance >= need then return true, floor((balance - need) / MICRO), 0 end
-  return false, floor(balance / MICRO), math.ceil((need - balance) / per_ms)
+  return false, left, math.ceil((need - balance) / per_ms)
 end
 
 local function check_counter(limit, count, cost, until_next)
@@ -300,7 +311,7 @@ local function debt(s, b) return (s.x - now) * b + s.y end
 local function check(s, a, b, cost)
   local k = s.kind
   if k == TOKEN_BUCKET then return check_bucket(a, b, s.x, cost) end
-  if k == GCRA then return check_bucket(a, b, max(0, a - debt(s, b)), cost) end
+  if k == GCRA then return check_bucket(a, b, a - debt(s, b), cost) end
   if k == FIXED_WINDOW then return check_counter(a, s.y, cost, s.x + b - max(now, s.x)) end
   if k == QUOTA then
     local _, finish = period(s.x, b)
@@ -325,6 +336,24 @@ local function spend(s, b, cost)
   else
     s.run = s.run + cost
     s.added[#s.added + 1] = pack(ENTRY, s.run, cost, s.len)
+  end
+end
+
+-- Charges `cost` whatever the state, into debt of at most one more
+-- capacity or limit.
+local function force(s, a, b, cost)
+  local k = s.kind
+  if k == TOKEN_BUCKET then
+    s.x = max(s.x - cost * MICRO, -a)
+  elseif k == GCRA then
+    local owed = min(debt(s, b) + cost * MICRO, 2 * a)
+    local whole = floor(owed / b)
+    s.x, s.y = now + whole, owed - whole * b
+  elseif k == SLIDING_LOG then
+    local room = 2 * a - (s.run - s.base)
+    if room > 0 then spend(s, b, min(cost, room)) end
+  else
+    s.y = min(s.y + cost, 2 * a)
   end
 end
 
@@ -429,7 +458,7 @@ local function decide(call_keys, args)
   local reply = {}
   local requests, pos = args[3], 1
   -- Per limit of the current request, flat: state, a, b, cost, group, ok,
-  -- remaining, wait, take (no table per limit).
+  -- remaining, wait, take, forced, delay (no table per limit).
   local L = {}
   for _ = 1, tonumber(args[2]) do
     local blocked, n, refunding
@@ -439,34 +468,52 @@ local function decide(call_keys, args)
     for j = 0, n - 1 do
       local k, kind, a, b, cost, flags
       k, kind, a, b, cost, flags, pos = unpack_('<I4Bi8i8i8B', requests, pos)
-      local want = 0
+      local want, longest, forced = 0, 0, false
+      if flags >= 16 then forced, flags = true, flags - 16 end
+      local delays = flags >= 8
+      if delays then flags = flags - 8 end
       if flags >= 4 then
         want, pos = unpack_('<i8', requests, pos)
         flags = flags - 4
       end
+      if delays then longest, pos = unpack_('<i8', requests, pos) end
       local s = state(k, kind, a, b)
       if refunding > 0 then refund(s, a, b, cost, refunding) end
       local ok, rem, wait = check(s, a, b, cost)
+      local delay = 0
+      if forced then
+        ok = true
+      elseif not ok and longest > 0 and wait >= 0 and wait <= longest then
+        ok, rem, wait, delay = true, 0, 0, wait
+      end
       local group = floor(flags / 2)
       if flags % 2 == 1 and not ok and group < gate then gate = group end
-      local o = j * 9
+      local o = j * 11
       L[o + 1], L[o + 2], L[o + 3], L[o + 4] = s, a, b, cost
       L[o + 5], L[o + 6], L[o + 7], L[o + 8], L[o + 9] = group, ok, rem, wait, want
+      L[o + 10], L[o + 11] = forced, delay
     end
     for j = 0, n - 1 do
-      local o = j * 9
+      local o = j * 11
       local s, a, b, cost, ok, rem = L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 6], L[o + 7]
+      local forced, delay = L[o + 10], L[o + 11]
       local spent = ok and L[o + 5] < gate
       local granted = 0
-      if spent then
+      if forced then
+        force(s, a, b, cost)
+        local _, left = check(s, a, b, 0)
+        rem = left
+      elseif spent then
         spend(s, b, cost)
         granted = take(s, a, b, L[o + 9])
         rem = rem - granted
-      elseif ok and refunding == 0 then
+      elseif ok and refunding == 0 and delay == 0 then
         rem = rem + cost
       end
       s.a, s.b = a, b
-      reply[#reply + 1] = pack('<i8i8i8i8i8', ok and 1 or 0, rem, L[o + 8], reset(s, a, b), granted)
+      local admitted, wait = 0, L[o + 8]
+      if delay > 0 then admitted, wait = 2, delay elseif ok then admitted = 1 end
+      reply[#reply + 1] = pack('<i8i8i8i8i8', admitted, rem, wait, reset(s, a, b), granted)
     end
   end
 

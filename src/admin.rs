@@ -213,6 +213,8 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
         on_store_error: OnStoreError::Closed,
         lease: None,
         take: 0,
+        max_delay_ms: 0,
+        force: false,
     };
     let verdict = rt.limiter().decide(std::slice::from_ref(&probe)).await[0];
     if verdict.source != Source::Store {

@@ -49,6 +49,8 @@ pub struct Facts {
     pub upstream_timeout: Option<std::time::Duration>,
     /// The matched route's place when its pool is full.
     pub priority: crate::config::schema::Priority,
+    /// How long the request is held before it goes on (`on_limit: delay`).
+    pub delay_ms: u64,
     /// Whether the request target was accepted (so its path is normalized).
     pub target_ok: bool,
 }
@@ -218,6 +220,15 @@ pub fn conclude(
         return Err(Rejection::Unauthorized);
     }
     check_group(rt, &plan.charges, verdicts, Group::Request).inspect_err(|r| facts.note(r))?;
+    // Admitted after the longest wait an enforced limit scheduled it for.
+    facts.delay_ms = plan
+        .charges
+        .iter()
+        .zip(verdicts)
+        .filter(|(c, _)| c.enforce)
+        .map(|(_, v)| v.delay_ms)
+        .max()
+        .unwrap_or(0);
     Ok(match &plan.route.target {
         Target::Upstream(pool) => Admitted::Forward(*pool),
         Target::Respond {
@@ -295,6 +306,8 @@ fn build_charges(
                 on_store_error: l.on_store_error,
                 lease: l.lease,
                 take: 0,
+                max_delay_ms: l.max_delay_ms,
+                force: false,
             }
         })
         .collect()
@@ -328,6 +341,7 @@ fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
             (Source::FailOpen, ..) => DecisionOutcome::FailOpen,
             (Source::FailClosed, ..) => DecisionOutcome::FailClosed,
             (Source::Fallback, ..) => DecisionOutcome::LocalFallback,
+            (Source::Store, true, _) if v.delay_ms > 0 => DecisionOutcome::Delayed,
             (Source::Store, true, _) => DecisionOutcome::Allowed,
             (Source::Store, false, true) => DecisionOutcome::Limited,
             (Source::Store, false, false) => DecisionOutcome::ShadowLimited,

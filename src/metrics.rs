@@ -311,6 +311,8 @@ outcomes! {
         FailClosed => "fail_closed",
         /// The store failed; decided by this instance's share of the budget.
         LocalFallback => "local_fallback",
+        /// Admitted after a wait (`on_limit: delay`).
+        Delayed => "delayed",
     }
 }
 

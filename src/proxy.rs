@@ -90,6 +90,11 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<Admitted, Rejection> {
         let admitted = admission::admit(rt, peer, req, &mut ctx.facts).await?;
+        if ctx.facts.delay_ms > 0 {
+            // Charged for this instant by the decision itself; no permit
+            // is held while waiting for it.
+            tokio::time::sleep(std::time::Duration::from_millis(ctx.facts.delay_ms)).await;
+        }
         if let Admitted::Forward(pool_id) = admitted {
             let pool = &rt.pools[pool_id];
             let refusal = |r| match r {

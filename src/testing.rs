@@ -44,6 +44,8 @@ pub fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
         on_store_error: OnStoreError::Closed,
         lease: None,
         take: 0,
+        max_delay_ms: 0,
+        force: false,
     }
 }
 

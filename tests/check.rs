@@ -68,6 +68,7 @@ const FIXTURES: &[(&str, &str)] = &[
     ("reserve_everything", "tests/config/reserve_everything.yaml: upstreams.api.reserve.critical: must be a share from 0 to below 1, got 1"),
     ("lease_on_quota", "tests/config/lease_on_quota.yaml: limits.monthly.sync: a quota counts a calendar period; a lease's units would outlive it: use sync: exact"),
     ("quota_without_period", "tests/config/quota_without_period.yaml: limits.monthly: `window_seconds` does not apply to quota; it takes `limit` and `period`\ntests/config/quota_without_period.yaml: limits.monthly: missing `period`"),
+    ("delay_on_window", "tests/config/delay_on_window.yaml: limits.b.max_delay_ms: only read with on_limit: delay\ntests/config/delay_on_window.yaml: limits.w.on_limit: delay schedules an admission ahead, which token_bucket and gcra can; a window's count belongs to the window it is made in"),
     ("url_password_hidden", "tests/config/url_password_hidden.yaml: store.urls[0]: \"http://gate:***@127.0.0.1:6379\" is not a redis:// or rediss:// url"),
 ];
 

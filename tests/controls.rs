@@ -187,3 +187,83 @@ fn a_monthly_quota_counts_and_reports_usage_in_redis() {
         assert!(ttl > 0 && ttl <= 31 * 86_400_000 + 1_000, "{k}: {ttl}");
     }
 }
+
+/// A route behind a GCRA of 10 a second (burst 1) that delays up to a
+/// second, in `store`.
+fn delay_policy(store: &str) -> String {
+    format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 2 }}
+store: {store}
+limits:
+  smooth: {{ key: [], algorithm: gcra, capacity: 1, refill_per_second: 10, on_limit: delay, max_delay_ms: 1000, on_store_error: open }}
+routes:
+  - {{ name: api, path: "/**", auth: none, respond: {{ status: 200, body: "ok" }}, limits: [smooth] }}
+"#
+    )
+}
+
+/// Requests at three times the rate: none is lost within the delay bound,
+/// and they come out at the rate, the k-th no sooner than k tenths of a
+/// second after the first was sent. Then a burst beyond the bound: what the
+/// schedule cannot fit within a second is refused at once.
+fn assert_smoothed(gw: &Gateway) {
+    let addr = gw.addr;
+    let start = std::time::Instant::now();
+    // Twelve requests, one every 33 ms (30 a second against 10).
+    let paced: Vec<_> = (0..12u64)
+        .map(|i| {
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(33 * i));
+                (get(addr, "/x", &[]).status, start.elapsed())
+            })
+        })
+        .collect();
+    let replies: Vec<(u16, Duration)> = paced.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        replies.iter().all(|(s, _)| *s == 200),
+        "none lost: {replies:?}"
+    );
+    let mut out: Vec<Duration> = replies.iter().map(|(_, at)| *at).collect();
+    out.sort();
+    for (k, at) in out.iter().enumerate() {
+        // (Less a few ms of clock rounding.)
+        assert!(
+            *at + Duration::from_millis(5) >= Duration::from_millis(100 * k as u64),
+            "response {k} after {at:?}: {out:?}"
+        );
+    }
+    let decided = |outcome: &str| {
+        gw.metric(&format!(
+            "tollgate_limit_decisions_total{{limit=\"smooth\",outcome=\"{outcome}\"}}"
+        ))
+    };
+    assert!(decided("delayed") >= 1.0);
+    assert_eq!(decided("delayed") + decided("allowed"), 12.0);
+
+    // Thirty at once: about eleven fit the next second, the rest get 429.
+    let burst: Vec<_> = (0..30)
+        .map(|_| thread::spawn(move || get(addr, "/x", &[]).status))
+        .collect();
+    let statuses: Vec<u16> = burst.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 429),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&429), "{statuses:?}");
+}
+
+#[test]
+fn delayed_requests_come_out_at_the_rate_in_memory() {
+    let gw = Gateway::start(&delay_policy("{ backend: memory }"), None);
+    assert_smoothed(&gw);
+}
+
+#[test]
+fn delayed_requests_come_out_at_the_rate_in_redis() {
+    let redis = RedisServer::start();
+    let store = format!("{{ backend: redis, urls: [\"{}\"] }}", redis.url());
+    let gw = Gateway::start_with_env(&delay_policy(&store), None, &[SECRET]);
+    assert_smoothed(&gw);
+}

@@ -396,9 +396,9 @@ struct Step {
     second: u8,
 }
 
-/// A list of (limit index, cost, group, units to take beyond the cost)
-/// and the first blocked group.
-type Request = (Vec<(usize, u64, Group, u64)>, Gate);
+/// A list of (limit index, cost, group, units to take beyond the cost,
+/// longest delay, forced) and the first blocked group.
+type Request = (Vec<(usize, u64, Group, u64, u64, bool)>, Gate);
 
 fn any_params() -> impl Strategy<Value = Params> {
     let bucket = (1u64..30, 1u64..4_000).prop_map(|(c, per_ms)| Bucket {
@@ -474,6 +474,10 @@ fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
                 group(),
                 // A lease's take: as many of these units as fit.
                 prop_oneof![2 => Just(0u64), 1 => 1u64..40],
+                // `on_limit: delay`: the longest wait.
+                prop_oneof![2 => Just(0u64), 1 => 1u64..3_000],
+                // A cost learnt after the response.
+                prop::bool::weighted(0.15),
             ),
             1..=limits,
         ),
@@ -528,7 +532,7 @@ fn lua_and_rust_agree_on_random_sequences() {
                     .map(|(charges, blocked)| {
                         let charges = charges
                             .iter()
-                            .map(|&(i, cost, group, take)| {
+                            .map(|&(i, cost, group, take, max_delay_ms, force)| {
                                 let (first, second, enforce) = limits[i];
                                 let params = if step.second & (1 << i) != 0 {
                                     second
@@ -540,6 +544,8 @@ fn lua_and_rust_agree_on_random_sequences() {
                                 c.enforce = enforce;
                                 c.group = group;
                                 c.take = take;
+                                c.max_delay_ms = max_delay_ms;
+                                c.force = force;
                                 c
                             })
                             .collect();
@@ -752,6 +758,8 @@ fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
             cost: 1,
             flags: 3,
             take: 0,
+            max_delay_ms: 0,
+            force: false,
         }],
         blocked_from: Gate::Open.wire(),
         refund_at: 0,
@@ -814,5 +822,72 @@ fn quotas_roll_over_at_utc_calendar_boundaries_in_lua_and_rust() {
         assert_eq!(refused.wait_ms, Some(1_000));
         clock.advance(1_000);
         decide(&[true]);
+    }
+}
+
+#[test]
+fn forced_charges_and_delays_agree_in_lua_and_rust() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let every = [
+        bucket(10, 10),
+        Params::Gcra(Bucket::per_second(10, 10)),
+        Params::FixedWindow(window(10, 60)),
+        Params::SlidingWindow(window(10, 60)),
+        Params::SlidingLog(window(10, 60)),
+        Params::Quota(Quota {
+            limit: 10,
+            period: Period::Day,
+        }),
+    ];
+    for (i, p) in every.into_iter().enumerate() {
+        let clock = ManualClock::new(1_900_000_000_000 + i as u64 * 1_000_000);
+        let memory = MemoryStore::new(clock.clone());
+        let redis = store(&server, &clock);
+        let both = |c: &Charge| {
+            let want = memory.decide_now(std::slice::from_ref(c), Gate::Open).0;
+            let got = rt.block_on(redis.decide(&[c], Gate::Open)).unwrap();
+            assert_eq!(got, want, "{p:?} {c:?}");
+            got[0]
+        };
+        // Forced far beyond the budget: the debt stops at one more budget.
+        let forced = Charge {
+            force: true,
+            ..charge("f", &format!("forced-{i}"), p, 25)
+        };
+        for _ in 0..2 {
+            let v = both(&forced);
+            assert!(v.allowed && v.remaining == 0, "{p:?} {v:?}");
+        }
+        let after = both(&charge("f", &format!("forced-{i}"), p, 1));
+        assert!(!after.allowed, "{p:?}");
+        if let Params::TokenBucket(_) | Params::Gcra(_) = p {
+            // Ten tokens owed (one capacity) at ten a second: 1.1 s until
+            // one token is there again.
+            assert_eq!(after.wait_ms, Some(1_100), "{p:?}");
+        }
+    }
+
+    // Delay: ten at once, then each a tenth of a second later, up to
+    // half a second; beyond it, refused and nothing charged.
+    let clock = ManualClock::new(1_950_000_000_000);
+    let memory = MemoryStore::new(clock.clone());
+    let redis = store(&server, &clock);
+    for p in [bucket(10, 10), Params::Gcra(Bucket::per_second(10, 10))] {
+        let c = Charge {
+            max_delay_ms: 500,
+            ..charge("d", &format!("delay-{p:?}"), p, 1)
+        };
+        let mut delays = Vec::new();
+        for _ in 0..16 {
+            let want = memory.decide_now(std::slice::from_ref(&c), Gate::Open).0;
+            let got = rt.block_on(redis.decide(&[&c], Gate::Open)).unwrap();
+            assert_eq!(got, want);
+            delays.push(got[0].allowed.then_some(got[0].delay_ms));
+        }
+        let mut expected = vec![Some(0); 10];
+        expected.extend([100, 200, 300, 400, 500].map(Some));
+        expected.push(None);
+        assert_eq!(delays, expected, "{p:?}");
     }
 }

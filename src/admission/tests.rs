@@ -163,6 +163,7 @@ fn verdict(allowed: bool) -> Verdict {
         source: crate::limits::Source::Store,
         granted: 0,
         at: 0,
+        delay_ms: 0,
     }
 }
 

@@ -163,6 +163,8 @@ pub struct Limit {
     /// `sync: lease`: decided against units taken ahead from the shared
     /// budget; `None` for one store decision per request.
     pub lease: Option<crate::limits::LeaseTerms>,
+    /// `on_limit: delay`: the longest wait a request is held for; 0 refuses.
+    pub max_delay_ms: u64,
 }
 
 /// An upstream pool.

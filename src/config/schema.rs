@@ -435,6 +435,22 @@ pub struct RawLimit {
     pub sync: LimitSync,
     /// With `sync: lease`: how many units an instance takes ahead, and for how long.
     pub lease: Option<RawLease>,
+    /// `reject` (429 at once) or `delay`; `reject` when absent.
+    #[serde(default)]
+    pub on_limit: OnLimit,
+    /// With `on_limit: delay`: the longest a request is held, 1-60000 ms.
+    pub max_delay_ms: Option<u64>,
+}
+
+/// The values of `limits.*.on_limit`: what a request over the limit gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLimit {
+    /// 429 at once.
+    #[default]
+    Reject,
+    /// Held until the limit admits it, up to `max_delay_ms`; 429 beyond.
+    Delay,
 }
 
 /// The values of `limits.*.sync`.

@@ -607,6 +607,7 @@ fn limits(c: &mut Checker, raw: UniqueMap<RawLimit>, memory: bool) -> (Vec<Limit
             continue;
         };
         let lease = lease(c, &path, &l, &params);
+        let max_delay_ms = delay(c, &path, &l, &params);
         ids.insert(name.clone(), (Some(out.len()), l.algorithm));
         out.push(Limit {
             name: name.into(),
@@ -617,9 +618,48 @@ fn limits(c: &mut Checker, raw: UniqueMap<RawLimit>, memory: bool) -> (Vec<Limit
             on_store_error: l.on_store_error,
             mode: l.mode,
             lease,
+            max_delay_ms,
         });
     }
     (out, ids)
+}
+
+/// `on_limit: delay` and its bound, for the algorithms that can schedule an
+/// admission ahead: a bucket going into debt, a GCRA's arrival time.
+fn delay(c: &mut Checker, path: &str, l: &RawLimit, params: &Params) -> u64 {
+    match (l.on_limit, l.max_delay_ms) {
+        (OnLimit::Reject, None) => 0,
+        (OnLimit::Reject, Some(_)) => {
+            c.fail(
+                format!("{path}.max_delay_ms"),
+                "only read with on_limit: delay",
+            );
+            0
+        }
+        (OnLimit::Delay, None) => {
+            c.fail(
+                format!("{path}.max_delay_ms"),
+                "on_limit: delay needs max_delay_ms, the longest a request is held",
+            );
+            0
+        }
+        (OnLimit::Delay, Some(ms)) => {
+            if !matches!(params, Params::TokenBucket(_) | Params::Gcra(_)) {
+                c.fail(
+                    format!("{path}.on_limit"),
+                    "delay schedules an admission ahead, which token_bucket and gcra can; \
+                     a window's count belongs to the window it is made in",
+                );
+            }
+            if l.sync == LimitSync::Lease {
+                c.fail(
+                    format!("{path}.on_limit"),
+                    "a leased limit admits from what an instance holds: use sync: exact to delay",
+                );
+            }
+            c.range(&format!("{path}.max_delay_ms"), ms, 1, 60_000)
+        }
+    }
 }
 
 /// A calendar quota: `limit` and `period`, nothing else.

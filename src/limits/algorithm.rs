@@ -171,8 +171,9 @@ impl Window {
 pub enum State {
     /// Balance in micro-tokens as of `at`.
     Bucket {
-        /// Micro-tokens available.
-        balance: u64,
+        /// Micro-tokens available; below zero in debt (a delayed admission,
+        /// or a cost charged after the response), at most the capacity.
+        balance: i64,
         /// When the balance was last brought up to date (ms).
         at: u64,
     },
@@ -289,7 +290,7 @@ impl Params {
     pub fn fresh(&self, now: u64) -> State {
         match self {
             Params::TokenBucket(b) => State::Bucket {
-                balance: b.capacity,
+                balance: b.capacity as i64,
                 at: now,
             },
             Params::Gcra(_) => State::Gcra { tat: now, frac: 0 },
@@ -346,7 +347,7 @@ impl Params {
         }
         match (self, state) {
             (Params::TokenBucket(b), State::Bucket { balance, at }) => State::Bucket {
-                balance: balance.min(b.capacity),
+                balance: balance.min(b.capacity as i64),
                 at,
             },
             (_, state) => state,
@@ -360,8 +361,8 @@ impl Params {
         match (self, state) {
             (Params::TokenBucket(b), State::Bucket { balance, at }) => {
                 let now = now.max(*at);
-                let refill = (now - *at).saturating_mul(b.per_ms);
-                *balance = balance.saturating_add(refill).min(b.capacity);
+                let refill = (now - *at).saturating_mul(b.per_ms).min(i64::MAX as u64) as i64;
+                *balance = balance.saturating_add(refill).min(b.capacity as i64);
                 *at = now;
             }
             (Params::Gcra(_), State::Gcra { tat, frac }) => {
@@ -413,7 +414,7 @@ impl Params {
             }
             (Params::Gcra(b), State::Gcra { tat, frac }) => check_bucket(
                 b,
-                b.capacity.saturating_sub(gcra_debt(b, *tat, *frac, now)),
+                b.capacity as i64 - gcra_debt(b, *tat, *frac, now) as i64,
                 cost,
             ),
             (Params::FixedWindow(w), State::Window { start, count }) => check_counter(
@@ -440,7 +441,7 @@ impl Params {
     pub fn spend(&self, state: &mut State, cost: u64, now: u64) {
         match (self, state) {
             (Params::TokenBucket(_), State::Bucket { balance, .. }) => {
-                *balance = balance.saturating_sub(cost * MICRO);
+                *balance -= (cost * MICRO) as i64;
             }
             (Params::Gcra(b), State::Gcra { tat, frac }) => {
                 let owed = *frac + cost * MICRO;
@@ -452,6 +453,35 @@ impl Params {
             (Params::SlidingLog(_), State::Log { entries, total }) => {
                 entries.push_back((log_now(entries, now), cost));
                 *total += cost;
+            }
+            _ => {}
+        }
+    }
+
+    /// Charges `cost` whatever the state, into debt of at most one more
+    /// capacity (limit): a cost learnt after the response, which later
+    /// requests then wait for.
+    pub fn force(&self, state: &mut State, cost: u64, now: u64) {
+        if let (Params::SlidingLog(w), State::Log { total, .. }) = (self, &*state) {
+            let room = (2 * w.limit).saturating_sub(*total);
+            if room > 0 {
+                self.spend(state, cost.min(room), now);
+            }
+            return;
+        }
+        match (self, state) {
+            (Params::TokenBucket(b), State::Bucket { balance, .. }) => {
+                *balance = (*balance - (cost * MICRO) as i64).max(-(b.capacity as i64));
+            }
+            (Params::Gcra(b), State::Gcra { tat, frac }) => {
+                let debt = (gcra_debt(b, *tat, *frac, now) + cost * MICRO).min(2 * b.capacity);
+                *tat = now + debt / b.per_ms;
+                *frac = debt % b.per_ms;
+            }
+            (Params::FixedWindow(Window { limit, .. }), State::Window { count, .. })
+            | (Params::Quota(Quota { limit, .. }), State::Window { count, .. })
+            | (Params::SlidingWindow(Window { limit, .. }), State::Sliding { curr: count, .. }) => {
+                *count = (*count + cost).min(2 * limit);
             }
             _ => {}
         }
@@ -479,7 +509,7 @@ impl Params {
         self.refresh(state, now);
         match (self, state) {
             (Params::TokenBucket(b), State::Bucket { balance, .. }) => {
-                *balance = (*balance + cost * MICRO).min(b.capacity);
+                *balance = (*balance + (cost * MICRO) as i64).min(b.capacity as i64);
             }
             (Params::Gcra(b), State::Gcra { tat, frac }) => {
                 let debt = gcra_debt(b, *tat, *frac, now).saturating_sub(cost * MICRO);
@@ -517,7 +547,7 @@ impl Params {
     pub fn reset_ms(&self, state: &State, now: u64) -> u64 {
         match (self, state) {
             (Params::TokenBucket(b), State::Bucket { balance, .. }) => {
-                ceil_div(b.capacity - balance, b.per_ms)
+                ceil_div((b.capacity as i64 - balance) as u64, b.per_ms)
             }
             (Params::Gcra(b), State::Gcra { tat, frac }) => {
                 ceil_div(gcra_debt(b, *tat, *frac, now), b.per_ms)
@@ -540,19 +570,23 @@ impl Params {
     }
 }
 
-fn check_bucket(b: &Bucket, balance: u64, cost: u64) -> Check {
+/// The check of a bucket holding `balance` micro-tokens (below zero in
+/// debt): a GCRA's as well, its balance being the capacity less its debt.
+fn check_bucket(b: &Bucket, balance: i64, cost: u64) -> Check {
     let need = cost.saturating_mul(MICRO);
+    let left = balance.max(0) as u64 / MICRO;
     if need > b.capacity {
-        return Check::deny(balance / MICRO, None);
+        return Check::deny(left, None);
     }
+    let need = need as i64;
     if balance >= need {
         return Check {
             allowed: true,
-            remaining: (balance - need) / MICRO,
+            remaining: (balance - need) as u64 / MICRO,
             wait_ms: Some(0),
         };
     }
-    Check::deny(balance / MICRO, Some(ceil_div(need - balance, b.per_ms)))
+    Check::deny(left, Some(ceil_div((need - balance) as u64, b.per_ms)))
 }
 
 /// How far a GCRA schedule runs ahead of `now`, in micro-tokens.

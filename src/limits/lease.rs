@@ -216,6 +216,7 @@ impl Leases {
                     source: Source::Store,
                     granted: 0,
                     at: held.taken_at,
+                    delay_ms: 0,
                 };
                 let outstanding = held.units + held.pending;
                 if outstanding <= terms.units / 2 {
@@ -247,6 +248,7 @@ impl Leases {
                     source: Source::Store,
                     granted: 0,
                     at: held.taken_at,
+                    delay_ms: 0,
                 })
             } else {
                 let want = terms.units.saturating_sub(held.units + held.pending);

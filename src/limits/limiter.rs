@@ -463,6 +463,7 @@ fn failed(allowed: bool, source: Source) -> Verdict {
         source,
         granted: 0,
         at: 0,
+        delay_ms: 0,
     }
 }
 

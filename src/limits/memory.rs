@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
-use super::algorithm::{Params, State};
+use super::algorithm::{Check, Params, State};
 use super::{Charge, Gate, LimitStore, Source, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
 
@@ -85,41 +85,49 @@ impl<C: Clock> MemoryStore<C> {
         let shard_ids: Vec<usize> = charges().map(|c| self.shard_of(&c.key)).collect();
         let mut guards = self.lock(&shard_ids);
 
+        // Each charge's check, and the delay it is admitted after (0: now).
         let mut checks = Vec::with_capacity(shard_ids.len());
         for (c, &s) in charges().zip(&shard_ids) {
             let slot = self.slot(locked(&mut guards, s), c, now);
             c.params.refresh(&mut slot.state, now);
-            checks.push(c.params.check(&slot.state, c.cost, now));
+            checks.push(delayed(c, c.params.check(&slot.state, c.cost, now)));
         }
 
-        let gate = super::gate(charges(), |i| checks[i].allowed, blocked_from);
+        let admits = |i: usize| checks[i].0.allowed;
+        let gate = super::gate(charges(), admits, blocked_from);
         let mut verdicts = Vec::with_capacity(shard_ids.len());
-        for ((c, &s), check) in charges().zip(&shard_ids).zip(&checks) {
+        for ((c, &s), &(check, delay_ms)) in charges().zip(&shard_ids).zip(&checks) {
             let slot = locked(&mut guards, s)
                 .slots
                 .get_mut(&c.key)
                 .expect("the first pass made a slot for every charge");
             let spend = check.allowed && gate.admits(c.group);
             let mut granted = 0;
-            if spend {
+            if c.force {
+                c.params.force(&mut slot.state, c.cost, now);
+            } else if spend {
                 c.params.spend(&mut slot.state, c.cost, now);
                 granted = c.params.take(&mut slot.state, c.take, now);
             }
+            let remaining = if c.force {
+                c.params.check(&slot.state, 0, now).remaining
+            } else if spend || delay_ms > 0 {
+                check.remaining - granted
+            } else {
+                // Admissible but not charged: what is left is untouched.
+                check.remaining + if check.allowed { c.cost } else { 0 }
+            };
             let reset_ms = c.params.reset_ms(&slot.state, now);
             slot.expires_at = now + reset_ms + EXPIRY_SLACK_MS;
             verdicts.push(Verdict {
                 allowed: check.allowed,
-                // Admissible but not charged: what is left is untouched.
-                remaining: if spend {
-                    check.remaining - granted
-                } else {
-                    check.remaining + if check.allowed { c.cost } else { 0 }
-                },
+                remaining,
                 wait_ms: check.wait_ms,
                 reset_ms,
                 source: Source::Store,
                 granted,
                 at: now,
+                delay_ms,
             });
         }
         for (_, guard) in guards.iter_mut() {
@@ -194,6 +202,32 @@ impl<C: Clock> MemoryStore<C> {
             let mut guard = shard.lock().unwrap_or_else(|e| e.into_inner());
             self.sweep_shard(&mut guard, now);
         }
+    }
+}
+
+/// A check as a charge with `max_delay_ms` reads it: a cost that fits
+/// within the delay is admitted after it (charged now for that instant);
+/// a forced charge always is. Returns the check and the delay.
+fn delayed(c: &Charge, check: Check) -> (Check, u64) {
+    if c.force {
+        return (
+            Check {
+                allowed: true,
+                ..check
+            },
+            0,
+        );
+    }
+    match check.wait_ms {
+        Some(wait) if !check.allowed && c.max_delay_ms > 0 && wait <= c.max_delay_ms => (
+            Check {
+                allowed: true,
+                remaining: 0,
+                wait_ms: Some(0),
+            },
+            wait,
+        ),
+        _ => (check, 0),
     }
 }
 

@@ -141,6 +141,12 @@ pub struct Charge {
     /// Units to take from the store beyond `cost`, as many of them as fit,
     /// when the charge is spent (a lease's top-up; 0 for a plain decision).
     pub take: u64,
+    /// `on_limit: delay`: a cost that fits within this many ms is admitted
+    /// after that wait, charged now for the instant it fits; 0 refuses.
+    pub max_delay_ms: u64,
+    /// Charged whatever the state, into debt of at most one more capacity,
+    /// and never gating the others: a cost learnt after the response.
+    pub force: bool,
 }
 
 /// The terms of `sync: lease` for one limit.
@@ -182,6 +188,8 @@ pub struct Verdict {
     pub granted: u64,
     /// The store's time of the decision (ms), which giving back needs.
     pub at: u64,
+    /// Admitted after this many ms (`on_limit: delay`); 0 for now.
+    pub delay_ms: u64,
 }
 
 /// The decision for one group of a request's charges.

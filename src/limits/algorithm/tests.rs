@@ -37,7 +37,7 @@ fn token_bucket_refill_is_capped() {
     assert_eq!(
         s,
         State::Bucket {
-            balance: 10 * MICRO,
+            balance: 10 * MICRO as i64,
             at: 86_400_000
         }
     );
@@ -257,7 +257,7 @@ proptest! {
 fn state_is_kept_only_where_it_means_the_same() {
     let b = Params::TokenBucket(bucket(10, 1));
     let spent = State::Bucket {
-        balance: 8 * MICRO,
+        balance: 8 * MICRO as i64,
         at: 5,
     };
     // Any bucket: the balance means the same, clamped to a smaller one.
@@ -265,7 +265,7 @@ fn state_is_kept_only_where_it_means_the_same() {
     assert_eq!(
         small.adopt(&b, spent.clone(), 7),
         State::Bucket {
-            balance: 4 * MICRO,
+            balance: 4 * MICRO as i64,
             at: 5
         }
     );

@@ -53,6 +53,7 @@ fn store_verdict(allowed: bool) -> Verdict {
         source: Source::Store,
         granted: 0,
         at: 0,
+        delay_ms: 0,
     }
 }
 

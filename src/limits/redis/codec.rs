@@ -7,10 +7,13 @@
 //! binary string: per request its gate (1 byte), its limit count (2 bytes)
 //! and its refund time (8 bytes), then per limit the key's index (4 bytes),
 //! the algorithm (1 byte), its two parameters and the cost (8 bytes each),
-//! its flags (1 byte) and, when flag bit 2 says so, the units to take
-//! beyond the cost (8 bytes). All numbers are little-endian. The reply is
-//! one binary string: five `i64`s per limit (admitted, remaining, wait or
-//! -1, reset, units taken), then the store time of the decision.
+//! its flags (1 byte: bit 0 enforced, bit 1 the group, bit 2 a take
+//! follows, bit 3 a longest delay follows, bit 4 forced) and then, as the
+//! flags say, the units to take beyond the cost and the longest delay in
+//! ms (8 bytes each). All numbers are little-endian. The reply is one
+//! binary string: five `i64`s per limit (admitted: 1, 0, or 2 when after a
+//! delay; remaining; wait or -1, or the delay when 2; reset; units taken),
+//! then the store time of the decision.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +46,10 @@ const REQUEST_HEAD: usize = 1 + 2 + 8;
 const LIMIT: usize = 4 + 1 + 3 * 8 + 1;
 /// Flag bit: a take follows the limit's flags.
 const TAKES: u8 = 4;
+/// Flag bit: a longest delay follows (after the take, if any).
+const DELAYS: u8 = 8;
+/// Flag bit: charged whatever the state (a cost learnt after the response).
+const FORCED: u8 = 16;
 /// Bytes of one number in the script's reply.
 const NUMBER: usize = 8;
 /// Bytes of one limit's verdict in the script's reply.
@@ -63,6 +70,10 @@ pub struct Spec {
     pub flags: u8,
     /// Units to take beyond the cost, as many as fit (a lease); 0 for none.
     pub take: u64,
+    /// The longest delay a cost may be admitted after, in ms; 0 for none.
+    pub max_delay_ms: u64,
+    /// Charged whatever the state, gating nothing.
+    pub force: bool,
 }
 
 impl Spec {
@@ -83,6 +94,8 @@ impl Spec {
             cost: charge.cost,
             flags: charge.group.wire() * 2 + u8::from(charge.enforce),
             take: charge.take,
+            max_delay_ms: charge.max_delay_ms,
+            force: charge.force,
         }
     }
 }
@@ -138,7 +151,7 @@ pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'
     let mut keys: Vec<&str> = Vec::new();
     let size = requests
         .clone()
-        .map(|r| REQUEST_HEAD + r.limits.len() * (LIMIT + 8))
+        .map(|r| REQUEST_HEAD + r.limits.len() * (LIMIT + 16))
         .sum();
     let mut bytes = Vec::with_capacity(size);
     let mut count = 0;
@@ -157,11 +170,22 @@ pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'
             for n in [l.a, l.b, l.cost] {
                 bytes.extend_from_slice(&n.to_le_bytes());
             }
+            let mut flags = l.flags;
             if l.take > 0 {
-                bytes.push(l.flags | TAKES);
+                flags |= TAKES;
+            }
+            if l.max_delay_ms > 0 {
+                flags |= DELAYS;
+            }
+            if l.force {
+                flags |= FORCED;
+            }
+            bytes.push(flags);
+            if l.take > 0 {
                 bytes.extend_from_slice(&l.take.to_le_bytes());
-            } else {
-                bytes.push(l.flags);
+            }
+            if l.max_delay_ms > 0 {
+                bytes.extend_from_slice(&l.max_delay_ms.to_le_bytes());
             }
         }
     }
@@ -202,10 +226,17 @@ fn number(bytes: &[u8], i: usize) -> i64 {
 /// `i64`s.
 fn verdict(bytes: &[u8], at: u64) -> Verdict {
     let n = |i: usize| number(bytes, i);
+    // 2: admitted after a delay, which the wait field then holds.
+    let delayed = n(0) == 2;
     Verdict {
-        allowed: n(0) == 1,
+        allowed: n(0) >= 1,
         remaining: n(1).max(0) as u64,
-        wait_ms: u64::try_from(n(2)).ok(),
+        wait_ms: if delayed {
+            Some(0)
+        } else {
+            u64::try_from(n(2)).ok()
+        },
+        delay_ms: if delayed { n(2).max(0) as u64 } else { 0 },
         reset_ms: n(3).max(0) as u64,
         source: Source::Store,
         granted: n(4).max(0) as u64,

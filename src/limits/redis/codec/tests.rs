@@ -30,18 +30,24 @@ fn read_back(call: &Call<'_>) -> Vec<ReadBack> {
             let kind = take(1)[0];
             let (a, bb, cost) = (u64_of(take(8)), u64_of(take(8)), u64_of(take(8)));
             let flags = take(1)[0];
-            let want = if flags & TAKES != 0 {
-                u64_of(take(8))
-            } else {
-                0
+            let mut field = |bit: u8| {
+                if flags & bit != 0 {
+                    u64_of(take(8))
+                } else {
+                    0
+                }
             };
+            let want = field(TAKES);
+            let delay = field(DELAYS);
             let spec = Spec {
                 kind,
                 a,
                 b: bb,
                 cost,
-                flags: flags & !TAKES,
+                flags: flags & !(TAKES | DELAYS | FORCED),
                 take: want,
+                max_delay_ms: delay,
+                force: flags & FORCED != 0,
             };
             limits.push((call.keys[key - 1].to_owned(), spec));
         }
@@ -60,6 +66,9 @@ fn spec(kind: u8, a: u64) -> Spec {
         flags: 3,
         // Every other limit takes units beyond its cost, as a lease does.
         take: if a % 2 == 0 { a * 5 } else { 0 },
+        // Every third may be delayed; every fifth is forced.
+        max_delay_ms: if a % 3 == 0 { a + 500 } else { 0 },
+        force: a % 5 == 0,
     }
 }
 
