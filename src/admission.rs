@@ -51,6 +51,9 @@ pub struct Facts {
     pub priority: crate::config::schema::Priority,
     /// How long the request is held before it goes on (`on_limit: delay`).
     pub delay_ms: u64,
+    /// What the request charged, for a route whose cost the response
+    /// reports (`cost_from_response`).
+    pub reconcile: Option<Reconcile>,
     /// Whether the request target was accepted (so its path is normalized).
     pub target_ok: bool,
 }
@@ -220,6 +223,20 @@ pub fn conclude(
         return Err(Rejection::Unauthorized);
     }
     check_group(rt, &plan.charges, verdicts, Group::Request).inspect_err(|r| facts.note(r))?;
+    if let Some(spec) = &plan.route.cost_from_response {
+        facts.reconcile = Some(Reconcile {
+            spec: spec.clone(),
+            estimate: plan.route.cost,
+            route: plan.route.name.clone(),
+            charged: plan
+                .charges
+                .iter()
+                .zip(verdicts)
+                .filter(|(_, v)| v.allowed && v.source == Source::Store)
+                .map(|(c, v)| (c.clone(), v.at))
+                .collect(),
+        });
+    }
     // Admitted after the longest wait an enforced limit scheduled it for.
     facts.delay_ms = plan
         .charges
@@ -241,6 +258,33 @@ pub fn conclude(
             content_type: content_type.clone(),
         },
     })
+}
+
+/// The charges of an admitted request whose actual cost the response
+/// reports: each with the store time it was charged at.
+#[derive(Debug, Clone)]
+pub struct Reconcile {
+    /// Where the actual cost is read, and its bound.
+    pub spec: crate::config::CostFromResponse,
+    /// The route's cost, charged at admission.
+    pub estimate: u64,
+    /// The route class, for the metric.
+    pub route: Arc<str>,
+    /// The charges made, with their store times.
+    pub charged: Vec<(Charge, u64)>,
+}
+
+impl Reconcile {
+    /// The actual cost a response reports in `headers`: `None` when the
+    /// header is absent or not a whole number (the estimate stands).
+    pub fn actual(&self, headers: &http::HeaderMap) -> Option<u64> {
+        let value = headers.get(&self.spec.header)?.to_str().ok()?;
+        value
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .map(|n| n.min(self.spec.max))
+    }
 }
 
 /// The whole request path up to pool admission: [`plan`], the one store

@@ -51,6 +51,9 @@ pub struct Metrics {
     /// `tollgate_access_log_dropped_total`: access log lines dropped because
     /// the writer was behind.
     pub access_log_dropped: IntCounter,
+    /// `tollgate_cost_reconciled_total{route,direction}`: costs settled after
+    /// the response (`charged` more, or `refunded`).
+    pub cost_reconciled: IntCounterVec,
     /// `tollgate_lease_units{limit}`: units this instance holds under
     /// `sync: lease`.
     pub lease_units: IntGaugeVec,
@@ -135,6 +138,12 @@ impl Metrics {
             .expect("registered once");
         Self {
             access_log_dropped,
+            cost_reconciled: counter(
+                &r,
+                "tollgate_cost_reconciled_total",
+                "Costs settled after the response, by route and direction (charged, refunded).",
+                &["route", "direction"],
+            ),
             lease_units: gauge(
                 &r,
                 "tollgate_lease_units",

@@ -109,6 +109,32 @@ impl Gateway {
     }
 }
 
+/// For a route whose cost the response reports: reads it from `headers`
+/// (the response's, or its trailers) and charges or gives back the
+/// difference from the estimate, off the request path, once per request
+/// (the first place that carries it). Returns the header to remove before
+/// the client sees it, unless the route exposes it.
+fn settle(ctx: &mut RequestCtx, headers: &http::HeaderMap) -> Option<http::HeaderName> {
+    let reconcile = ctx.facts.reconcile.as_ref()?;
+    let hidden = (!reconcile.spec.expose).then(|| reconcile.spec.header.clone());
+    if let (Some(actual), Some(rt)) = (reconcile.actual(headers), &ctx.runtime) {
+        let delta = actual as i64 - reconcile.estimate as i64;
+        let reconcile = std::mem::take(&mut ctx.facts.reconcile)?;
+        let (limiter, metrics) = (rt.services.limiter.clone(), rt.services.metrics.clone());
+        if delta != 0 {
+            tokio::spawn(async move {
+                limiter.reconcile(&reconcile.charged, delta).await;
+                let direction = if delta > 0 { "charged" } else { "refunded" };
+                metrics
+                    .cost_reconciled
+                    .with_label_values(&[&reconcile.route, direction])
+                    .inc();
+            });
+        }
+    }
+    hidden
+}
+
 fn peer_ip(addr: Option<&PeerAddr>) -> IpAddr {
     addr.and_then(PeerAddr::as_inet)
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip().to_canonical())
@@ -354,7 +380,23 @@ impl ProxyHttp for Gateway {
         if let Some(extra) = &ctx.facts.rate_headers {
             extra.apply(response)?;
         }
+        if let Some(hidden) = settle(ctx, &response.headers) {
+            response.remove_header(&hidden);
+        }
         Ok(())
+    }
+
+    async fn response_trailer_filter(
+        &self,
+        _session: &mut Session,
+        trailers: &mut http::HeaderMap,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Bytes>> {
+        // A streamed response (gRPC) reports its usage at the end.
+        if let Some(hidden) = settle(ctx, trailers) {
+            trailers.remove(&hidden);
+        }
+        Ok(None)
     }
 
     async fn fail_to_proxy(

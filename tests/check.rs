@@ -26,7 +26,7 @@ fn example_policies_are_valid() {
 }
 
 const FIXTURES: &[(&str, &str)] = &[
-    ("unknown_field", "tests/config/unknown_field.yaml:6:5: routes[0]: unknown field `limtis`, expected one of `name`, `methods`, `path`, `auth`, `upstream`, `respond`, `cost`, `limits`, `max_body_bytes`, `upgrade`, `hosts`, `timeout_ms`, `priority`"),
+    ("unknown_field", "tests/config/unknown_field.yaml:6:5: routes[0]: unknown field `limtis`, expected one of `name`, `methods`, `path`, `auth`, `upstream`, `respond`, `cost`, `limits`, `max_body_bytes`, `upgrade`, `hosts`, `timeout_ms`, `priority`, `cost_from_response`"),
     ("unknown_algorithm", "tests/config/unknown_algorithm.yaml:3:43: limits.per-tenant.algorithm: unknown variant `leaky_bucket`, expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log`, `quota`"),
     ("yaml_syntax", "tests/config/yaml_syntax.yaml:4:1: did not find expected ',' or '}' at line 4 column 1, while parsing a flow mapping at line 3 column 5"),
     ("dangling_limit", "tests/config/dangling_limit.yaml: routes[0].limits[1]: unknown limit \"per-tenat\""),
@@ -69,6 +69,7 @@ const FIXTURES: &[(&str, &str)] = &[
     ("lease_on_quota", "tests/config/lease_on_quota.yaml: limits.monthly.sync: a quota counts a calendar period; a lease's units would outlive it: use sync: exact"),
     ("quota_without_period", "tests/config/quota_without_period.yaml: limits.monthly: `window_seconds` does not apply to quota; it takes `limit` and `period`\ntests/config/quota_without_period.yaml: limits.monthly: missing `period`"),
     ("delay_on_window", "tests/config/delay_on_window.yaml: limits.b.max_delay_ms: only read with on_limit: delay\ntests/config/delay_on_window.yaml: limits.w.on_limit: delay schedules an admission ahead, which token_bucket and gcra can; a window's count belongs to the window it is made in"),
+    ("cost_from_response_log", "tests/config/cost_from_response_log.yaml: routes[0].cost_from_response.header: \"x usage\" is not a header name\ntests/config/cost_from_response_log.yaml: routes[0].cost_from_response.max: must be at least the route's cost 10 (the estimate), got 5\ntests/config/cost_from_response_log.yaml: routes[0].cost_from_response: limit \"exact\" is a sliding_log, whose entries cannot be given back in part"),
     ("url_password_hidden", "tests/config/url_password_hidden.yaml: store.urls[0]: \"http://gate:***@127.0.0.1:6379\" is not a redis:// or rediss:// url"),
 ];
 

@@ -267,3 +267,104 @@ fn delayed_requests_come_out_at_the_rate_in_redis() {
     let gw = Gateway::start_with_env(&delay_policy(&store), None, &[SECRET]);
     assert_smoothed(&gw);
 }
+
+/// A chat route charged 100 at admission and then what the upstream
+/// reports in `x-usage-tokens` (at most 10 000), against a per-tenant
+/// budget of 1000 that does not refill while the test runs.
+fn usage_policy(store: &str) -> String {
+    format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store: {store}
+auth:
+  keys:
+    - {{ id: c1, tenant: acme, sha256: "{}" }}
+    - {{ id: c2, tenant: bigco, sha256: "{}" }}
+limits:
+  tokens: {{ key: [tenant], capacity: 1000, refill_per_second: 0.001, on_store_error: open }}
+upstreams:
+  llm: {{ servers: ["{{upstream}}"] }}
+routes:
+  - name: chat
+    path: "/v1/chat"
+    upstream: llm
+    cost: 100
+    cost_from_response: {{ header: x-usage-tokens, max: 10000 }}
+    limits: [tokens]
+  - name: chat-visible
+    path: "/v1/chat-visible"
+    upstream: llm
+    cost: 100
+    cost_from_response: {{ header: x-usage-tokens, max: 10000, expose: true }}
+    limits: [tokens]
+responses: {{ ratelimit_headers: draft }}
+"#,
+        digest("key-c1"),
+        digest("key-c2")
+    )
+}
+
+fn chat(gw: &Gateway, key: &str, usage: u64) -> support::Reply {
+    let auth = format!("Bearer {key}");
+    gw.get(
+        "/v1/chat",
+        &[
+            ("authorization", auth.as_str()),
+            ("x-reply-usage", &usage.to_string()),
+        ],
+    )
+}
+
+fn assert_costs_settled(gw: &Gateway) {
+    let settled = |direction: &str, n: f64| {
+        let series =
+            format!("tollgate_cost_reconciled_total{{direction=\"{direction}\",route=\"chat\"}}");
+        assert!(
+            support::eventually(Duration::from_secs(5), || gw.metric(&series) == n),
+            "{series} never reached {n}"
+        );
+    };
+    // Far above the estimate: 800 more once the response is in.
+    let r = chat(gw, "key-c1", 900);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-usage-tokens"), None, "not exposed");
+    assert_eq!(r.header("ratelimit"), Some("\"tokens\";r=900;t=100000"));
+    settled("charged", 1.0);
+    // 2000 reported against the 100 left: the balance goes into debt, down
+    // to one capacity (-1000), and later requests wait for it.
+    assert_eq!(chat(gw, "key-c1", 2000).status, 200);
+    settled("charged", 2.0);
+    let refused = chat(gw, "key-c1", 100);
+    assert_eq!(refused.status, 429);
+    // 1100 tokens short (the debt and the cost) at 0.001 a second.
+    assert_eq!(refused.header("retry-after"), Some("1100000"));
+
+    // Far below the estimate: 90 of the 100 come back.
+    assert_eq!(chat(gw, "key-c2", 10).status, 200);
+    settled("refunded", 1.0);
+    let r = chat(gw, "key-c2", 100);
+    assert_eq!(r.header("ratelimit"), Some("\"tokens\";r=890;t=110000"));
+    // Exposed where the route says so.
+    let visible = gw.get(
+        "/v1/chat-visible",
+        &[("authorization", "Bearer key-c2"), ("x-reply-usage", "100")],
+    );
+    assert_eq!(visible.header("x-usage-tokens"), Some("100"));
+}
+
+#[test]
+fn costs_reported_by_the_response_are_settled_in_memory() {
+    let upstream = Upstream::start();
+    let gw = Gateway::start(&usage_policy("{ backend: memory }"), Some(&upstream));
+    assert_costs_settled(&gw);
+}
+
+#[test]
+fn costs_reported_by_the_response_are_settled_in_redis() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let store = format!("{{ backend: redis, urls: [\"{}\"] }}", redis.url());
+    let gw = Gateway::start_with_env(&usage_policy(&store), Some(&upstream), &[SECRET]);
+    assert_costs_settled(&gw);
+}

@@ -23,7 +23,7 @@ fn frame(message: &[u8]) -> Bytes {
 }
 
 /// An HTTP/2 (h2c) server answering every call with its message reversed
-/// and `grpc-status: 0` in trailers.
+/// and `grpc-status: 0` in trailers, with `x-usage-tokens: 7`.
 async fn start_upstream() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -54,6 +54,8 @@ async fn start_upstream() -> SocketAddr {
                         let mut trailers = http::HeaderMap::new();
                         trailers.insert("grpc-status", "0".parse().unwrap());
                         trailers.insert("grpc-message", "done".parse().unwrap());
+                        // The usage of the call, known only at its end.
+                        trailers.insert("x-usage-tokens", "7".parse().unwrap());
                         send.send_trailers(trailers).unwrap();
                     });
                 }
@@ -132,6 +134,42 @@ async fn a_unary_grpc_call_passes_with_its_trailers() {
     // The key and the limit apply to calls as to any request.
     assert_eq!(call(gw.addr, "wrong").await.0, 401);
     assert_eq!(call(gw.addr, "key-g1").await.0, 200);
+    assert_eq!(call(gw.addr, "key-g1").await.0, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_reported_in_trailers_is_settled_after_the_call() {
+    let upstream = start_upstream().await;
+    // Calls are charged 10 at admission, then the 7 the trailers report.
+    let policy = policy(upstream).replace(
+        "calls: { key: [credential], capacity: 2, refill_per_second: 0.001 }",
+        "calls: { key: [credential], capacity: 25, refill_per_second: 0.001 }",
+    ).replace(
+        "upstream: grpc, limits: [calls] }",
+        "upstream: grpc, limits: [calls], cost: 10, cost_from_response: { header: x-usage-tokens, max: 100 } }",
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::start(&policy, None))
+        .await
+        .unwrap();
+    // 25: three calls fit only if each gives 3 back before the next.
+    for n in 1..=3 {
+        let (status, _, trailers) = call(gw.addr, "key-g1").await;
+        assert_eq!(status, 200, "call {n}");
+        let trailers = trailers.expect("trailers came through");
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+        assert!(
+            trailers.get("x-usage-tokens").is_none(),
+            "the usage is not exposed"
+        );
+        let series = "tollgate_cost_reconciled_total{direction=\"refunded\",route=\"echo\"}";
+        let gw = &gw;
+        let settled = tokio::task::block_in_place(|| {
+            support::eventually(std::time::Duration::from_secs(5), || {
+                gw.metric(series) == n as f64
+            })
+        });
+        assert!(settled, "call {n} settled");
+    }
     assert_eq!(call(gw.addr, "key-g1").await.0, 429);
 }
 

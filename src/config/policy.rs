@@ -281,6 +281,19 @@ pub struct Route {
     pub timeout: Option<Duration>,
     /// Its place when the pool is full.
     pub priority: super::schema::Priority,
+    /// The actual cost, reported by the upstream after the response.
+    pub cost_from_response: Option<CostFromResponse>,
+}
+
+/// `routes[].cost_from_response`, validated.
+#[derive(Debug, Clone)]
+pub struct CostFromResponse {
+    /// The response header (or trailer) holding the actual cost.
+    pub header: http::HeaderName,
+    /// The most a response is charged.
+    pub max: u64,
+    /// Whether the client sees the header.
+    pub expose: bool,
 }
 
 impl Policy {

@@ -507,6 +507,20 @@ pub struct RawUpstream {
     pub reserve: Option<RawReserve>,
 }
 
+/// The `routes[].cost_from_response` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCostFromResponse {
+    /// The response header (or trailer) holding the actual cost, a whole
+    /// number.
+    pub header: String,
+    /// The most a response may be charged, whatever it reports.
+    pub max: f64,
+    /// Whether the client sees the header; `false` when absent.
+    #[serde(default)]
+    pub expose: bool,
+}
+
 /// The `upstreams.*.reserve` section.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -642,6 +656,9 @@ pub struct RawRoute {
     /// when absent.
     #[serde(default)]
     pub priority: Priority,
+    /// The cost as the upstream reports it in a response header (or
+    /// trailer), charged or given back after the response.
+    pub cost_from_response: Option<RawCostFromResponse>,
 }
 
 /// The `routes[].respond` section: a response made by the gateway.

@@ -1103,6 +1103,49 @@ fn health_check(c: &mut Checker, path: &str, h: RawHealthCheck) -> HealthCheck {
     }
 }
 
+/// `routes[].cost_from_response`: a header name, a bound no smaller than
+/// the estimate, and limits whose charges can be given back in part.
+fn cost_from_response<'a>(
+    c: &mut Checker,
+    path: &str,
+    raw: RawCostFromResponse,
+    estimate: u64,
+    limits: impl Iterator<Item = &'a Limit>,
+) -> Option<CostFromResponse> {
+    let path = format!("{path}.cost_from_response");
+    let header = http::HeaderName::from_bytes(raw.header.as_bytes())
+        .map_err(|_| {
+            c.fail(
+                format!("{path}.header"),
+                format!("{:?} is not a header name", raw.header),
+            )
+        })
+        .ok();
+    let max = c.whole(&format!("{path}.max"), raw.max, MAX_AMOUNT);
+    if let Some(max) = max.filter(|&m| m < estimate) {
+        c.fail(
+            format!("{path}.max"),
+            format!("must be at least the route's cost {estimate} (the estimate), got {max}"),
+        );
+    }
+    for l in limits {
+        if matches!(l.params, Params::SlidingLog(_)) {
+            c.fail(
+                &path,
+                format!(
+                    "limit {:?} is a sliding_log, whose entries cannot be given back in part",
+                    l.name
+                ),
+            );
+        }
+    }
+    Some(CostFromResponse {
+        header: header?,
+        max: max?,
+        expose: raw.expose,
+    })
+}
+
 struct RouteContext<'a> {
     limits: &'a [Limit],
     limit_ids: &'a LimitNames,
@@ -1142,6 +1185,10 @@ fn routes(
         };
         let auth_required = r.auth == AuthMode::Required;
         let (pre_auth, request) = route_limits(c, &path, &r.limits, cost, auth_required, ctx);
+        let cost_from_response = r.cost_from_response.and_then(|raw| {
+            let limits = pre_auth.iter().chain(&request).map(|&id| &ctx.limits[id]);
+            cost_from_response(c, &path, raw, cost, limits)
+        });
         let max_body_bytes = c.range(
             &format!("{path}.max_body_bytes"),
             r.max_body_bytes.unwrap_or(max_body_bytes),
@@ -1168,6 +1215,7 @@ fn routes(
                     Duration::from_millis(c.range(&format!("{path}.timeout_ms"), ms, 1, 3_600_000))
                 }),
                 priority: r.priority,
+                cost_from_response,
             };
             router.push(methods, hosts, template, route);
         }

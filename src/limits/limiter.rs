@@ -261,18 +261,22 @@ impl<C: Clock> Limiter<C> {
                 );
             }
         }
-        self.give_back(shared, self.leases.take_returns()).await;
+        let returns = self.leases.take_returns();
+        for r in &returns {
+            self.lease_call(&r.charge, "return");
+        }
+        self.give_back(shared, returns).await;
     }
 
-    /// Gives back units, one store call per take time (calls at once are
-    /// batched by the store).
+    /// Gives back units (a lease's, or a cost the response made smaller),
+    /// one store call per take time (calls at once are batched by the
+    /// store).
     async fn give_back(&self, shared: &Shared, back: Vec<GiveBack>) {
         if back.is_empty() {
             return;
         }
         let mut by_time: Vec<(u64, Vec<&Charge>)> = Vec::new();
         for b in &back {
-            self.lease_call(&b.charge, "return");
             match by_time.iter_mut().find(|(t, _)| *t == b.spent_at) {
                 Some((_, charges)) => charges.push(&b.charge),
                 None => by_time.push((b.spent_at, vec![&b.charge])),
@@ -288,7 +292,58 @@ impl<C: Clock> Limiter<C> {
                 Err(_) => StoreError::Timeout,
             };
             self.metrics.store_error(failed.reason());
-            tracing::warn!(error = %failed, "giving back lease units failed; they stay charged until the keys refill");
+            tracing::warn!(error = %failed, "giving back units failed; they stay charged until the keys refill");
+        }
+    }
+
+    /// Settles a request's charges (with the store times they were made
+    /// at) once its actual cost is known: `delta` more is charged to each,
+    /// whatever the state, into debt of at most one more capacity, or
+    /// `-delta` given back; in this process for local limits, in one store
+    /// call for the shared ones. Off the request path.
+    pub async fn reconcile(&self, charged: &[(Charge, u64)], delta: i64) {
+        if delta == 0 || charged.is_empty() {
+            return;
+        }
+        let amount = delta.unsigned_abs();
+        let settle: Vec<(Charge, u64)> = charged
+            .iter()
+            .map(|(c, at)| {
+                let c = Charge {
+                    cost: amount,
+                    force: delta > 0,
+                    take: 0,
+                    max_delay_ms: 0,
+                    lease: None,
+                    ..c.clone()
+                };
+                (c, *at)
+            })
+            .collect();
+        let (local, shared): (Vec<_>, Vec<_>) = settle.iter().partition(|(c, _)| c.local);
+        if delta > 0 {
+            let local: Vec<&Charge> = local.iter().map(|(c, _)| c).collect();
+            if !local.is_empty() {
+                self.local.decide_now(&local, Gate::Open);
+            }
+            let shared: Vec<&Charge> = shared.iter().map(|(c, _)| c).collect();
+            if let (Some(store), false) = (&self.shared, shared.is_empty()) {
+                let _ = self.call(store, &shared, Gate::Open).await;
+            }
+            return;
+        }
+        for (c, at) in &local {
+            self.local.refund(&[c], *at);
+        }
+        if let (Some(store), false) = (&self.shared, shared.is_empty()) {
+            let back = shared
+                .iter()
+                .map(|(c, at)| GiveBack {
+                    charge: c.clone(),
+                    spent_at: *at,
+                })
+                .collect();
+            self.give_back(store, back).await;
         }
     }
 

@@ -157,10 +157,16 @@ fn serve(conn: TcpStream, state: &UpstreamState) {
             }
             continue;
         }
+        // A usage to report, as an LLM API reports the tokens it spent.
+        let usage = headers
+            .get("x-reply-usage")
+            .and_then(|v| v[0].as_str())
+            .map(|n| format!("x-usage-tokens: {n}\r\n"))
+            .unwrap_or_default();
         let echo =
             serde_json::json!({ "method": method, "path": path, "headers": headers }).to_string();
         let reply = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{echo}",
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{usage}content-length: {}\r\n\r\n{echo}",
             echo.len()
         );
         if conn.write_all(reply.as_bytes()).is_err() {
