@@ -6,7 +6,7 @@ mod support;
 use std::thread;
 use std::time::Duration;
 
-use support::redis_server::RedisServer;
+use support::redis_server::{RedisCluster, RedisServer};
 use support::{digest, get, Gateway, Upstream};
 use tollgate::limits::algorithm::Period;
 
@@ -186,6 +186,15 @@ fn a_monthly_quota_counts_and_reports_usage_in_redis() {
         let ttl: i64 = redis.cmd(&["PTTL", &k]).unwrap();
         assert!(ttl > 0 && ttl <= 31 * 86_400_000 + 1_000, "{k}: {ttl}");
     }
+}
+
+#[test]
+fn a_monthly_quota_counts_and_reports_usage_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let store = format!("{{ backend: redis_cluster, urls: [{}] }}", urls.join(", "));
+    let gw = Gateway::start_with_env(&quota_policy(&store), None, &[ADMIN, SECRET]);
+    assert_quota(&gw);
 }
 
 /// A route behind a GCRA of 10 a second (burst 1) that delays up to a
