@@ -162,6 +162,65 @@ fn a_client_that_stops_inside_the_preface_is_cut_at_the_header_timeout() {
     assert!(status_line(&ok).starts_with("HTTP/2 401"), "{ok}");
 }
 
+#[test]
+fn a_client_silent_after_choosing_h2_by_alpn_is_cut_at_the_header_timeout() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use std::io::Read;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = make_certs(dir.path(), "h2");
+    let tls_port = free_port();
+    let text = policy(tls_port, &cert, &key).replace(
+        "http2: true\n",
+        "http2: true\n  timeouts: { header_read_ms: 400 }\n",
+    );
+    let gw = Gateway::start(&text, None);
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    // The handshake completes and h2 is chosen; then nothing is sent.
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp).unwrap();
+    }
+    assert_eq!(conn.alpn_protocol(), Some(&b"h2"[..]));
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    let mut out = Vec::new();
+    // Closed by the gateway (a clean close, or a reset), not by our timeout.
+    let closed = match tls.read_to_end(&mut out) {
+        Ok(_) => true,
+        Err(e) => {
+            e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut
+        }
+    };
+    assert!(closed, "the gateway closed the silent connection");
+    let series = format!(
+        "tollgate_connections_rejected_total{{listener=\"127.0.0.1:{tls_port}\",reason=\"header_timeout\"}}"
+    );
+    assert!(gw.metric(&series) >= 1.0, "{}", gw.metrics());
+    // A client that sends its preface is served as before.
+    let ok = curl(&[
+        "--http2",
+        "--cacert",
+        ca.to_str().unwrap(),
+        &format!("https://localhost:{tls_port}/v1/x"),
+    ]);
+    assert!(status_line(&ok).starts_with("HTTP/2 401"), "{ok}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_whose_client_stops_reading_is_reset_at_the_send_timeout() {
     let dir = tempfile::tempdir().unwrap();
@@ -201,4 +260,45 @@ async fn a_stream_whose_client_stops_reading_is_reset_at_the_send_timeout() {
     .expect("the gateway gives up on the stream instead of waiting for ever");
     assert!(ended.is_err(), "reset, not completed: {ended:?}");
     assert!(received < 64 << 20, "{received} bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_body_stalls_ends_at_the_route_timeout_and_frees_its_permit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, cert, key) = make_certs(dir.path(), "h2");
+    let upstream = Upstream::start();
+    // The upstream waits for the whole body; the route waits 500 ms for
+    // the upstream's answer.
+    let text = policy(free_port(), &cert, &key).replace(
+        "upstream: api, limits: [one] }",
+        "upstream: api, limits: [one], timeout_ms: 500 }",
+    );
+    let upstream_ref = &upstream;
+    let gw = tokio::task::block_in_place(|| Gateway::start(&text, Some(upstream_ref)));
+    let tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post(format!("http://{}/v1/upload", gw.addr))
+        .header("authorization", "Bearer key-c1")
+        .header("content-length", "1000")
+        .body(())
+        .unwrap();
+    // One byte of the thousand announced, then nothing.
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(b"x"), false)
+        .unwrap();
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(20), response)
+        .await
+        .expect("the stream ends instead of waiting for ever");
+    if let Ok(response) = answered {
+        assert_eq!(response.status(), 504);
+    }
+    let pool = "tollgate_pool_in_flight{pool=\"api\"}";
+    let gw = &gw;
+    let freed = tokio::task::block_in_place(|| {
+        support::eventually(std::time::Duration::from_secs(5), || gw.metric(pool) == 0.0)
+    });
+    assert!(freed, "the stalled stream gave its pool permit back");
+    drop(send);
 }

@@ -13,7 +13,9 @@
 //! every limit, key check, pool permit and header rule applies per stream;
 //! the connection still counts against `max_connections`, its header list
 //! is bounded by `max_header_bytes`, and it closes after
-//! `keepalive_idle_ms` without streams.
+//! `keepalive_idle_ms` without streams. Its client preface must come within
+//! `header_read_ms` (read here, and replayed to the HTTP/2 server, whose
+//! handshake has no deadline of its own).
 //!
 //! On TLS listeners the handshake happens here too, after the connection
 //! took its slot: a client that opens connections and never finishes a
@@ -29,9 +31,11 @@ use pingora::protocols::http::ServerSession;
 use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
+use tokio::io::AsyncReadExt;
 
 use super::conn::Guarded;
 use super::listener::{Listener, Reason};
+use super::replay::Replayed;
 use super::EdgeSettings;
 
 /// Where the live bounds come from: the live policy's, read at each
@@ -93,6 +97,9 @@ where
             None => stream,
         };
         if self.http2 && self.speaks_h2(&mut stream, &settings).await? {
+            if stream.get_ssl_digest().is_some() {
+                stream = self.preface(stream, &settings).await?;
+            }
             // Pingora's HTTP/2 server, each stream a request of the proxy.
             return ServerApp::process_new(&self.proxy, stream, shutdown).await;
         }
@@ -145,6 +152,28 @@ impl<A> Edge<A> {
             Ok(Ok(tls)) => Some(Box::new(tls)),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                self.listener.rejected(Reason::HeaderTimeout);
+                None
+            }
+        }
+    }
+
+    /// A connection that chose h2 by ALPN: its client preface, read within
+    /// `header_read_ms` (Pingora's HTTP/2 handshake has no deadline of its
+    /// own), then replayed to the HTTP/2 server. `None` when it did not
+    /// come in time, was not the preface, or the client left.
+    async fn preface(&self, mut stream: Stream, settings: &EdgeSettings) -> Option<Stream> {
+        let mut preface = [0u8; H2_PREFACE.len()];
+        match tokio::time::timeout(settings.header_read, stream.read_exact(&mut preface)).await {
+            Ok(Ok(_)) if preface == *H2_PREFACE => Some(Box::new(Replayed::new(
+                stream,
+                bytes::Bytes::copy_from_slice(&preface),
+            ))),
+            Ok(_) => {
+                self.listener.rejected(Reason::BadRequest);
                 None
             }
             Err(_) => {

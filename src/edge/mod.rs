@@ -16,6 +16,7 @@ pub mod conn;
 pub mod headers;
 pub mod listener;
 pub mod logs;
+pub mod replay;
 pub mod target;
 
 use std::time::Duration;
