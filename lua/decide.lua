@@ -340,20 +340,24 @@ local function spend(s, b, cost)
 end
 
 -- Charges `cost` whatever the state, into debt of at most one more
--- capacity or limit.
+-- capacity or limit; a state deeper than that already (a delay schedules
+-- further ahead) is left as it is, never lifted.
 local function force(s, a, b, cost)
   local k = s.kind
   if k == TOKEN_BUCKET then
-    s.x = max(s.x - cost * MICRO, -a)
+    s.x = min(s.x, max(s.x - cost * MICRO, -a))
   elseif k == GCRA then
-    local owed = min(debt(s, b) + cost * MICRO, 2 * a)
-    local whole = floor(owed / b)
-    s.x, s.y = now + whole, owed - whole * b
+    local owed = debt(s, b)
+    local charged = min(owed + cost * MICRO, 2 * a)
+    if charged > owed then
+      local whole = floor(charged / b)
+      s.x, s.y = now + whole, charged - whole * b
+    end
   elseif k == SLIDING_LOG then
     local room = 2 * a - (s.run - s.base)
     if room > 0 then spend(s, b, min(cost, room)) end
   else
-    s.y = min(s.y + cost, 2 * a)
+    s.y = max(s.y, min(s.y + cost, 2 * a))
   end
 end
 

@@ -52,8 +52,11 @@ pub struct Facts {
     /// How long the request is held before it goes on (`on_limit: delay`).
     pub delay_ms: u64,
     /// What the request charged, for a route whose cost the response
-    /// reports (`cost_from_response`).
+    /// reports (`cost_from_response`); taken once it is settled.
     pub reconcile: Option<Reconcile>,
+    /// The response header (and trailer) that reports the cost, removed
+    /// before the client sees it (unless the route exposes it).
+    pub hidden_cost_header: Option<http::HeaderName>,
     /// Whether the request target was accepted (so its path is normalized).
     pub target_ok: bool,
 }
@@ -224,6 +227,7 @@ pub fn conclude(
     }
     check_group(rt, &plan.charges, verdicts, Group::Request).inspect_err(|r| facts.note(r))?;
     if let Some(spec) = &plan.route.cost_from_response {
+        facts.hidden_cost_header = (!spec.expose).then(|| spec.header.clone());
         facts.reconcile = Some(Reconcile {
             spec: spec.clone(),
             estimate: plan.route.cost,

@@ -115,8 +115,10 @@ impl Gateway {
 /// (the first place that carries it). Returns the header to remove before
 /// the client sees it, unless the route exposes it.
 fn settle(ctx: &mut RequestCtx, headers: &http::HeaderMap) -> Option<http::HeaderName> {
-    let reconcile = ctx.facts.reconcile.as_ref()?;
-    let hidden = (!reconcile.spec.expose).then(|| reconcile.spec.header.clone());
+    let hidden = ctx.facts.hidden_cost_header.clone();
+    let Some(reconcile) = ctx.facts.reconcile.as_ref() else {
+        return hidden;
+    };
     if let (Some(actual), Some(rt)) = (reconcile.actual(headers), &ctx.runtime) {
         let delta = actual as i64 - reconcile.estimate as i64;
         let reconcile = std::mem::take(&mut ctx.facts.reconcile)?;

@@ -891,3 +891,42 @@ fn forced_charges_and_delays_agree_in_lua_and_rust() {
         assert_eq!(delays, expected, "{p:?}");
     }
 }
+
+#[test]
+fn a_forced_charge_never_lifts_a_deeper_debt() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let clock = ManualClock::new(1_960_000_000_000);
+    let memory = MemoryStore::new(clock.clone());
+    let redis = store(&server, &clock);
+    for p in [bucket(5, 5), Params::Gcra(Bucket::per_second(5, 5))] {
+        let both = |c: &Charge| {
+            let want = memory.decide_now(std::slice::from_ref(c), Gate::Open).0;
+            let got = rt.block_on(redis.decide(&[c], Gate::Open)).unwrap();
+            assert_eq!(got, want, "{p:?}");
+            got[0]
+        };
+        let key = format!("deep-{p:?}");
+        // Thirty held requests schedule six seconds ahead: six capacities
+        // of debt, deeper than a forced charge may go.
+        let delayed = Charge {
+            max_delay_ms: 10_000,
+            ..charge("d", &key, p, 1)
+        };
+        for _ in 0..30 {
+            assert!(both(&delayed).allowed);
+        }
+        let probe = charge("d", &key, p, 1);
+        let before = both(&probe).wait_ms.unwrap();
+        let forced = Charge {
+            force: true,
+            ..charge("d", &key, p, 1)
+        };
+        both(&forced);
+        let after = both(&probe).wait_ms.unwrap();
+        assert!(
+            after >= before,
+            "{p:?}: {before} ms before, {after} ms after"
+        );
+    }
+}

@@ -770,8 +770,14 @@ fn plans(
                 );
             }
             let mut numbers = numbers;
-            if let (Params::Quota(q), None) = (limits[id].params, numbers.period) {
+            if let Params::Quota(q) = limits[id].params {
                 // A plan changes a quota's amount; the period is the limit's.
+                if numbers.period.is_some() {
+                    c.fail(
+                        format!("{path}.period"),
+                        "a plan changes a quota's limit; its period is the limit's",
+                    );
+                }
                 numbers.period = Some(q.period);
             }
             if let Some(p) = params(c, &path, algorithm, &numbers) {

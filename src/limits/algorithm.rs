@@ -470,18 +470,24 @@ impl Params {
             return;
         }
         match (self, state) {
+            // Deeper than the bound already (a delay schedules further
+            // ahead): left as it is, never lifted.
             (Params::TokenBucket(b), State::Bucket { balance, .. }) => {
-                *balance = (*balance - (cost * MICRO) as i64).max(-(b.capacity as i64));
+                let charged = (*balance - (cost * MICRO) as i64).max(-(b.capacity as i64));
+                *balance = (*balance).min(charged);
             }
             (Params::Gcra(b), State::Gcra { tat, frac }) => {
-                let debt = (gcra_debt(b, *tat, *frac, now) + cost * MICRO).min(2 * b.capacity);
-                *tat = now + debt / b.per_ms;
-                *frac = debt % b.per_ms;
+                let debt = gcra_debt(b, *tat, *frac, now);
+                let charged = (debt + cost * MICRO).min(2 * b.capacity);
+                if charged > debt {
+                    *tat = now + charged / b.per_ms;
+                    *frac = charged % b.per_ms;
+                }
             }
             (Params::FixedWindow(Window { limit, .. }), State::Window { count, .. })
             | (Params::Quota(Quota { limit, .. }), State::Window { count, .. })
             | (Params::SlidingWindow(Window { limit, .. }), State::Sliding { curr: count, .. }) => {
-                *count = (*count + cost).min(2 * limit);
+                *count = (*count).max((*count + cost).min(2 * limit));
             }
             _ => {}
         }

@@ -127,7 +127,8 @@ impl LimitStore for ClusterStore {
             let undo: Vec<usize> = members
                 .iter()
                 .zip(v)
-                .filter(|(&i, v)| undone(charges[i], v, slot_gate, final_gate))
+                // A forced charge gates nothing and is never undone.
+                .filter(|(&i, v)| !charges[i].force && undone(charges[i], v, slot_gate, final_gate))
                 .map(|(&i, _)| i)
                 .collect();
             if undo.is_empty() {
