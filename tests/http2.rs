@@ -221,6 +221,14 @@ fn a_client_silent_after_choosing_h2_by_alpn_is_cut_at_the_header_timeout() {
     assert!(status_line(&ok).starts_with("HTTP/2 401"), "{ok}");
 }
 
+/// An h2c client connection to `addr`, ready for a stream.
+async fn h2_client(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    client.ready().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_whose_client_stops_reading_is_reset_at_the_send_timeout() {
     let dir = tempfile::tempdir().unwrap();
@@ -232,10 +240,7 @@ async fn a_stream_whose_client_stops_reading_is_reset_at_the_send_timeout() {
     );
     let upstream_ref = &upstream;
     let gw = tokio::task::block_in_place(|| Gateway::start(&text, Some(upstream_ref)));
-    let tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let mut client = client.ready().await.unwrap();
+    let mut client = h2_client(gw.addr).await;
     let request = http::Request::get(format!("http://{}/v1/big", gw.addr))
         .header("authorization", "Bearer key-c1")
         .body(())
@@ -275,10 +280,7 @@ async fn a_stream_whose_body_stalls_ends_at_the_route_timeout_and_frees_its_perm
     );
     let upstream_ref = &upstream;
     let gw = tokio::task::block_in_place(|| Gateway::start(&text, Some(upstream_ref)));
-    let tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let mut client = client.ready().await.unwrap();
+    let mut client = h2_client(gw.addr).await;
     let request = http::Request::post(format!("http://{}/v1/upload", gw.addr))
         .header("authorization", "Bearer key-c1")
         .header("content-length", "1000")

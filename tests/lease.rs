@@ -90,6 +90,20 @@ fn spend_the_rest(gw: &Gateway, mut admitted: usize, budget: usize) -> usize {
     admitted
 }
 
+/// Whether every gateway soon holds nothing (its units given back).
+fn all_given_back(gws: &[&Gateway]) -> bool {
+    eventually(Duration::from_secs(10), || {
+        gws.iter().all(|g| held(g) == 0.0)
+    })
+}
+
+/// `n` gateways on the same policy.
+fn fleet(n: usize, text: &str) -> Vec<Gateway> {
+    (0..n)
+        .map(|_| Gateway::start_with_env(text, None, &[SECRET]))
+        .collect()
+}
+
 fn held(gw: &Gateway) -> f64 {
     gw.metric("tollgate_lease_units{limit=\"hot\"}")
 }
@@ -100,9 +114,7 @@ fn four_gateways_share_a_leased_budget_without_overage() {
     // 400 units that refill one unit in about 17 minutes: the admitted
     // counts are exact whatever the timing.
     let text = policy(&redis, 400, 0.001, 300);
-    let gws: Vec<Gateway> = (0..INSTANCES)
-        .map(|_| Gateway::start_with_env(&text, None, &[SECRET]))
-        .collect();
+    let gws = fleet(INSTANCES, &text);
     let all: Vec<&Gateway> = gws.iter().collect();
     let before = script_calls(&redis);
 
@@ -128,9 +140,7 @@ fn four_gateways_share_a_leased_budget_without_overage() {
 fn unspent_units_go_back_after_the_lease_time() {
     let redis = RedisServer::start();
     let text = policy(&redis, 400, 0.001, 300);
-    let gws: Vec<Gateway> = (0..INSTANCES)
-        .map(|_| Gateway::start_with_env(&text, None, &[SECRET]))
-        .collect();
+    let gws = fleet(INSTANCES, &text);
     let all: Vec<&Gateway> = gws.iter().collect();
     // Less than the budget: every request is admitted, and the gateways
     // are left holding what they took beyond it.
@@ -138,9 +148,7 @@ fn unspent_units_go_back_after_the_lease_time() {
     let holding: Vec<f64> = all.iter().map(|g| held(g)).collect();
     assert!(holding.iter().sum::<f64>() > 0.0, "{holding:?}");
     assert!(holding.iter().all(|&h| h <= UNITS as f64), "{holding:?}");
-    assert!(eventually(Duration::from_secs(10), || all
-        .iter()
-        .all(|g| held(g) == 0.0)));
+    assert!(all_given_back(&all));
     for (g, h) in all.iter().zip(&holding) {
         let returns = g.metric("tollgate_lease_calls_total{kind=\"return\",limit=\"hot\"}");
         assert!(*h == 0.0 || returns >= 1.0, "held {h}, {returns} returns");
@@ -158,9 +166,10 @@ fn a_killed_gateways_lease_comes_back_without_operator_action() {
     let doomed = Gateway::start_with_env(&text, None, &[SECRET]);
     assert_eq!(blast(&[&doomed], 1, 1), 1);
     assert_eq!(held(&doomed), UNITS as f64);
-    drop(doomed); // SIGKILL: nothing is given back.
-                  // The key expires once its budget is whole again: Redis holds nothing
-                  // of the dead instance, and the next instance starts from a full budget.
+    // SIGKILL: nothing is given back.
+    drop(doomed);
+    // The key expires once its budget is whole again: Redis holds nothing
+    // of the dead instance, and the next instance starts from a full budget.
     assert!(eventually(Duration::from_secs(5), || redis
         .keys()
         .is_empty()));
@@ -195,14 +204,10 @@ fn leases_are_taken_and_given_back_on_a_cluster() {
         urls.join(", ")
     );
     let text = policy_on(&store, 100, 0.001, 300);
-    let gws: Vec<Gateway> = (0..2)
-        .map(|_| Gateway::start_with_env(&text, None, &[SECRET]))
-        .collect();
+    let gws = fleet(2, &text);
     let all: Vec<&Gateway> = gws.iter().collect();
     assert_eq!(blast(&all, 2, 30), 60);
-    assert!(eventually(Duration::from_secs(10), || all
-        .iter()
-        .all(|g| held(g) == 0.0)));
+    assert!(all_given_back(&all));
     assert_eq!(spend_the_rest(all[1], 60, 100), 100);
 }
 

@@ -20,12 +20,8 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::{Buf, Bytes, BytesMut};
-use pingora::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
-    UniqueIDType,
-};
+use pingora::protocols::{Peek, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
@@ -503,50 +499,7 @@ impl Guarded {
     }
 }
 
-#[async_trait]
-impl Shutdown for Guarded {
-    async fn shutdown(&mut self) {
-        self.inner.shutdown().await;
-    }
-}
-
-impl UniqueID for Guarded {
-    fn id(&self) -> UniqueIDType {
-        self.inner.id()
-    }
-}
-
-impl Ssl for Guarded {
-    fn get_ssl(&self) -> Option<&pingora::protocols::tls::TlsRef> {
-        self.inner.get_ssl()
-    }
-
-    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
-        self.inner.get_ssl_digest()
-    }
-
-    fn selected_alpn_proto(&self) -> Option<pingora::protocols::ALPN> {
-        self.inner.selected_alpn_proto()
-    }
-}
-
-impl GetTimingDigest for Guarded {
-    fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
-        self.inner.get_timing_digest()
-    }
-}
-
-impl GetProxyDigest for Guarded {
-    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
-        self.inner.get_proxy_digest()
-    }
-}
-
-impl GetSocketDigest for Guarded {
-    fn get_socket_digest(&self) -> Option<Arc<pingora::protocols::SocketDigest>> {
-        self.inner.get_socket_digest()
-    }
-}
+pass_through_to_inner!(Guarded);
 
 /// Peeking would bypass the head checks: it is not offered.
 impl Peek for Guarded {}

@@ -10,6 +10,63 @@
 //!   both use the result.
 //! - [`headers`] keeps the headers the gateway owns out of client hands.
 //! - [`logs`] keeps client errors from flooding the log.
+//! - [`replay`] hands an HTTP/2 server a preface the edge already read.
+
+/// Implements, for a stream wrapper with an `inner: Stream` field, the
+/// Pingora stream traits it passes straight through: all but reading,
+/// writing and peeking, which are the wrapper's own.
+macro_rules! pass_through_to_inner {
+    ($wrapper:ty) => {
+        #[async_trait::async_trait]
+        impl pingora::protocols::Shutdown for $wrapper {
+            async fn shutdown(&mut self) {
+                self.inner.shutdown().await;
+            }
+        }
+
+        impl pingora::protocols::UniqueID for $wrapper {
+            fn id(&self) -> pingora::protocols::UniqueIDType {
+                self.inner.id()
+            }
+        }
+
+        impl pingora::protocols::Ssl for $wrapper {
+            fn get_ssl(&self) -> Option<&pingora::protocols::tls::TlsRef> {
+                self.inner.get_ssl()
+            }
+
+            fn get_ssl_digest(&self) -> Option<std::sync::Arc<pingora::protocols::tls::SslDigest>> {
+                self.inner.get_ssl_digest()
+            }
+
+            fn selected_alpn_proto(&self) -> Option<pingora::protocols::ALPN> {
+                self.inner.selected_alpn_proto()
+            }
+        }
+
+        impl pingora::protocols::GetTimingDigest for $wrapper {
+            fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
+                self.inner.get_timing_digest()
+            }
+        }
+
+        impl pingora::protocols::GetProxyDigest for $wrapper {
+            fn get_proxy_digest(
+                &self,
+            ) -> Option<std::sync::Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+                self.inner.get_proxy_digest()
+            }
+        }
+
+        impl pingora::protocols::GetSocketDigest for $wrapper {
+            fn get_socket_digest(
+                &self,
+            ) -> Option<std::sync::Arc<pingora::protocols::SocketDigest>> {
+                self.inner.get_socket_digest()
+            }
+        }
+    };
+}
 
 pub mod app;
 pub mod conn;

@@ -4,15 +4,10 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use async_trait::async_trait;
 use bytes::{Buf, Bytes};
-use pingora::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
-    UniqueIDType,
-};
+use pingora::protocols::{Peek, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// `inner` with `head` read back first.
@@ -71,50 +66,7 @@ impl AsyncWrite for Replayed {
     }
 }
 
-#[async_trait]
-impl Shutdown for Replayed {
-    async fn shutdown(&mut self) {
-        self.inner.shutdown().await;
-    }
-}
-
-impl UniqueID for Replayed {
-    fn id(&self) -> UniqueIDType {
-        self.inner.id()
-    }
-}
-
-impl Ssl for Replayed {
-    fn get_ssl(&self) -> Option<&pingora::protocols::tls::TlsRef> {
-        self.inner.get_ssl()
-    }
-
-    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
-        self.inner.get_ssl_digest()
-    }
-
-    fn selected_alpn_proto(&self) -> Option<pingora::protocols::ALPN> {
-        self.inner.selected_alpn_proto()
-    }
-}
-
-impl GetTimingDigest for Replayed {
-    fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
-        self.inner.get_timing_digest()
-    }
-}
-
-impl GetProxyDigest for Replayed {
-    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
-        self.inner.get_proxy_digest()
-    }
-}
-
-impl GetSocketDigest for Replayed {
-    fn get_socket_digest(&self) -> Option<Arc<pingora::protocols::SocketDigest>> {
-        self.inner.get_socket_digest()
-    }
-}
+pass_through_to_inner!(Replayed);
 
 /// Nothing reads ahead of the HTTP/2 server.
 impl Peek for Replayed {}
