@@ -462,7 +462,7 @@ local function decide(call_keys, args)
   local reply = {}
   local requests, pos = args[3], 1
   -- Per limit of the current request, flat: state, a, b, cost, group, ok,
-  -- remaining, wait, take, forced, delay (no table per limit).
+  -- remaining, wait, take, mode (no table per limit).
   local L = {}
   for _ = 1, tonumber(args[2]) do
     local blocked, n, refunding
@@ -472,38 +472,41 @@ local function decide(call_keys, args)
     for j = 0, n - 1 do
       local k, kind, a, b, cost, flags
       k, kind, a, b, cost, flags, pos = unpack_('<I4Bi8i8i8B', requests, pos)
+      -- Most limits carry no take, delay or force: one comparison.
       local want, longest, forced = 0, 0, false
-      if flags >= 16 then forced, flags = true, flags - 16 end
-      local delays = flags >= 8
-      if delays then flags = flags - 8 end
       if flags >= 4 then
-        want, pos = unpack_('<i8', requests, pos)
-        flags = flags - 4
+        if flags >= 16 then forced, flags = true, flags - 16 end
+        local delays = flags >= 8
+        if delays then flags = flags - 8 end
+        if flags >= 4 then
+          want, pos = unpack_('<i8', requests, pos)
+          flags = flags - 4
+        end
+        if delays then longest, pos = unpack_('<i8', requests, pos) end
       end
-      if delays then longest, pos = unpack_('<i8', requests, pos) end
       local s = state(k, kind, a, b)
       if refunding > 0 then refund(s, a, b, cost, refunding) end
       local ok, rem, wait = check(s, a, b, cost)
-      local delay = 0
+      -- How it is admitted: 0 as checked, -1 forced, > 0 after that delay.
+      local mode = 0
       if forced then
-        ok = true
+        ok, mode = true, -1
       elseif not ok and longest > 0 and wait >= 0 and wait <= longest then
-        ok, rem, wait, delay = true, 0, 0, wait
+        ok, rem, wait, mode = true, 0, 0, wait
       end
       local group = floor(flags / 2)
       if flags % 2 == 1 and not ok and group < gate then gate = group end
-      local o = j * 11
-      L[o + 1], L[o + 2], L[o + 3], L[o + 4] = s, a, b, cost
-      L[o + 5], L[o + 6], L[o + 7], L[o + 8], L[o + 9] = group, ok, rem, wait, want
-      L[o + 10], L[o + 11] = forced, delay
+      local o = j * 10
+      L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 5] = s, a, b, cost, group
+      L[o + 6], L[o + 7], L[o + 8], L[o + 9], L[o + 10] = ok, rem, wait, want, mode
     end
     for j = 0, n - 1 do
-      local o = j * 11
+      local o = j * 10
       local s, a, b, cost, ok, rem = L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 6], L[o + 7]
-      local forced, delay = L[o + 10], L[o + 11]
+      local mode = L[o + 10]
       local spent = ok and L[o + 5] < gate
       local granted = 0
-      if forced then
+      if mode < 0 then
         force(s, a, b, cost)
         local _, left = check(s, a, b, 0)
         rem = left
@@ -511,12 +514,12 @@ local function decide(call_keys, args)
         spend(s, b, cost)
         granted = take(s, a, b, L[o + 9])
         rem = rem - granted
-      elseif ok and refunding == 0 and delay == 0 then
+      elseif ok and refunding == 0 and mode == 0 then
         rem = rem + cost
       end
       s.a, s.b = a, b
       local admitted, wait = 0, L[o + 8]
-      if delay > 0 then admitted, wait = 2, delay elseif ok then admitted = 1 end
+      if mode > 0 then admitted, wait = 2, mode elseif ok then admitted = 1 end
       reply[#reply + 1] = pack('<i8i8i8i8i8', admitted, rem, wait, reset(s, a, b), granted)
     end
   end
