@@ -102,15 +102,17 @@ impl Permits {
     }
 
     /// Hands freed permits to the waiters that may take them, highest
-    /// priority first.
+    /// priority first. Only the first waiter need be looked at: when it
+    /// may not take a permit, nobody behind it may (critical waiters come
+    /// first, and may take whatever the others may).
     fn hand_off(&mut self) {
         loop {
-            let next = self
-                .waiters
-                .keys()
-                .find(|(p, _)| self.free_for(*p))
-                .copied();
-            let Some(key) = next else { return };
+            let Some(&key) = self.waiters.keys().next() else {
+                return;
+            };
+            if !self.free_for(key.0) {
+                return;
+            }
             let Some(waiter) = self.waiters.remove(&key) else {
                 return;
             };
@@ -252,7 +254,12 @@ impl Pool {
         let def = self.def.load();
         let (rx, key) = {
             let mut permits = lock(&self.permits);
-            let ahead = permits.waiters.keys().any(|(p, _)| *p <= priority);
+            // Waiters of this priority or a higher one go first.
+            let ahead = permits
+                .waiters
+                .keys()
+                .next()
+                .is_some_and(|(p, _)| *p <= priority);
             if permits.free_for(priority) && !ahead {
                 permits.in_flight += 1;
                 return Ok(());

@@ -195,3 +195,33 @@ async fn the_reserved_share_goes_only_to_critical_routes() {
     drop(normal);
     drop(critical);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_freed_reserved_permit_waits_for_a_critical_route() {
+    let def = Upstream {
+        reserved_critical: 1,
+        ..upstream(&["127.0.0.1:1"], 2, 4, 60_000)
+    };
+    let (p, _) = pool(&def);
+    let normal = p.admit(Priority::Normal).await.unwrap();
+    let critical = p.admit(Priority::Critical).await.unwrap();
+    let waiting = waiter(&p, Priority::Normal);
+    tokio::task::yield_now().await;
+    // The critical route's permit comes back: it is the reserved one.
+    drop(critical);
+    tokio::task::yield_now().await;
+    assert!(
+        !waiting.is_finished(),
+        "a normal waiter never takes the reserve"
+    );
+    let again = waiter(&p, Priority::Critical);
+    let again = again.await.unwrap().unwrap();
+    // With the critical route holding one permit, the other is still the
+    // reserve's share of two: only once nothing is in flight does the
+    // normal waiter get one.
+    drop(normal);
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished());
+    drop(again);
+    drop(waiting.await.unwrap().unwrap());
+}
