@@ -391,7 +391,14 @@ impl Leases {
     /// Every lease gives its units back (the policy reloads, or the process
     /// stops); takes still in flight give theirs back when they land.
     pub fn release_all(&self) {
-        let mut back = Vec::new();
+        let back = self.surrender_all();
+        self.give_back_later(back);
+    }
+
+    /// Every lease's units, taken out to be given back now, with the
+    /// give-backs already waiting (the process stops).
+    pub fn surrender_all(&self) -> Vec<GiveBack> {
+        let mut back = self.take_returns();
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             for held in shard.values_mut() {
@@ -401,7 +408,7 @@ impl Leases {
                 held.refused_until = 0;
             }
         }
-        self.give_back_later(back);
+        back
     }
 
     /// The give-backs waiting, taken out.

@@ -13,6 +13,7 @@
 //! the store call, charging its cost and taking a new lease in the same
 //! all-or-nothing decision.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +44,8 @@ pub struct Limiter<C: Clock = MonotonicClock> {
     local: Arc<MemoryStore<C>>,
     shared: Option<Shared>,
     leases: Leases,
+    /// Give-back calls in flight, which a shutdown waits for.
+    giving_back: AtomicUsize,
     clock: C,
     metrics: Arc<Metrics>,
 }
@@ -67,6 +70,7 @@ impl<C: Clock> Limiter<C> {
             local,
             shared,
             leases: Leases::new(metrics.clone()),
+            giving_back: AtomicUsize::new(0),
             clock,
             metrics,
         }
@@ -261,6 +265,8 @@ impl<C: Clock> Limiter<C> {
                 );
             }
         }
+        // Counted from before they are taken out: a shutdown waits for them.
+        let _giving = Countdown::start(&self.giving_back);
         let returns = self.leases.take_returns();
         for r in &returns {
             self.lease_call(&r.charge, "return");
@@ -354,10 +360,27 @@ impl<C: Clock> Limiter<C> {
     }
 
     /// Gives back every lease and waits for the store call (shutdown).
+    ///
+    /// The lease keeper may still be giving back what it took out a moment
+    /// before; this waits for that too, up to the store timeout.
     pub async fn return_leases(&self) {
-        self.leases.release_all();
+        let Some(shared) = &self.shared else { return };
         self.leases.drop_renewals();
-        self.keep_leases().await;
+        let back = self.leases.surrender_all();
+        for r in &back {
+            self.lease_call(&r.charge, "return");
+        }
+        self.give_back(shared, back).await;
+        let deadline = Instant::now() + shared.timeout;
+        while self.giving_back.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // What a take that landed meanwhile left to give back.
+        let late = self.leases.take_returns();
+        for r in &late {
+            self.lease_call(&r.charge, "return");
+        }
+        self.give_back(shared, late).await;
     }
 
     /// Resolves when a lease wants renewing or giving back.
@@ -479,6 +502,22 @@ impl<C: Clock> Limiter<C> {
             fixed[i] = Some(v);
         }
         fixed.into_iter().flatten().collect()
+    }
+}
+
+/// Counts calls in flight: up when made, down however they end.
+struct Countdown<'a>(&'a AtomicUsize);
+
+impl<'a> Countdown<'a> {
+    fn start(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for Countdown<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
