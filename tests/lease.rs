@@ -19,7 +19,7 @@ const UNITS: usize = 20;
 /// A global budget leased `UNITS` at a time, in one Redis.
 fn policy(redis: &RedisServer, capacity: u64, per_second: f64, ttl_ms: u64) -> String {
     let store = format!(
-        "{{ backend: redis, urls: [\"{}\"], timeout_ms: 500 }}",
+        "{{ backend: redis, urls: [\"{}\"], timeout_ms: 2000 }}",
         redis.url()
     );
     policy_on(&store, capacity, per_second, ttl_ms)
@@ -216,7 +216,7 @@ fn leases_are_taken_and_given_back_on_a_cluster() {
     let cluster = RedisCluster::start(3);
     let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     let store = format!(
-        "{{ backend: redis_cluster, urls: [{}], timeout_ms: 1000 }}",
+        "{{ backend: redis_cluster, urls: [{}], timeout_ms: 2000 }}",
         urls.join(", ")
     );
     let text = policy_on(&store, 100, 0.001, 300);
