@@ -444,13 +444,6 @@ impl Leases {
             })
             .sum()
     }
-
-    /// Whether no lease is held or wanted.
-    pub fn is_empty(&self) -> bool {
-        self.shards
-            .iter()
-            .all(|s| s.lock().unwrap_or_else(|e| e.into_inner()).is_empty())
-    }
 }
 
 #[cfg(test)]
