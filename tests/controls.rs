@@ -164,17 +164,12 @@ fn assert_quota(gw: &Gateway) {
 }
 
 const ADMIN: (&str, &str) = ("CONTROLS_ADMIN_TOKEN", "usage-token");
-
-/// The `store` of a policy on `redis`, with a timeout no loaded machine
-/// reaches: these tests are about what a decision says, not how fast (a
-/// store failure would turn it into 503 or an open admission).
-fn redis_store(redis: &RedisServer) -> String {
-    format!(
-        "{{ backend: redis, urls: [\"{}\"], timeout_ms: 2000 }}",
-        redis.url()
-    )
-}
 const SECRET: (&str, &str) = ("TOLLGATE_KEY_SECRET", "controls-secret-5d1e");
+
+/// Store calls may take this long: a loaded machine must not turn a slow
+/// call into a store failure (a 503, or an open admission). These tests are
+/// about what decisions say, not how fast.
+const STORE_TIMEOUT_MS: u64 = 2000;
 
 #[test]
 fn a_monthly_quota_counts_and_reports_usage_in_memory() {
@@ -185,7 +180,7 @@ fn a_monthly_quota_counts_and_reports_usage_in_memory() {
 #[test]
 fn a_monthly_quota_counts_and_reports_usage_in_redis() {
     let redis = RedisServer::start();
-    let store = redis_store(&redis);
+    let store = redis.store(STORE_TIMEOUT_MS);
     let gw = Gateway::start_with_env(&quota_policy(&store), None, &[ADMIN, SECRET]);
     assert_quota(&gw);
     // The key lives until the month ends (and a margin), no longer.
@@ -201,12 +196,7 @@ fn a_monthly_quota_counts_and_reports_usage_in_redis() {
 #[test]
 fn a_monthly_quota_counts_and_reports_usage_on_a_cluster() {
     let cluster = RedisCluster::start(3);
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    // A loaded machine must not turn a slow call into a store failure.
-    let store = format!(
-        "{{ backend: redis_cluster, urls: [{}], timeout_ms: 2000 }}",
-        urls.join(", ")
-    );
+    let store = cluster.store(STORE_TIMEOUT_MS);
     let gw = Gateway::start_with_env(&quota_policy(&store), None, &[ADMIN, SECRET]);
     assert_quota(&gw);
 }
@@ -286,7 +276,7 @@ fn delayed_requests_come_out_at_the_rate_in_memory() {
 #[test]
 fn delayed_requests_come_out_at_the_rate_in_redis() {
     let redis = RedisServer::start();
-    let store = redis_store(&redis);
+    let store = redis.store(STORE_TIMEOUT_MS);
     let gw = Gateway::start_with_env(&delay_policy(&store), None, &[SECRET]);
     assert_smoothed(&gw);
 }
@@ -400,7 +390,7 @@ fn costs_reported_by_the_response_are_settled_in_memory() {
 fn costs_reported_by_the_response_are_settled_in_redis() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let store = redis_store(&redis);
+    let store = redis.store(STORE_TIMEOUT_MS);
     let gw = Gateway::start_with_env(&usage_policy(&store), Some(&upstream), &[SECRET]);
     assert_costs_settled(&gw);
 }

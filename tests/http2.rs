@@ -164,10 +164,8 @@ fn a_client_that_stops_inside_the_preface_is_cut_at_the_header_timeout() {
 
 #[test]
 fn a_client_silent_after_choosing_h2_by_alpn_is_cut_at_the_header_timeout() {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
+    use rustls::pki_types::ServerName;
     use std::io::Read;
-    use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let (ca, cert, key) = make_certs(dir.path(), "h2");
     let tls_port = free_port();
@@ -176,19 +174,9 @@ fn a_client_silent_after_choosing_h2_by_alpn_is_cut_at_the_header_timeout() {
         "http2: true\n  timeouts: { header_read_ms: 1500 }\n",
     );
     let gw = Gateway::start(&text, None);
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(&ca).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    let config = support::tls_client_config(&ca, &[b"h2"]);
     let name = ServerName::try_from("localhost").unwrap();
-    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut conn = rustls::ClientConnection::new(config, name).unwrap();
     let mut tcp = std::net::TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .unwrap();
@@ -222,26 +210,37 @@ fn a_client_silent_after_choosing_h2_by_alpn_is_cut_at_the_header_timeout() {
     assert!(status_line(&ok).starts_with("HTTP/2 401"), "{ok}");
 }
 
-/// An h2c client connection to `addr`, ready for a stream.
-async fn h2_client(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+/// A gateway on the policy as `edit` changes it, in front of the echo
+/// upstream, and an h2c client connection to it, ready for a stream. The
+/// certificates' directory and the upstream are returned to outlive it.
+async fn h2_gateway(
+    edit: impl FnOnce(String) -> String,
+) -> (
+    tempfile::TempDir,
+    Upstream,
+    Gateway,
+    h2::client::SendRequest<bytes::Bytes>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ca, cert, key) = make_certs(dir.path(), "h2");
+    let upstream = Upstream::start();
+    let text = edit(policy(free_port(), &cert, &key));
+    let gw = tokio::task::block_in_place(|| Gateway::start(&text, Some(&upstream)));
+    let tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let (client, conn) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(conn);
-    client.ready().await.unwrap()
+    (dir, upstream, gw, client.ready().await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_whose_client_stops_reading_is_reset_at_the_send_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_ca, cert, key) = make_certs(dir.path(), "h2");
-    let upstream = Upstream::start();
-    let text = policy(free_port(), &cert, &key).replace(
-        "http2: true\n",
-        "http2: true\n  timeouts: { send_ms: 500 }\n",
-    );
-    let upstream_ref = &upstream;
-    let gw = tokio::task::block_in_place(|| Gateway::start(&text, Some(upstream_ref)));
-    let mut client = h2_client(gw.addr).await;
+    let (_dir, _upstream, gw, mut client) = h2_gateway(|policy| {
+        policy.replace(
+            "http2: true\n",
+            "http2: true\n  timeouts: { send_ms: 500 }\n",
+        )
+    })
+    .await;
     let request = http::Request::get(format!("http://{}/v1/big", gw.addr))
         .header("authorization", "Bearer key-c1")
         .body(())
@@ -270,18 +269,15 @@ async fn a_stream_whose_client_stops_reading_is_reset_at_the_send_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_whose_body_stalls_ends_at_the_route_timeout_and_frees_its_permit() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_ca, cert, key) = make_certs(dir.path(), "h2");
-    let upstream = Upstream::start();
     // The upstream waits for the whole body; the route waits 500 ms for
     // the upstream's answer.
-    let text = policy(free_port(), &cert, &key).replace(
-        "upstream: api, limits: [one] }",
-        "upstream: api, limits: [one], timeout_ms: 500 }",
-    );
-    let upstream_ref = &upstream;
-    let gw = tokio::task::block_in_place(|| Gateway::start(&text, Some(upstream_ref)));
-    let mut client = h2_client(gw.addr).await;
+    let (_dir, _upstream, gw, mut client) = h2_gateway(|policy| {
+        policy.replace(
+            "upstream: api, limits: [one] }",
+            "upstream: api, limits: [one], timeout_ms: 500 }",
+        )
+    })
+    .await;
     let request = http::Request::post(format!("http://{}/v1/upload", gw.addr))
         .header("authorization", "Bearer key-c1")
         .header("content-length", "1000")

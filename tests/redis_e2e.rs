@@ -421,12 +421,11 @@ fn a_cluster_shares_budgets_and_decides_across_slots_all_or_nothing() {
     // The global limit is named `everyone` so that its key and the tenant's
     // land on different nodes of this three-node cluster (keys are HMACs
     // under the test's fixed secret, slots split evenly by `redis-cli`).
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     let policy = format!(
         r#"
 version: 1
 server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
-store: {{ backend: redis_cluster, urls: [{}], timeout_ms: 1000 }}
+store: {}
 auth:
   keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
 limits:
@@ -435,7 +434,7 @@ limits:
 routes:
   - {{ name: api, path: "/**", respond: {{ status: 200, body: "ok" }}, limits: [per-tenant, everyone] }}
 "#,
-        urls.join(", "),
+        cluster.store(1000),
         digest("key-c1")
     );
     let gws = gateways(2, &policy);

@@ -7,27 +7,16 @@ mod support;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
-use support::{eventually, free_port, make_certs, Gateway, Upstream};
+use rustls::pki_types::ServerName;
+use support::{eventually, free_port, make_certs, tls_client_config, Gateway, Upstream};
 
 /// One HTTPS request; the reply and the certificate the server showed.
 fn https_get(port: u16, ca: &Path, path: &str) -> Result<(String, Vec<u8>), String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let config = tls_client_config(ca, &[]);
     let name = ServerName::try_from("localhost").unwrap();
-    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
     let tcp = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut tls = rustls::StreamOwned::new(conn, tcp);

@@ -472,6 +472,24 @@ pub fn digest(raw: &str) -> String {
     hex::encode(tollgate::auth::digest(raw.as_bytes()))
 }
 
+/// A TLS client configuration (rustls, ring) that trusts the PEM CA
+/// certificates in `ca` and offers `alpn` (none when empty).
+pub fn tls_client_config(ca: &std::path::Path, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
 /// A private CA and a server certificate for 127.0.0.1 and `localhost` that
 /// it signed, made with openssl in `dir`: (CA, certificate chain, key).
 pub fn make_certs(dir: &std::path::Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {

@@ -135,6 +135,15 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// A policy's `store` mapping on this server, calls bounded by
+    /// `timeout_ms`.
+    pub fn store(&self, timeout_ms: u64) -> String {
+        format!(
+            "{{ backend: redis, urls: [\"{}\"], timeout_ms: {timeout_ms} }}",
+            self.url()
+        )
+    }
+
     fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
     }
@@ -245,6 +254,16 @@ impl RedisCluster {
             thread::sleep(Duration::from_millis(50));
         }
         cluster
+    }
+
+    /// A policy's `store` mapping on this cluster, calls bounded by
+    /// `timeout_ms`.
+    pub fn store(&self, timeout_ms: u64) -> String {
+        let urls: Vec<String> = self.urls().iter().map(|u| format!("\"{u}\"")).collect();
+        format!(
+            "{{ backend: redis_cluster, urls: [{}], timeout_ms: {timeout_ms} }}",
+            urls.join(", ")
+        )
     }
 
     /// The seed urls, one per node.
