@@ -200,21 +200,12 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
         tenant: tenant.as_ref(),
         route: "",
     };
+    // Nothing charged, always decided by the store (a failing one is a 503
+    // here, whatever the limit's own failure mode).
     let probe = Charge {
-        limit: id,
-        name: limit.name.clone(),
-        params,
-        key: who.key(&limit.name, limit.key),
-        tenant: tenant.clone(),
-        cost: 0,
         enforce: true,
-        group: Group::Request,
-        local: limit.local,
         on_store_error: OnStoreError::Closed,
-        lease: None,
-        take: 0,
-        max_delay_ms: 0,
-        force: false,
+        ..crate::admission::charge(policy, id, &who, plan, 0, Group::Request)
     };
     let verdict = rt.limiter().decide(std::slice::from_ref(&probe)).await[0];
     if verdict.source != Source::Store {

@@ -338,27 +338,37 @@ fn build_charges(
     group: Group,
 ) -> Vec<Charge> {
     ids.iter()
-        .map(|&id| {
-            let l = &policy.limits[id];
-            let tenant_scoped = l.key.tenant || l.key.credential;
-            Charge {
-                limit: id,
-                name: l.name.clone(),
-                params: policy.params(id, plan),
-                key: who.key(&l.name, l.key),
-                tenant: who.tenant.filter(|_| tenant_scoped).cloned(),
-                cost,
-                enforce: l.mode == Mode::Enforce,
-                group,
-                local: l.local,
-                on_store_error: l.on_store_error,
-                lease: l.lease,
-                take: 0,
-                max_delay_ms: l.max_delay_ms,
-                force: false,
-            }
-        })
+        .map(|&id| charge(policy, id, who, plan, cost, group))
         .collect()
+}
+
+/// The charge of `cost` to limit `id` for caller `who`, under `plan`.
+pub fn charge(
+    policy: &Policy,
+    id: LimitId,
+    who: &Identity<'_>,
+    plan: Option<PlanId>,
+    cost: u64,
+    group: Group,
+) -> Charge {
+    let l = &policy.limits[id];
+    let tenant_scoped = l.key.tenant || l.key.credential;
+    Charge {
+        limit: id,
+        name: l.name.clone(),
+        params: policy.params(id, plan),
+        key: who.key(&l.name, l.key),
+        tenant: who.tenant.filter(|_| tenant_scoped).cloned(),
+        cost,
+        enforce: l.mode == Mode::Enforce,
+        group,
+        local: l.local,
+        on_store_error: l.on_store_error,
+        lease: l.lease,
+        take: 0,
+        max_delay_ms: l.max_delay_ms,
+        force: false,
+    }
 }
 
 fn check_group(

@@ -54,8 +54,6 @@ struct Held {
     /// the cost would not fit, capped at `ttl_ms` so that units other
     /// instances give back are seen.
     refused_until: u64,
-    /// The store's wait for that refusal, as of when it was given.
-    refused_wait_ms: u64,
     /// What the store had left after the last take, and its reset.
     shared_remaining: u64,
     reset_ms: u64,
@@ -184,7 +182,6 @@ impl Leases {
                     taken_at: 0,
                     epoch: self.epoch(),
                     refused_until: 0,
-                    refused_wait_ms: 0,
                     shared_remaining: 0,
                     reset_ms: 0,
                     gauge: self.metrics.lease_units.with_label_values(&[&c.name]),
@@ -237,13 +234,10 @@ impl Leases {
                 };
                 Spend::Held(verdict, token)
             } else if now < held.refused_until {
-                let waited = held
-                    .refused_wait_ms
-                    .saturating_sub(held.refused_until - now);
                 Spend::Refused(Verdict {
                     allowed: false,
                     remaining: held.units,
-                    wait_ms: Some(held.refused_wait_ms.saturating_sub(waited).max(1)),
+                    wait_ms: Some(held.refused_until - now),
                     reset_ms: held.reset_ms,
                     source: Source::Store,
                     granted: 0,
@@ -304,9 +298,7 @@ impl Leases {
         let Some(wait_ms) = wait_ms else { return };
         let mut shard = self.shard(&c.key);
         if let Some(held) = shard.get_mut(&c.key) {
-            let wait_ms = wait_ms.min(held.terms.ttl_ms);
-            held.refused_until = sent_at + wait_ms;
-            held.refused_wait_ms = wait_ms;
+            held.refused_until = sent_at + wait_ms.min(held.terms.ttl_ms);
         }
     }
 
@@ -324,47 +316,50 @@ impl Leases {
     ) {
         let back = {
             let mut shard = self.shard(&c.key);
-            let held = shard.get_mut(&c.key).filter(|h| h.epoch == epoch);
-            let (Some(held), Some(v)) = (held, spent) else {
-                if let Some(held) = shard.get_mut(&c.key) {
-                    held.pending = held.pending.saturating_sub(asked);
-                }
+            let held = shard.get_mut(&c.key);
+            if let Some(held) = held {
+                held.pending = held.pending.saturating_sub(asked);
+            }
+            match (shard.get_mut(&c.key), spent) {
+                (Some(held), Some(v)) if held.epoch == epoch => self.hold(held, v, sent_at),
                 // Taken for a lease that has moved on: straight back.
-                let back = spent.filter(|v| v.granted > 0).map(|v| GiveBack {
+                (_, spent) => spent.filter(|v| v.granted > 0).map(|v| GiveBack {
                     charge: Charge {
                         cost: v.granted,
                         take: 0,
                         ..c.clone()
                     },
                     spent_at: v.at,
-                });
-                drop(shard);
-                self.give_back_later(back);
-                return;
-            };
-            held.pending = held.pending.saturating_sub(asked);
-            let mut back = None;
-            let mut valid_until = u64::MAX;
-            if let Some(window_ms) = held.charge.params.window_ms() {
-                let start = |t: u64| t - t % window_ms;
-                if start(v.at) != start(held.taken_at) {
-                    // Units of a window that has ended go back to it (its
-                    // count still weighs in a sliding window), and spends
-                    // from it that are undone later follow them there.
-                    back = held.surrender(self.epoch());
-                }
-                valid_until = sent_at + (start(v.at) + window_ms - v.at);
+                }),
             }
-            held.units += v.granted;
-            held.gauge.add(v.granted as i64);
-            held.taken_at = v.at;
-            held.valid_until = valid_until;
-            held.expires_at = (sent_at + held.terms.ttl_ms).min(valid_until);
-            held.shared_remaining = v.remaining;
-            held.reset_ms = v.reset_ms;
-            back
         };
         self.give_back_later(back);
+    }
+
+    /// A take's granted units, held from now on (the store charged them at
+    /// `v.at`; the call was sent at this process's `sent_at`). Returns what
+    /// an ended window's units give back.
+    fn hold(&self, held: &mut Held, v: &Verdict, sent_at: u64) -> Option<GiveBack> {
+        let mut back = None;
+        let mut valid_until = u64::MAX;
+        if let Some(window_ms) = held.charge.params.window_ms() {
+            let start = |t: u64| t - t % window_ms;
+            if start(v.at) != start(held.taken_at) {
+                // Units of a window that has ended go back to it (its
+                // count still weighs in a sliding window), and spends
+                // from it that are undone later follow them there.
+                back = held.surrender(self.epoch());
+            }
+            valid_until = sent_at + (start(v.at) + window_ms - v.at);
+        }
+        held.units += v.granted;
+        held.gauge.add(v.granted as i64);
+        held.taken_at = v.at;
+        held.valid_until = valid_until;
+        held.expires_at = (sent_at + held.terms.ttl_ms).min(valid_until);
+        held.shared_remaining = v.remaining;
+        held.reset_ms = v.reset_ms;
+        back
     }
 
     /// Every lease whose time is up at `now` gives its units back; leases

@@ -267,11 +267,15 @@ impl<C: Clock> Limiter<C> {
         }
         // Counted from before they are taken out: a shutdown waits for them.
         let _giving = Countdown::start(&self.giving_back);
-        let returns = self.leases.take_returns();
-        for r in &returns {
+        self.return_units(shared, self.leases.take_returns()).await;
+    }
+
+    /// Gives back units of leases, counted as `return` calls.
+    async fn return_units(&self, shared: &Shared, back: Vec<GiveBack>) {
+        for r in &back {
             self.lease_call(&r.charge, "return");
         }
-        self.give_back(shared, returns).await;
+        self.give_back(shared, back).await;
     }
 
     /// Gives back units (a lease's, or a cost the response made smaller),
@@ -366,21 +370,13 @@ impl<C: Clock> Limiter<C> {
     pub async fn return_leases(&self) {
         let Some(shared) = &self.shared else { return };
         self.leases.drop_renewals();
-        let back = self.leases.surrender_all();
-        for r in &back {
-            self.lease_call(&r.charge, "return");
-        }
-        self.give_back(shared, back).await;
+        self.return_units(shared, self.leases.surrender_all()).await;
         let deadline = Instant::now() + shared.timeout;
         while self.giving_back.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         // What a take that landed meanwhile left to give back.
-        let late = self.leases.take_returns();
-        for r in &late {
-            self.lease_call(&r.charge, "return");
-        }
-        self.give_back(shared, late).await;
+        self.return_units(shared, self.leases.take_returns()).await;
     }
 
     /// Resolves when a lease wants renewing or giving back.
