@@ -291,8 +291,14 @@ local function state(k, kind, a, b)
     if not x or now >= x + b then x, y = align(now, b), 0 end
     s.x, s.y = x, y
   elseif kind == QUOTA then
-    if not x or now >= select(2, period(x, b)) then x, y = period(now, b), 0 end
-    s.x, s.y = x, y
+    -- The period's end is kept beside its start: read by every check.
+    local finish
+    if x then finish = select(2, period(x, b)) end
+    if not x or now >= finish then
+      x, finish = period(now, b)
+      y = 0
+    end
+    s.x, s.y, s.finish = x, y, finish
   else
     if not x or now >= x + 2 * b then
       x, y, z = align(now, b), 0, 0
@@ -313,10 +319,7 @@ local function check(s, a, b, cost)
   if k == TOKEN_BUCKET then return check_bucket(a, b, s.x, cost) end
   if k == GCRA then return check_bucket(a, b, a - debt(s, b), cost) end
   if k == FIXED_WINDOW then return check_counter(a, s.y, cost, s.x + b - max(now, s.x)) end
-  if k == QUOTA then
-    local _, finish = period(s.x, b)
-    return check_counter(a, s.y, cost, finish - max(now, s.x))
-  end
+  if k == QUOTA then return check_counter(a, s.y, cost, s.finish - max(now, s.x)) end
   if k == SLIDING_WINDOW then
     return check_sliding(a, b, s.y, s.z, cost, max(now, s.x) - s.x)
   end
@@ -408,8 +411,7 @@ local function refund(s, a, b, cost, spent_at)
   elseif k == FIXED_WINDOW then
     if spent_at >= s.x and spent_at < s.x + b then s.y = max(0, s.y - cost) end
   elseif k == QUOTA then
-    local _, finish = period(s.x, b)
-    if spent_at >= s.x and spent_at < finish then s.y = max(0, s.y - cost) end
+    if spent_at >= s.x and spent_at < s.finish then s.y = max(0, s.y - cost) end
   elseif k == SLIDING_WINDOW then
     if spent_at >= s.x then
       s.y = max(0, s.y - cost)
@@ -431,7 +433,7 @@ local function reset(s, a, b)
     return 0
   end
   if k == QUOTA then
-    if s.y > 0 then return max(0, select(2, period(s.x, b)) - now) end
+    if s.y > 0 then return max(0, s.finish - now) end
     return 0
   end
   if k == SLIDING_WINDOW then
