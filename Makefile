@@ -10,9 +10,10 @@ CONFIG ?= config/quickstart.yaml
 # Debian packages the build and the tests need, as command=package pairs:
 # cmake builds Pingora's zlib-ng; redis-server backs the store tests;
 # openssl makes the certificates of the TLS tests; curl is the HTTP/2 client;
-# python3-grpcio is the gRPC client and server of tests/grpc.rs.
+# python3-grpcio is the gRPC client and server of tests/grpc.rs; h2load
+# floods the gateway in tests/flood.rs.
 SYSTEM_DEPS := cmake=cmake redis-server=redis-server openssl=openssl curl=curl \
-	/usr/lib/python3/dist-packages/grpc/__init__.py=python3-grpcio
+	/usr/lib/python3/dist-packages/grpc/__init__.py=python3-grpcio h2load=nghttp2-client
 # The benchmark's contenders and load generator.
 BENCH_DEPS := nginx=nginx-light wrk=wrk h2load=nghttp2-client valgrind=valgrind /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
 

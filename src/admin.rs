@@ -264,7 +264,12 @@ impl ServeHttp for Admin {
             }
             "/metrics" => {
                 let rt = self.live.load();
-                respond(200, "text/plain; version=0.0.4", rt.all_metrics().render())
+                let metrics = rt.all_metrics();
+                // Read where it is kept, at each scrape.
+                metrics
+                    .store_pending
+                    .set(rt.limiter().store_pending() as i64);
+                respond(200, "text/plain; version=0.0.4", metrics.render())
             }
             p if p.starts_with("/admin/") => self.admin(session, p).await,
             _ => text(404, "not found\n".into()),

@@ -389,13 +389,21 @@ fn check_group(
         Decision::Unavailable => Err(Rejection::StoreUnavailable {
             retry_after: rt.limiter().unavailable_retry_after(),
         }),
+        Decision::Shed(_) => Err(Rejection::Overloaded { retry_after: 1 }),
     }
 }
 
-/// Counts every limit decision by limit and outcome.
+/// Counts every limit decision by limit and outcome, and a decision the
+/// gateway shed (§5) once, by why.
 fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
+    if let Some(Source::Shed(why)) = verdicts.first().map(|v| v.source) {
+        rt.all_metrics().overload_shed(why.reason());
+        return;
+    }
     for (c, v) in charges.iter().zip(verdicts) {
         let outcome = match (v.source, v.allowed, c.enforce) {
+            // A shed decision sheds every charge of it (above).
+            (Source::Shed(_), ..) => continue,
             (Source::FailOpen, ..) => DecisionOutcome::FailOpen,
             (Source::FailClosed, ..) => DecisionOutcome::FailClosed,
             (Source::Fallback, ..) => DecisionOutcome::LocalFallback,

@@ -32,7 +32,7 @@ use tollgate::limits::cluster::ClusterStore;
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::limiter::{Limiter, Shared};
 use tollgate::limits::memory::MemoryStore;
-use tollgate::limits::redis::RedisStore;
+use tollgate::limits::redis::{Bounds, RedisStore};
 use tollgate::limits::LimitStore;
 use tollgate::metrics::Metrics;
 use tollgate::pools::Pools;
@@ -418,14 +418,18 @@ fn shared_store(settings: &StoreSettings) -> anyhow::Result<Option<Shared>> {
             )
         })?;
     let keys = KeyHasher::new(&settings.key_prefix, secret.as_bytes());
+    let bounds = Bounds {
+        timeout: settings.timeout,
+        max_pending: settings.max_pending,
+    };
     let store: Arc<dyn LimitStore> = match settings.backend {
         Backend::Memory => return Ok(None),
         Backend::Redis => Arc::new(
-            RedisStore::new(&settings.urls[0], keys, settings.timeout)
+            RedisStore::new(&settings.urls[0], keys, bounds)
                 .map_err(|e| anyhow::anyhow!("store.urls[0]: {e}"))?,
         ),
         Backend::RedisCluster => Arc::new(
-            ClusterStore::new(&settings.urls, keys, settings.timeout)
+            ClusterStore::new(&settings.urls, keys, bounds)
                 .map_err(|e| anyhow::anyhow!("store.urls: {e}"))?,
         ),
         Backend::RedisSentinel => Arc::new(
@@ -433,7 +437,7 @@ fn shared_store(settings: &StoreSettings) -> anyhow::Result<Option<Shared>> {
                 &settings.urls,
                 settings.master_name.as_deref().unwrap_or_default(),
                 keys,
-                settings.timeout,
+                bounds,
             )
             .map_err(|e| anyhow::anyhow!("store.urls: {e}"))?,
         ),

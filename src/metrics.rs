@@ -60,7 +60,16 @@ pub struct Metrics {
     /// `tollgate_lease_calls_total{limit,kind}`: lease store calls (`take`
     /// by a request, `renew` in the background, `return`).
     pub lease_calls: IntCounterVec,
+    /// `tollgate_overload_shed_total{reason}`: requests the gateway shed
+    /// because it was too busy (`store_pending`, `store_wait`,
+    /// `body_buffer`), never a failure of the store.
+    pub overload_shed: IntCounterVec,
+    /// `tollgate_store_pending`: decisions waiting for a store call.
+    pub store_pending: IntGauge,
 }
+
+/// The `reason` values of `tollgate_overload_shed_total`.
+pub const SHED_REASONS: [&str; 3] = ["store_pending", "store_wait", "body_buffer"];
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
@@ -136,7 +145,25 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(access_log_dropped.clone()))
             .expect("registered once");
+        let store_pending = IntGauge::new(
+            "tollgate_store_pending",
+            "Decisions waiting for a store call (queued or in flight).",
+        )
+        .expect("valid metric");
+        r.register(Box::new(store_pending.clone()))
+            .expect("registered once");
+        let overload_shed = counter(
+            &r,
+            "tollgate_overload_shed_total",
+            "Requests shed because the gateway itself was overloaded, by reason.",
+            &["reason"],
+        );
+        for reason in SHED_REASONS {
+            overload_shed.with_label_values(&[reason]);
+        }
         Self {
+            overload_shed,
+            store_pending,
             access_log_dropped,
             cost_reconciled: counter(
                 &r,
@@ -248,6 +275,11 @@ impl Metrics {
         }
     }
 
+    /// One request shed by the gateway's own overload, by `reason`.
+    pub fn overload_shed(&self, reason: &str) {
+        self.overload_shed.with_label_values(&[reason]).inc();
+    }
+
     /// One failed store call, by its `reason` label.
     pub fn store_error(&self, reason: &str) {
         self.store_errors.with_label_values(&[reason]).inc();
@@ -300,7 +332,8 @@ outcomes! {
         BadRequest => "bad_request",
         /// The limit store failed and a limit says `closed` (503).
         StoreUnavailable => "store_unavailable",
-        /// The upstream pool had no room or no healthy server (503).
+        /// The gateway itself was too busy to decide in time, or the
+        /// upstream pool had no room or no healthy server (503).
         Overloaded => "overloaded",
     }
 }

@@ -17,7 +17,7 @@ use tollgate::limits::algorithm::{Bucket, Params, Period, Quota, Window, MICRO};
 use tollgate::limits::cluster::ClusterStore;
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
-use tollgate::limits::redis::RedisStore;
+use tollgate::limits::redis::{Bounds, RedisStore};
 use tollgate::limits::{Charge, Gate, Group, LimitStore, Verdict};
 use tollgate::testing::{bucket_params as bucket, charge, window};
 
@@ -32,7 +32,7 @@ fn store(server: &RedisServer, clock: &ManualClock) -> RedisStore {
     RedisStore::with_clock(
         &server.url(),
         KeyHasher::new("t:", b"test-secret"),
-        Duration::from_secs(2),
+        Bounds::new(Duration::from_secs(2)),
         clock.clone(),
     )
     .unwrap()
@@ -353,7 +353,7 @@ fn a_user_without_functions_gets_scripts() {
     let s = RedisStore::with_clock(
         &url,
         KeyHasher::new("t:", b"x"),
-        Duration::from_secs(2),
+        Bounds::new(Duration::from_secs(2)),
         clock,
     )
     .unwrap();
@@ -372,7 +372,7 @@ fn server_time_drives_the_script_by_default() {
     let s = RedisStore::new(
         &server.url(),
         KeyHasher::new("t:", b"x"),
-        Duration::from_secs(2),
+        Bounds::new(Duration::from_secs(2)),
     )
     .unwrap();
     let rt = runtime();
@@ -703,7 +703,7 @@ fn cluster_decisions_across_slots_stay_all_or_nothing_under_concurrency() {
         ClusterStore::new(
             &cluster.urls(),
             KeyHasher::new("t:", b"test-secret"),
-            Duration::from_secs(2),
+            Bounds::new(Duration::from_secs(2)),
         )
         .unwrap(),
     );
@@ -765,7 +765,7 @@ fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
         refund_at: 0,
     };
     let rt = runtime();
-    let result = rt.block_on(conn.call(std::iter::once(&request)));
+    let result = rt.block_on(conn.eval(std::iter::once(&request)));
     match result {
         Err(StoreError::Script(message)) => {
             assert!(message.contains("unknown algorithm 9"), "{message}")

@@ -82,8 +82,10 @@ pub struct StoreSettings {
     pub urls: Vec<String>,
     /// The primary's name at the sentinels (`redis_sentinel`).
     pub master_name: Option<String>,
-    /// Bound on every store call.
+    /// Bound on every store call, and on every decision's wait for one.
     pub timeout: Duration,
+    /// Decisions waiting for the store at most (`store.max_pending`).
+    pub max_pending: usize,
     /// Prepended to every Redis key.
     pub key_prefix: String,
     /// Environment variable holding the HMAC secret for store keys.

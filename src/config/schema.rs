@@ -214,8 +214,13 @@ pub struct RawStore {
     pub urls: Vec<String>,
     /// The name the sentinels know the primary by (`redis_sentinel` only).
     pub master_name: Option<String>,
-    /// Bound on every store call, 1-10000 ms; default 20.
+    /// Bound on every store call, 1-10000 ms; default 20. A decision that
+    /// waits this long while the store answers other calls is shed (503
+    /// overloaded), not counted as a store failure.
     pub timeout_ms: Option<u64>,
+    /// Decisions waiting for the store (queued or in flight) at most,
+    /// 1-1000000; beyond, 503 overloaded. Default 4096.
+    pub max_pending: Option<u64>,
     /// Prepended to every Redis key; `"tg:"` when absent.
     pub key_prefix: Option<String>,
     /// Name of the environment variable holding the HMAC secret for store keys;

@@ -390,6 +390,12 @@ fn store(c: &mut Checker, raw: RawStore) -> StoreSettings {
             1,
             10_000,
         )),
+        max_pending: c.range(
+            "store.max_pending",
+            raw.max_pending.unwrap_or(4_096),
+            1,
+            1_000_000,
+        ) as usize,
         key_prefix: raw.key_prefix.unwrap_or_else(|| "tg:".into()),
         key_secret_env,
         failure_threshold: c.range(

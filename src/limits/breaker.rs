@@ -84,6 +84,18 @@ impl Breaker {
         };
     }
 
+    /// Reports a permitted call that says nothing about the store (the
+    /// gateway shed it before the store could answer): neither a success
+    /// nor a failure. A probe that learned nothing lets the next call probe.
+    pub fn release(&self, permit: Permit, now_ms: u64) {
+        let mut state = self.state();
+        if permit == Permit::Probe && *state == State::Probing {
+            *state = State::Open {
+                since_ms: now_ms.saturating_sub(self.open_ms),
+            };
+        }
+    }
+
     /// How long the circuit stays open before a probe.
     pub fn open_for(&self) -> Duration {
         Duration::from_millis(self.open_ms)
@@ -118,6 +130,21 @@ mod tests {
         b.record(Permit::Probe, true, 2_011);
         assert!(!b.is_open());
         assert_eq!(b.permit(2_012), Permit::Call);
+    }
+
+    #[test]
+    fn a_released_call_counts_neither_way() {
+        let b = Breaker::new(2, Duration::from_millis(100));
+        b.record(Permit::Call, false, 0);
+        b.release(Permit::Call, 1);
+        b.record(Permit::Call, false, 2);
+        assert!(b.is_open(), "the release did not reset the failure count");
+        assert_eq!(b.permit(102), Permit::Probe);
+        b.release(Permit::Probe, 103);
+        assert!(b.is_open(), "a probe that learned nothing closes nothing");
+        assert_eq!(b.permit(104), Permit::Probe, "the next call probes at once");
+        b.record(Permit::Probe, true, 105);
+        assert!(!b.is_open());
     }
 
     #[test]

@@ -19,14 +19,13 @@
 //! part waits while a call for the same slot is in flight share the next.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
 
 use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
-use super::redis::batch::Batches;
-use super::redis::codec::{Decided, Request};
+use super::redis::batch::{Batches, Bounds};
+use super::redis::codec::{self, Decided, Request};
 use super::redis::conn::Connection;
 use super::{gate, undone, Charge, Gate, LimitStore, StoreError, Verdict};
 
@@ -35,7 +34,7 @@ const SLOTS: u16 = 16_384;
 
 /// Limit state in a Redis Cluster.
 pub struct ClusterStore {
-    batches: Batches,
+    batches: Batches<Connection>,
     keys: KeyCache,
 }
 
@@ -43,15 +42,16 @@ impl ClusterStore {
     /// Prepares a client for the cluster reached through `seeds`; the
     /// connection is made on first use, so a gateway can start while the
     /// cluster is down.
-    pub fn new(seeds: &[String], keys: KeyHasher, timeout: Duration) -> Result<Self, StoreError> {
+    pub fn new(seeds: &[String], keys: KeyHasher, bounds: Bounds) -> Result<Self, StoreError> {
         Ok(Self {
-            batches: Batches::new(Connection::cluster(seeds, timeout)?),
+            batches: Batches::new(Connection::cluster(seeds, bounds.timeout)?, bounds)?,
             keys: KeyCache::new(keys, CACHED_KEYS),
         })
     }
 
     /// One slot's part of a request, in that slot's next script call.
     async fn call(&self, slot: u16, request: Request) -> Result<Decided, StoreError> {
+        codec::fits(&request)?;
         self.batches.submit(slot, request).await
     }
 }
@@ -190,6 +190,10 @@ impl LimitStore for ClusterStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.batches.ping().await
+    }
+
+    fn pending(&self) -> usize {
+        self.batches.pending()
     }
 }
 

@@ -22,7 +22,9 @@ use tokio::time::Instant;
 use super::breaker::{Breaker, Permit};
 use super::lease::{GiveBack, Leases, Spend, Token};
 use super::memory::MemoryStore;
-use super::{gate, undone, Charge, Gate, LimitStore, OnStoreError, Source, StoreError, Verdict};
+use super::{
+    gate, undone, Charge, Gate, LimitStore, OnStoreError, Overload, Source, StoreError, Verdict,
+};
 use crate::clock::{Clock, MonotonicClock};
 use crate::metrics::Metrics;
 
@@ -32,7 +34,8 @@ pub struct Shared {
     pub store: Arc<dyn LimitStore>,
     /// Stops calls to a failing store.
     pub breaker: Breaker,
-    /// Bound on every store call (`store.timeout_ms`).
+    /// `store.timeout_ms`: the store bounds its own calls by it; a shutdown
+    /// waits this long for give-backs.
     pub timeout: Duration,
     /// The local fallback enforces `1/instances` of each budget.
     pub instances: u32,
@@ -98,8 +101,8 @@ impl<C: Clock> Limiter<C> {
         if permit != Permit::Probe {
             return false;
         }
-        let ping = tokio::time::timeout(shared.timeout, shared.store.ping()).await;
-        let ok = matches!(ping, Ok(Ok(())));
+        // The store bounds its own calls.
+        let ok = shared.store.ping().await.is_ok();
         shared.breaker.record(permit, ok, self.clock.now_ms());
         self.metrics
             .store_circuit_open
@@ -176,6 +179,14 @@ impl<C: Clock> Limiter<C> {
         } else {
             match self.call(shared, &remote, local_gate).await {
                 Ok(v) => v,
+                Err(StoreError::Overloaded(why)) => {
+                    // Not decided, and not the store's fault: nothing is
+                    // charged and no failure mode applies.
+                    self.refund_spent(&local, &local_verdicts, local_gate, Gate::SHUT, spent_at);
+                    drop(landing);
+                    self.refund_held(charges, &held, Gate::SHUT);
+                    return vec![shed(why); charges.len()];
+                }
                 Err(_) => {
                     // Undo the provisional local charges and decide the
                     // rest again with each shared limit's failure mode;
@@ -292,16 +303,14 @@ impl<C: Clock> Limiter<C> {
                 None => by_time.push((b.spent_at, vec![&b.charge])),
             }
         }
-        let calls = by_time.iter().map(|(at, charges)| {
-            tokio::time::timeout(shared.timeout, shared.store.give_back(charges, *at))
-        });
+        let calls = by_time
+            .iter()
+            .map(|(at, charges)| shared.store.give_back(charges, *at));
         for result in futures_util::future::join_all(calls).await {
-            let failed = match result {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e,
-                Err(_) => StoreError::Timeout,
-            };
-            self.metrics.store_error(failed.reason());
+            let Err(failed) = result else { continue };
+            if failed.is_failure() {
+                self.metrics.store_error(failed.reason());
+            }
             tracing::warn!(error = %failed, "giving back units failed; they stay charged until the keys refill");
         }
     }
@@ -389,6 +398,11 @@ impl<C: Clock> Limiter<C> {
         self.leases.held()
     }
 
+    /// Decisions waiting for the shared store (`tollgate_store_pending`).
+    pub fn store_pending(&self) -> usize {
+        self.shared.as_ref().map_or(0, |s| s.store.pending())
+    }
+
     /// One bounded, breaker-guarded store call, measured.
     async fn call(
         &self,
@@ -402,21 +416,24 @@ impl<C: Clock> Limiter<C> {
             return Err(StoreError::CircuitOpen);
         }
         let started = Instant::now();
-        let result =
-            match tokio::time::timeout(shared.timeout, shared.store.decide(charges, blocked_from))
-                .await
-            {
-                Ok(Ok(v)) if v.len() != charges.len() => Err(StoreError::Reply(format!(
-                    "{} verdicts for {} charges",
-                    v.len(),
-                    charges.len()
-                ))),
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Timeout),
-            };
+        // The store bounds the call itself (`timeout_ms`), and tells a
+        // failing store from a gateway too busy to wait for it.
+        let result = match shared.store.decide(charges, blocked_from).await {
+            Ok(v) if v.len() != charges.len() => Err(StoreError::Reply(format!(
+                "{} verdicts for {} charges",
+                v.len(),
+                charges.len()
+            ))),
+            result => result,
+        };
         self.metrics
             .store_call_seconds
             .observe(started.elapsed().as_secs_f64());
+        if let Err(StoreError::Overloaded(_)) = result {
+            // Neither a success nor a failure of the store.
+            shared.breaker.release(permit, self.clock.now_ms());
+            return result;
+        }
         shared
             .breaker
             .record(permit, result.is_ok(), self.clock.now_ms());
@@ -542,6 +559,11 @@ impl Shared {
     fn breaker_open_secs(&self) -> u64 {
         self.breaker.open_for().as_millis().div_ceil(1000).max(1) as u64
     }
+}
+
+/// The verdict of a charge whose decision was shed.
+fn shed(why: Overload) -> Verdict {
+    failed(false, Source::Shed(why))
 }
 
 fn failed(allowed: bool, source: Source) -> Verdict {

@@ -169,6 +169,32 @@ pub enum Source {
     FailClosed,
     /// The store failed; decided by this instance's share of the budget.
     Fallback,
+    /// Not decided: the gateway was too busy to have the store decide in
+    /// time while the store itself answered. The request is shed (503),
+    /// nothing is charged, and no failure mode applies.
+    Shed(Overload),
+}
+
+/// Why a decision was shed: the gateway's own overload, never the store's
+/// failure (a store that answers is not failing, however late a decision
+/// was).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Overload {
+    /// `store.max_pending` decisions were already waiting for the store.
+    Pending,
+    /// The decision's deadline (`store.timeout_ms` from when it was
+    /// queued) passed while the store was answering other calls.
+    Wait,
+}
+
+impl Overload {
+    /// The `reason` label of `tollgate_overload_shed_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Overload::Pending => "store_pending",
+            Overload::Wait => "store_wait",
+        }
+    }
 }
 
 /// What a store says about one charge.
@@ -207,6 +233,8 @@ pub enum Decision {
     },
     /// The store is failing and an enforced limit says `closed`.
     Unavailable,
+    /// The gateway could not have the decision made in time (§5): shed.
+    Shed(Overload),
 }
 
 /// Why a store could not decide.
@@ -228,10 +256,14 @@ pub enum StoreError {
     /// The store answered something that is not a decision of this call.
     #[error("store reply unreadable: {0}")]
     Reply(String),
-    /// The gateway did not send the call (its queue was full, or the call
-    /// cannot be encoded).
+    /// The gateway did not send the call (it cannot be encoded, or the
+    /// store's driver stopped).
     #[error("store call refused: {0}")]
     Refused(String),
+    /// The gateway was too busy to have the store decide in time, while
+    /// the store answered: not a failure of the store.
+    #[error("decision shed: the gateway is overloaded ({})", .0.reason())]
+    Overloaded(Overload),
 }
 
 impl StoreError {
@@ -244,11 +276,25 @@ impl StoreError {
             StoreError::Script(_) => "script",
             StoreError::Reply(_) => "reply",
             StoreError::Refused(_) => "refused",
+            StoreError::Overloaded(o) => o.reason(),
         }
+    }
+
+    /// Whether the error says the store is failing (and so counts towards
+    /// the breaker and hands decisions to `on_store_error`). An overloaded
+    /// gateway is not a failing store.
+    pub fn is_failure(&self) -> bool {
+        !matches!(self, StoreError::Overloaded(_))
     }
 }
 
 /// The seam between the decision logic and where limit state lives.
+///
+/// Every call is bounded by the store itself: it returns within its
+/// `timeout_ms` from when it was made, with [`StoreError::Timeout`] when
+/// the store answered nothing in that time and
+/// [`StoreError::Overloaded`] when the store answered other calls but this
+/// one waited too long in the gateway.
 ///
 /// `decide` refreshes every charge's key and checks every one without
 /// spending; then it charges the admitted charges of every group below the
@@ -272,6 +318,11 @@ pub trait LimitStore: Send + Sync {
     /// Whether the store answers at all (readiness probes).
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Decisions waiting for the store (queued or in a call).
+    fn pending(&self) -> usize {
+        0
     }
 }
 
@@ -355,15 +406,21 @@ fn push_network(out: &mut String, net: ipnet::IpNet) {
     push(&[net.prefix_len()]);
 }
 
-/// Combines the verdicts of one group into its decision: a caller over its
-/// limit gets 429 (with the longest wait among the denials) before a failing
-/// store's 503 is considered.
+/// Combines the verdicts of one group into its decision: a shed decision
+/// is shed; a caller over its limit gets 429 (with the longest wait among
+/// the denials) before a failing store's 503 is considered.
 pub fn combine(charges: &[Charge], verdicts: &[Verdict], group: Group) -> Decision {
     let mut violated = Vec::new();
     let mut wait = Some(0u64);
     let mut unavailable = false;
     for (c, v) in charges.iter().zip(verdicts) {
-        if c.group != group || !c.enforce || v.allowed {
+        if c.group != group {
+            continue;
+        }
+        if let Source::Shed(why) = v.source {
+            return Decision::Shed(why);
+        }
+        if !c.enforce || v.allowed {
             continue;
         }
         if v.source == Source::FailClosed {

@@ -144,7 +144,7 @@ impl RedisServer {
         )
     }
 
-    fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
     }
 

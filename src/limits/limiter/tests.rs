@@ -17,8 +17,9 @@ enum Answer {
     /// One verdict per charge: admitted or not.
     Verdicts(Vec<bool>),
     Fail(StoreError),
-    /// Never answers within any timeout.
-    Slow,
+    /// Answers nothing: the store's own bound ends the call after its
+    /// timeout, as a Redis store's does.
+    Silent,
     /// Answers with no verdicts at all.
     Short,
 }
@@ -70,9 +71,9 @@ impl LimitStore for FakeStore {
         match answer.expect("a scripted answer for every call") {
             Answer::Verdicts(v) => Ok(v.into_iter().map(store_verdict).collect()),
             Answer::Fail(e) => Err(e),
-            Answer::Slow => {
-                tokio::time::sleep(Duration::from_secs(3_600)).await;
-                Ok(Vec::new())
+            Answer::Silent => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Err(StoreError::Timeout)
             }
             Answer::Short => Ok(Vec::new()),
         }
@@ -194,7 +195,7 @@ async fn a_store_denial_gives_back_the_local_charges_of_its_group() {
 
 #[tokio::test(start_paused = true)]
 async fn a_timeout_switches_each_limit_to_its_failure_mode() {
-    let store = FakeStore::answering([Answer::Slow]);
+    let store = FakeStore::answering([Answer::Silent]);
     let s = limiter(Some(store));
     let charges = [
         local("mine", Group::Request, 1),
@@ -219,6 +220,58 @@ async fn a_timeout_switches_each_limit_to_its_failure_mode() {
     assert_eq!(errors(&s.metrics, "timeout"), 1);
     let again = [local("mine", Group::Request, 1)];
     assert_eq!(allowed(&s.limiter.decide(&again).await), [true]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shed_decision_charges_nothing_and_never_trips_the_breaker() {
+    let late = || Answer::Fail(StoreError::Overloaded(Overload::Wait));
+    let store = FakeStore::answering([late(), late(), late(), Answer::Verdicts(vec![true, true])]);
+    let s = limiter(Some(store.clone()));
+    let charges = [
+        local("mine", Group::PreAuth, 1),
+        shared("open", Group::Request, OnStoreError::Open),
+        shared("fallback", Group::Request, OnStoreError::Local),
+    ];
+    // Three late decisions in a row, over a breaker that opens after two
+    // failures: every one is shed, none decided by a failure mode.
+    for _ in 0..3 {
+        let verdicts = s.limiter.decide(&charges).await;
+        assert!(verdicts
+            .iter()
+            .all(|v| v.source == Source::Shed(Overload::Wait) && !v.allowed));
+    }
+    assert_eq!(
+        s.metrics.store_circuit_open.get(),
+        0,
+        "overload is no failure"
+    );
+    assert_eq!(store.calls().len(), 3, "every decision went to the store");
+    assert_eq!(
+        errors(&s.metrics, "timeout") + errors(&s.metrics, "store_wait"),
+        0
+    );
+    // The local unit was given back each time: the next decision has it.
+    let verdicts = s.limiter.decide(&charges).await;
+    assert_eq!(allowed(&verdicts), [true, true, true]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_was_shed_lets_the_next_call_probe() {
+    let down = || Answer::Fail(StoreError::Connection("down".into()));
+    let late = Answer::Fail(StoreError::Overloaded(Overload::Pending));
+    let store = FakeStore::answering([down(), down(), late, Answer::Verdicts(vec![true])]);
+    let s = limiter(Some(store.clone()));
+    let charges = [shared("x", Group::Request, OnStoreError::Closed)];
+    for _ in 0..2 {
+        s.limiter.decide(&charges).await;
+    }
+    assert_eq!(s.metrics.store_circuit_open.get(), 1);
+    s.clock.advance(1_000);
+    let v = s.limiter.decide(&charges).await;
+    assert_eq!(v[0].source, Source::Shed(Overload::Pending));
+    let v = s.limiter.decide(&charges).await;
+    assert_eq!(v[0].source, Source::Store, "the next call was the probe");
+    assert_eq!(s.metrics.store_circuit_open.get(), 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,139 +1,477 @@
-//! Script calls batched per hash slot. Requests that arrive while a call
-//! for their slot is in flight are queued and sent together as the next
-//! call: one `EVALSHA` then decides a whole batch, one request after the
-//! other, reading and writing each key once. At low load a request goes
-//! out at once; under load the batches grow, and the work per request (in
-//! Redis and in this process) falls. A standalone server has one queue
-//! (slot 0); Redis Cluster one per slot.
+//! Script calls batched per hash slot, driven on the store's own thread.
+//!
+//! Requests that arrive while a call for their slot is in flight are
+//! queued and sent together as the next call: one script call then decides
+//! a whole batch, one request after the other, reading and writing each key
+//! once. At low load a request goes out at once; under load the batches
+//! grow, and the work per request (in Redis and in this process) falls. A
+//! standalone server has one queue (slot 0); Redis Cluster one per slot.
+//!
+//! # Under a flood
+//!
+//! A flood saturates the gateway's threads, not Redis: profiled under
+//! `h2load` on both cores, Redis answered each batch in well under a
+//! millisecond while decisions waited far longer than `timeout_ms`,
+//! because the driver that sends batches and reads replies was a task on a
+//! proxy runtime, queued behind thousands of request tasks. Every late
+//! decision was then taken for a store failure: the breaker opened and
+//! `on_store_error` decided everyone. So:
+//!
+//! - **The driver has its own thread** ([`StoreThread`]): a current-thread
+//!   runtime on which the connection is made and every call is sent and
+//!   read. The proxy threads only queue a request and wait for its reply;
+//!   however busy they are, replies are read as Redis sends them. The
+//!   kernel favours a thread that mostly sleeps, so it gets the CPU it
+//!   needs on a saturated machine.
+//! - **Late is not failing** ([`Liveness`]). Each call is bounded by
+//!   `timeout_ms` from when it is sent; one that gets no reply in that
+//!   time is a store failure. A decision still queued `timeout_ms` after it
+//!   arrived is answered there and then: shed ([`Overload::Wait`]) when the
+//!   store answered some call within the last `timeout_ms` (the gateway is
+//!   busy, not the store), failed otherwise. Shed decisions do not count
+//!   against the breaker, and no failure mode decides them. Both judgements
+//!   are made on the store's thread after it has read whatever replies
+//!   have arrived (a timer that fires in the same wake-up as a reply does
+//!   not win over it), so a thread that could not run for a moment is not
+//!   mistaken for a silent store. The caller awaits its answer with no
+//!   timer of its own: a decision waits at most `timeout_ms` to be sent and
+//!   `timeout_ms` for its call.
+//! - **Waiting is bounded by count**: at most `max_pending` decisions are
+//!   queued or in flight; one more is shed at once ([`Overload::Pending`]).
+//!   A job whose caller gave up, or whose deadline passed before it could
+//!   be sent, is answered without costing Redis anything.
+//!
+//! # Batch size and calls in flight
+//!
+//! Batches size themselves: a call carries whatever arrived while the one
+//! before was out, up to [`MAX_BATCH`], so the batch grows with the arrival
+//! rate and Redis does less per request exactly when there are more. One
+//! call is in flight at a time, since on two cores (bench/) one larger batch
+//! costs Redis less than two smaller ones; but when a full batch is already
+//! waiting behind the one being formed, a second call goes out at once,
+//! pipelined on the same connection: the next batch could not grow any
+//! more, and waiting would only add a round trip (a distant Redis, a burst
+//! beyond `MAX_BATCH` per round trip).
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use async_trait::async_trait;
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
-use super::codec::{self, Decided, Request};
-use super::conn::Connection;
-use crate::limits::StoreError;
+use super::liveness::Liveness;
+use crate::limits::{Overload, StoreError};
 
 /// Requests in one script call, at most.
-const MAX_BATCH: usize = 128;
-/// Script calls in flight at once. Measured on two cores (bench/): with one,
-/// requests gather into larger batches while a call is out, and throughput
-/// is higher than with two, whose smaller batches cost Redis more per request.
-const MAX_CALLS_IN_FLIGHT: usize = 1;
-/// Requests waiting for a call, at most; beyond that the store is failing.
-const QUEUE: usize = 4096;
+pub const MAX_BATCH: usize = 128;
+/// Script calls in flight on one queue at once (the second only when a
+/// full batch waits).
+const MAX_CALLS_IN_FLIGHT: usize = 2;
+
+/// The bounds on waiting for the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// `store.timeout_ms`: a call without a reply for this long means the
+    /// store is failing; a decision waiting this long is late.
+    pub timeout: Duration,
+    /// `store.max_pending`: decisions queued or in flight, at most.
+    pub max_pending: usize,
+}
+
+impl Bounds {
+    /// The default `store.max_pending`.
+    pub const MAX_PENDING: usize = 4096;
+
+    /// Calls bounded by `timeout`, with the default pending bound.
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            max_pending: Self::MAX_PENDING,
+        }
+    }
+}
+
+/// Where batches go: one call decides a batch of requests.
+#[async_trait]
+pub trait Link: Send + Sync + 'static {
+    /// One request's part of a call.
+    type Request: Send + Sync + 'static;
+    /// One request's part of the reply.
+    type Reply: Send + 'static;
+
+    /// Decides `batch` in one call: one reply per request, in order.
+    async fn call(&self, batch: &[&Self::Request]) -> Result<Vec<Self::Reply>, StoreError>;
+
+    /// Whether the store answers at all.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// A call got no reply in time: the link may want a new connection.
+    fn forget(&self) {}
+}
 
 /// A request waiting in a batch queue.
-struct Job {
-    request: Request,
-    reply: oneshot::Sender<Result<Decided, StoreError>>,
+struct Job<L: Link> {
+    request: L::Request,
+    reply: oneshot::Sender<Result<L::Reply, StoreError>>,
+    /// `timeout` after it was queued.
+    deadline: Instant,
+    /// Counts the job as pending until the driver is done with it.
+    _pending: Pending,
+}
+
+/// One pending decision, counted until dropped.
+struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    /// Counts one more, unless `max` are pending already.
+    fn enter(count: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(count.clone()))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What the drivers of every queue share.
+struct Core<L> {
+    link: L,
+    liveness: Liveness,
+    bounds: Bounds,
+    pending: Arc<AtomicUsize>,
 }
 
 /// The queues of one link, one per hash slot in use.
-pub struct Batches {
-    connection: Arc<Connection>,
-    queues: std::sync::Mutex<HashMap<u16, mpsc::Sender<Job>, ahash::RandomState>>,
+pub struct Batches<L: Link> {
+    core: Arc<Core<L>>,
+    queues: Mutex<HashMap<u16, mpsc::UnboundedSender<Job<L>>, ahash::RandomState>>,
+    /// Where the drivers and the connection run.
+    runtime: Handle,
+    /// Stops the store's thread when the batches go.
+    _thread: Option<StoreThread>,
 }
 
-impl Batches {
-    /// Queues for script calls on `connection`.
-    pub fn new(connection: Connection) -> Self {
+impl<L: Link> Batches<L> {
+    /// Queues for calls on `link`, driven on a thread of their own. The
+    /// link connects at once, in the background, so that the first
+    /// decisions do not wait for a connection to be made.
+    pub fn new(link: L, bounds: Bounds) -> Result<Self, StoreError> {
+        let (runtime, thread) = StoreThread::start()?;
+        let batches = Self::with(runtime, Some(thread), link, bounds);
+        let core = batches.core.clone();
+        batches.runtime.spawn(async move {
+            let result = core.link.ping().await;
+            core.noted(&result);
+        });
+        Ok(batches)
+    }
+
+    /// Queues driven on `runtime` (tests in paused time).
+    pub fn on(runtime: Handle, link: L, bounds: Bounds) -> Self {
+        Self::with(runtime, None, link, bounds)
+    }
+
+    fn with(runtime: Handle, thread: Option<StoreThread>, link: L, bounds: Bounds) -> Self {
         Self {
-            connection: Arc::new(connection),
+            core: Arc::new(Core {
+                link,
+                liveness: Liveness::new(bounds.timeout),
+                bounds,
+                pending: Arc::default(),
+            }),
             queues: Default::default(),
+            runtime,
+            _thread: thread,
         }
     }
 
-    /// Queues one request (all its keys in `slot`) for the next script call
-    /// of that slot, and waits for its part of the answer.
-    pub async fn submit(&self, slot: u16, request: Request) -> Result<Decided, StoreError> {
-        if request.limits.len() > usize::from(u16::MAX) {
-            // The script reads a request's limit count as 16 bits.
-            return Err(StoreError::Refused(format!(
-                "{} shared limits on one request; at most {} fit one script call",
-                request.limits.len(),
-                u16::MAX
-            )));
-        }
+    /// Decisions queued or in flight.
+    pub fn pending(&self) -> usize {
+        self.core.pending.load(Ordering::Relaxed)
+    }
+
+    /// Queues one request (all its keys in `slot`) for the next call of
+    /// that slot, and waits for its part of the answer.
+    ///
+    /// The store's thread answers every job, in time: one still queued
+    /// `timeout` after it arrived is answered then; one sent is answered
+    /// by its call, itself bounded by `timeout`. So the caller needs no
+    /// timer of its own, and a late decision is judged where the replies
+    /// are read.
+    pub async fn submit(&self, slot: u16, request: L::Request) -> Result<L::Reply, StoreError> {
+        let bounds = self.core.bounds;
+        let pending = Pending::enter(&self.core.pending, bounds.max_pending)
+            .ok_or(StoreError::Overloaded(Overload::Pending))?;
         let (reply, rx) = oneshot::channel();
-        let queue = {
-            let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
-            queues
-                .entry(slot)
-                .or_insert_with(|| {
-                    let (tx, rx) = mpsc::channel(QUEUE);
-                    tokio::spawn(drive(rx, self.connection.clone()));
-                    tx
-                })
-                .clone()
+        let job = Job {
+            request,
+            reply,
+            deadline: Instant::now() + bounds.timeout,
+            _pending: pending,
         };
-        queue
-            .try_send(Job { request, reply })
-            .map_err(|_| StoreError::Refused("the store queue is full".into()))?;
-        rx.await
-            .unwrap_or_else(|_| Err(StoreError::Refused("the store driver stopped".into())))
+        self.queue(slot).send(job).map_err(|_| stopped())?;
+        rx.await.unwrap_or_else(|_| Err(stopped()))
     }
 
-    /// `PING` on the link, for readiness.
+    /// The queue of `slot`, with its driver started on first use.
+    fn queue(&self, slot: u16) -> mpsc::UnboundedSender<Job<L>> {
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        queues
+            .entry(slot)
+            .or_insert_with(|| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                self.runtime.spawn(drive(rx, self.core.clone()));
+                tx
+            })
+            .clone()
+    }
+
+    /// Whether the store answers, at most `timeout`; sent from the store's
+    /// thread like every call.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.connection.ping().await
+        let core = self.core.clone();
+        self.runtime
+            .spawn(async move {
+                let result = bounded(core.bounds.timeout, core.link.ping())
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout));
+                core.noted(&result);
+                result
+            })
+            .await
+            .unwrap_or_else(|_| Err(stopped()))
     }
 }
 
-/// Sends queued jobs, as many as are waiting, in a bounded number of
-/// concurrent calls.
-async fn drive(mut rx: mpsc::Receiver<Job>, conn: Arc<Connection>) {
-    let calls = Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT));
-    while let Some(first) = rx.recv().await {
-        // Wait for a free call slot first: jobs keep queueing meanwhile and
-        // join this batch.
-        let Ok(slot) = calls.clone().acquire_owned().await else {
-            return;
-        };
-        let mut batch = vec![first];
+fn stopped() -> StoreError {
+    StoreError::Refused("the store driver stopped".into())
+}
+
+impl<L: Link> Core<L> {
+    /// One call for `batch`, bounded by `timeout` from now.
+    async fn call(&self, batch: &[Job<L>]) -> Result<Vec<L::Reply>, StoreError> {
+        let requests: Vec<&L::Request> = batch.iter().map(|j| &j.request).collect();
+        let result = bounded(self.bounds.timeout, self.link.call(&requests))
+            .await
+            .unwrap_or_else(|| {
+                self.link.forget();
+                Err(StoreError::Timeout)
+            });
+        self.noted(&result);
+        result
+    }
+
+    /// Notes a reply of the store, if the outcome of a call is one: an
+    /// answer, or an error the store itself sent or that came from its
+    /// reply.
+    fn noted<T>(&self, result: &Result<T, StoreError>) {
+        if matches!(
+            result,
+            Ok(_) | Err(StoreError::Script(_) | StoreError::Reply(_))
+        ) {
+            self.liveness.answered(Instant::now());
+        }
+    }
+
+    /// The next batch from the front of `waiting`: jobs that still want an
+    /// answer and still have time for one, up to [`MAX_BATCH`]; the others
+    /// are answered on the way.
+    fn take_batch(&self, waiting: &mut VecDeque<Job<L>>, now: Instant) -> Vec<Job<L>> {
+        let mut batch = Vec::with_capacity(waiting.len().min(MAX_BATCH));
         while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+            let Some(job) = waiting.pop_front() else {
+                break;
+            };
+            if job.reply.is_closed() {
+                // Its caller went away.
+            } else if job.deadline <= now {
+                let _ = job.reply.send(Err(self.liveness.late(now)));
+            } else {
+                batch.push(job);
             }
         }
-        // Callers that gave up (their timeout passed) need no answer.
-        batch.retain(|job| !job.reply.is_closed());
-        if batch.is_empty() {
-            continue;
+        batch
+    }
+
+    /// Answers the waiting jobs whose deadline has passed by `now`: shed
+    /// when the store had answered within `timeout` of `due` (or since),
+    /// failed when it had been silent.
+    fn expire(&self, waiting: &mut VecDeque<Job<L>>, now: Instant, due: Instant) {
+        let verdict = self.liveness.late(due);
+        while waiting.front().is_some_and(|j| j.deadline <= now) {
+            if let Some(job) = waiting.pop_front() {
+                let _ = job.reply.send(Err(verdict.clone()));
+            }
         }
-        let conn = conn.clone();
-        tokio::spawn(async move {
-            let requests = batch.iter().map(|j| &j.request);
-            let result = match tokio::time::timeout(conn.timeout, conn.call(requests)).await {
-                Ok(result) => result,
-                Err(_) => {
-                    conn.forget();
-                    Err(StoreError::Timeout)
+    }
+}
+
+/// Sends queued jobs in batches, one call at a time (two when a full batch
+/// waits), and sheds the jobs that wait past their deadline, until the
+/// queue closes.
+async fn drive<L: Link>(mut rx: mpsc::UnboundedReceiver<Job<L>>, core: Arc<Core<L>>) {
+    let mut waiting: VecDeque<Job<L>> = VecDeque::new();
+    let mut calls: JoinSet<()> = JoinSet::new();
+    // One timer for the oldest waiting job's deadline, moved as it changes.
+    let mut armed: Option<Instant> = None;
+    let expiry = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(expiry);
+    loop {
+        while may_send(calls.len(), waiting.len()) {
+            let batch = core.take_batch(&mut waiting, Instant::now());
+            if !batch.is_empty() {
+                let core = core.clone();
+                calls.spawn(async move {
+                    let result = core.call(&batch).await;
+                    dispatch(batch, result);
+                });
+            }
+        }
+        let deadline = waiting.front().map(|job| job.deadline);
+        if deadline.is_some() && deadline != armed {
+            expiry.as_mut().reset(deadline.unwrap_or_else(Instant::now));
+        }
+        armed = deadline;
+        tokio::select! {
+            job = rx.recv() => match job {
+                Some(job) => {
+                    waiting.push_back(job);
+                    while let Ok(job) = rx.try_recv() {
+                        waiting.push_back(job);
+                    }
                 }
-            };
-            dispatch(batch, result);
-            drop(slot);
-        });
+                // The batches were dropped: calls in flight end with them.
+                None => return,
+            },
+            Some(_) = calls.join_next(), if !calls.is_empty() => {}
+            () = &mut expiry, if armed.is_some() => {
+                // The timer may have fired together with replies that this
+                // thread has not read yet (it could not run for a while):
+                // read them first, and judge the store as of when the
+                // deadline was due, so it is judged on what it sent.
+                tokio::task::yield_now().await;
+                let due = armed.unwrap_or_else(Instant::now);
+                core.expire(&mut waiting, Instant::now(), due);
+                armed = None;
+            }
+        }
+    }
+}
+
+/// Whether a batch may go out with `in_flight` calls out and `waiting`
+/// jobs queued: when no call is out, or a full batch waits beside one.
+fn may_send(in_flight: usize, waiting: usize) -> bool {
+    waiting > 0 && (in_flight == 0 || (in_flight < MAX_CALLS_IN_FLIGHT && waiting >= MAX_BATCH))
+}
+
+/// How late a timer of the store's thread may fire before the thread is
+/// taken to have been kept from running.
+const SLACK: Duration = Duration::from_millis(2);
+
+/// Awaits `call` for `bound` of time this thread could watch. When the
+/// bound passes, the tasks already woken on this thread run first (a
+/// reply read in the same wake-up as the timer counts), then `call` is
+/// looked at once more. When the timer fired late (the thread could not
+/// run: the gateway's own load, or the machine stopped), the call is given
+/// that time again, once: a store is judged silent only over time the
+/// gateway was there to hear it.
+async fn bounded<F: std::future::Future>(bound: Duration, call: F) -> Option<F::Output> {
+    let mut call = std::pin::pin!(call);
+    let mut deadline = Instant::now() + bound;
+    let mut extended = false;
+    loop {
+        if let Ok(out) = tokio::time::timeout_at(deadline, call.as_mut()).await {
+            return Some(out);
+        }
+        tokio::task::yield_now().await;
+        if let Ok(out) = tokio::time::timeout(Duration::ZERO, call.as_mut()).await {
+            return Some(out);
+        }
+        let late = Instant::now().saturating_duration_since(deadline);
+        if extended || late <= SLACK {
+            return None;
+        }
+        extended = true;
+        deadline = Instant::now() + late.min(bound);
     }
 }
 
 /// Hands every job its part of the reply.
-fn dispatch(batch: Vec<Job>, result: Result<Vec<u8>, StoreError>) {
-    let limits: usize = batch.iter().map(|j| j.request.limits.len()).sum();
-    let decoded = result.and_then(|reply| codec::decode(&reply, limits));
-    let (verdicts, at) = match decoded {
-        Ok(decoded) => decoded,
-        Err(e) => {
-            return batch
-                .into_iter()
-                .for_each(|j| drop(j.reply.send(Err(e.clone()))))
+fn dispatch<L: Link>(batch: Vec<Job<L>>, result: Result<Vec<L::Reply>, StoreError>) {
+    let replies = result.and_then(|replies| {
+        if replies.len() == batch.len() {
+            Ok(replies)
+        } else {
+            Err(StoreError::Reply(format!(
+                "{} replies for {} requests",
+                replies.len(),
+                batch.len()
+            )))
         }
-    };
-    let mut verdicts = verdicts.into_iter();
-    for job in batch {
-        let mine = verdicts.by_ref().take(job.request.limits.len()).collect();
-        let _ = job.reply.send(Ok((mine, at)));
+    });
+    match replies {
+        Ok(replies) => {
+            for (job, reply) in batch.into_iter().zip(replies) {
+                let _ = job.reply.send(Ok(reply));
+            }
+        }
+        Err(e) => {
+            for job in batch {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
     }
 }
+
+/// The store's own thread: a current-thread runtime where its connection
+/// lives and its batches are driven, out of reach of the proxy threads'
+/// load. It stops when this is dropped.
+pub struct StoreThread {
+    _stop: oneshot::Sender<()>,
+}
+
+impl StoreThread {
+    /// Starts the thread; the handle of its runtime.
+    pub fn start() -> Result<(Handle, Self), StoreError> {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("tollgate-store".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(runtime) => {
+                        let _ = handle_tx.send(Ok(runtime.handle().clone()));
+                        runtime.block_on(async {
+                            let _ = stopped.await;
+                        });
+                    }
+                    Err(e) => drop(handle_tx.send(Err(e.to_string()))),
+                }
+            })
+            .map_err(|e| StoreError::Refused(format!("cannot start the store thread: {e}")))?;
+        let handle = handle_rx
+            .recv()
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map_err(|e| StoreError::Refused(format!("cannot start the store runtime: {e}")))?;
+        Ok((handle, Self { _stop: stop }))
+    }
+}
+
+#[cfg(test)]
+mod tests;

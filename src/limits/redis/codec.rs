@@ -196,6 +196,30 @@ pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'
     }
 }
 
+/// Refuses a request the script cannot read: it reads a request's limit
+/// count as 16 bits.
+pub fn fits(request: &Request) -> Result<(), StoreError> {
+    if request.limits.len() > usize::from(u16::MAX) {
+        return Err(StoreError::Refused(format!(
+            "{} shared limits on one request; at most {} fit one script call",
+            request.limits.len(),
+            u16::MAX
+        )));
+    }
+    Ok(())
+}
+
+/// The reply of one call for `batch`, split into each request's part.
+pub fn split(reply: &[u8], batch: &[&Request]) -> Result<Vec<Decided>, StoreError> {
+    let limits = batch.iter().map(|r| r.limits.len()).sum();
+    let (verdicts, at) = decode(reply, limits)?;
+    let mut verdicts = verdicts.into_iter();
+    Ok(batch
+        .iter()
+        .map(|r| (verdicts.by_ref().take(r.limits.len()).collect(), at))
+        .collect())
+}
+
 /// The script's reply for `limits` limits: their verdicts in order, and the
 /// store time they were decided at.
 pub fn decode(reply: &[u8], limits: usize) -> Result<Decided, StoreError> {

@@ -26,12 +26,15 @@ use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::OnceCell;
 
-use super::codec::{self, Request, DECIDE_LUA};
+use async_trait::async_trait;
+
+use super::batch::Link;
+use super::codec::{self, Decided, Request, DECIDE_LUA};
 use crate::clock::Clock;
 use crate::limits::StoreError;
 
 /// Where script calls go.
-enum Link {
+enum Target {
     /// One server, over a connection made on first use and remade
     /// whenever it breaks.
     Single {
@@ -55,12 +58,15 @@ enum Link {
 }
 
 /// The connection and the script, shared by the batch drivers.
+///
+/// Calls are bounded by the batch driver that makes them, on the store's
+/// own thread: the connection sets no response timeout of its own, so one
+/// call has one bound. (A cluster's client keeps one of the same length for
+/// the slot-map refreshes it makes by itself.)
 pub struct Connection {
-    /// Connected on first use, inside the runtime that serves requests.
-    link: Link,
+    /// Connected on first use, on the store's thread.
+    link: Target,
     sha: String,
-    /// The bound of one call.
-    pub timeout: Duration,
     /// Where the script's time comes from: the server's `TIME` when `None`.
     clock: Option<Arc<dyn Clock>>,
     /// The function library's source and the function's name.
@@ -79,20 +85,19 @@ const FCALL: u8 = 1;
 const EVALSHA: u8 = 2;
 
 impl Connection {
-    fn new(link: Link, timeout: Duration, clock: Option<Arc<dyn Clock>>) -> Self {
+    fn new(link: Target, clock: Option<Arc<dyn Clock>>) -> Self {
         let sha = redis::Script::new(DECIDE_LUA).get_hash().to_string();
         let tag = &sha[..12];
         let function = format!("tollgate_decide_{tag}");
         let library =
             format!("#!lua name=tollgate_{tag}\nlocal FUNCTION_NAME = '{function}'\n{DECIDE_LUA}");
         let mode = match link {
-            Link::Cluster { .. } => EVALSHA,
-            Link::Single { .. } | Link::Sentinel { .. } => UNKNOWN,
+            Target::Cluster { .. } => EVALSHA,
+            Target::Single { .. } | Target::Sentinel { .. } => UNKNOWN,
         };
         Self {
             link,
             sha,
-            timeout,
             clock,
             library,
             function,
@@ -109,15 +114,15 @@ impl Connection {
         let client = redis::Client::open(url).map_err(backend)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
-            .set_response_timeout(Some(timeout))
+            .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
-        let link = Link::Single {
+        let link = Target::Single {
             client,
             config,
             conn: OnceCell::new(),
         };
-        Ok(Self::new(link, timeout, clock))
+        Ok(Self::new(link, clock))
     }
 
     /// Calls for a cluster reached through `seeds`.
@@ -128,11 +133,11 @@ impl Connection {
             .retries(1)
             .build()
             .map_err(backend)?;
-        let link = Link::Cluster {
+        let link = Target::Cluster {
             client,
             conn: OnceCell::new(),
         };
-        Ok(Self::new(link, timeout, None))
+        Ok(Self::new(link, None))
     }
 
     /// Calls for the primary that the sentinels at `sentinels` know as
@@ -161,19 +166,19 @@ impl Connection {
         .map_err(backend)?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
-            .set_response_timeout(Some(timeout));
-        let link = Link::Sentinel {
+            .set_response_timeout(None);
+        let link = Target::Sentinel {
             client: tokio::sync::Mutex::new(client),
             config,
             conn: std::sync::Mutex::new(None),
         };
-        Ok(Self::new(link, timeout, None))
+        Ok(Self::new(link, None))
     }
 
     /// Drops a sentinel link's connection after a failure, so that the next
     /// call asks the sentinels for the primary again.
-    pub fn forget(&self) {
-        if let Link::Sentinel { conn, .. } = &self.link {
+    fn drop_primary(&self) {
+        if let Target::Sentinel { conn, .. } = &self.link {
             *conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
     }
@@ -182,7 +187,7 @@ impl Connection {
     /// remade by the manager whenever it breaks).
     async fn connect(&self) -> Result<Conn, StoreError> {
         match &self.link {
-            Link::Sentinel {
+            Target::Sentinel {
                 client,
                 config,
                 conn,
@@ -205,10 +210,10 @@ impl Connection {
                 *conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
                 return Ok(Conn::Sentinel(c));
             }
-            Link::Single { .. } | Link::Cluster { .. } => {}
+            Target::Single { .. } | Target::Cluster { .. } => {}
         }
         match &self.link {
-            Link::Single {
+            Target::Single {
                 client,
                 config,
                 conn,
@@ -218,30 +223,13 @@ impl Connection {
                 })
                 .await
                 .map(|c| Conn::Single(c.clone())),
-            Link::Cluster { client, conn } => conn
+            Target::Cluster { client, conn } => conn
                 .get_or_try_init(|| client.get_async_connection())
                 .await
                 .map(|c| Conn::Cluster(c.clone())),
-            Link::Sentinel { .. } => unreachable!("handled above"),
+            Target::Sentinel { .. } => unreachable!("handled above"),
         }
         .map_err(backend)
-    }
-
-    /// `PING`, for readiness.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        let result = async {
-            let mut conn = self.connect().await?;
-            redis::cmd("PING")
-                .query_async::<String>(&mut conn)
-                .await
-                .map(drop)
-                .map_err(backend)
-        }
-        .await;
-        if result.is_err() {
-            self.forget();
-        }
-        result
     }
 
     /// The script call for some requests, `EVALSHA` with the script's hash
@@ -261,13 +249,13 @@ impl Connection {
     }
 
     /// Decides some requests in one script call; the raw reply.
-    pub async fn call<'a>(
+    pub async fn eval<'a>(
         &self,
         requests: impl Iterator<Item = &'a Request> + Clone,
     ) -> Result<Vec<u8>, StoreError> {
         let result = self.call_once(requests).await;
         if result.is_err() {
-            self.forget();
+            self.drop_primary();
         }
         result
     }
@@ -299,6 +287,38 @@ impl Connection {
                 .map_err(backend),
             other => other.map_err(backend),
         }
+    }
+}
+
+#[async_trait]
+impl Link for Connection {
+    type Request = Request;
+    type Reply = Decided;
+
+    async fn call(&self, batch: &[&Request]) -> Result<Vec<Decided>, StoreError> {
+        let reply = self.eval(batch.iter().copied()).await?;
+        codec::split(&reply, batch)
+    }
+
+    /// `PING`, for readiness.
+    async fn ping(&self) -> Result<(), StoreError> {
+        let result = async {
+            let mut conn = self.connect().await?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(backend)
+        }
+        .await;
+        if result.is_err() {
+            self.drop_primary();
+        }
+        result
+    }
+
+    fn forget(&self) {
+        self.drop_primary();
     }
 }
 

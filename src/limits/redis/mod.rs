@@ -4,15 +4,17 @@
 //!
 //! - [`codec`]: the script's arguments and reply, as bytes;
 //! - [`batch`]: requests that wait while a call is in flight share the
-//!   next one (per hash slot, so Redis Cluster uses it too);
+//!   next one (per hash slot, so Redis Cluster uses it too), driven on the
+//!   store's own thread, late decisions told from a failing store;
+//! - [`liveness`]: when the store last answered;
 //! - [`conn`]: the link to one server or a cluster, and the script call.
 
 pub mod batch;
 pub mod codec;
 pub mod conn;
+pub mod liveness;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -20,6 +22,7 @@ use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
 use super::{Charge, Gate, LimitStore, StoreError, Verdict};
 use crate::clock::Clock;
 use batch::Batches;
+pub use batch::Bounds;
 use codec::Request;
 use conn::Connection;
 
@@ -44,7 +47,7 @@ pub fn redacted(url: &str) -> String {
 
 /// Limit state in one Redis server (or one primary).
 pub struct RedisStore {
-    batches: Batches,
+    batches: Batches<Connection>,
     keys: KeyCache,
 }
 
@@ -52,8 +55,8 @@ impl RedisStore {
     /// Prepares a connection; it is made on first use and remade whenever it
     /// breaks, so a gateway can start while Redis is down. The script reads
     /// the server's `TIME`.
-    pub fn new(url: &str, keys: KeyHasher, timeout: Duration) -> Result<Self, StoreError> {
-        Self::connect(url, keys, timeout, None)
+    pub fn new(url: &str, keys: KeyHasher, bounds: Bounds) -> Result<Self, StoreError> {
+        Self::connect(url, keys, bounds, None)
     }
 
     /// As [`RedisStore::new`], with the script's time read from `clock`
@@ -63,20 +66,21 @@ impl RedisStore {
     pub fn with_clock(
         url: &str,
         keys: KeyHasher,
-        timeout: Duration,
+        bounds: Bounds,
         clock: impl Clock,
     ) -> Result<Self, StoreError> {
-        Self::connect(url, keys, timeout, Some(Arc::new(clock)))
+        Self::connect(url, keys, bounds, Some(Arc::new(clock)))
     }
 
     fn connect(
         url: &str,
         keys: KeyHasher,
-        timeout: Duration,
+        bounds: Bounds,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<Self, StoreError> {
+        let link = Connection::single(url, bounds.timeout, clock)?;
         Ok(Self {
-            batches: Batches::new(Connection::single(url, timeout, clock)?),
+            batches: Batches::new(link, bounds)?,
             keys: KeyCache::new(keys, CACHED_KEYS),
         })
     }
@@ -89,10 +93,11 @@ impl RedisStore {
         sentinels: &[String],
         master_name: &str,
         keys: KeyHasher,
-        timeout: Duration,
+        bounds: Bounds,
     ) -> Result<Self, StoreError> {
+        let link = Connection::sentinel(sentinels, master_name, bounds.timeout)?;
         Ok(Self {
-            batches: Batches::new(Connection::sentinel(sentinels, master_name, timeout)?),
+            batches: Batches::new(link, bounds)?,
             keys: KeyCache::new(keys, CACHED_KEYS),
         })
     }
@@ -105,6 +110,7 @@ impl RedisStore {
     ) -> Result<Vec<Verdict>, StoreError> {
         let keys = charges.iter().map(|c| self.keys.key(c)).collect();
         let request = Request::new(keys, charges, blocked_from, refund_at);
+        codec::fits(&request)?;
         self.batches.submit(0, request).await.map(|(v, _)| v)
     }
 }
@@ -134,6 +140,10 @@ impl LimitStore for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.batches.ping().await
+    }
+
+    fn pending(&self) -> usize {
+        self.batches.pending()
     }
 }
 

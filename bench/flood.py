@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""What a flood does to the limits, and to a tenant that is not flooding.
+
+The release tollgate (two threads, HTTP/2, `store.timeout_ms` 20) in front
+of a real redis-server. One tenant floods with `h2load` on both cores: 40
+connections of 20 streams on `/big` (a limit it never reaches) and 20 of 10
+on `/small` (capacity 10, refill 0.01/s, `on_store_error: open`). A quiet
+tenant asks on `/big` with 4 connections of one stream each, once alone and
+once during the flood. It prints, per phase:
+
+- the quiet tenant's admitted requests per second, and its share of
+  everything the gateway answered beside its share of the streams (1.0:
+  it got exactly its per-stream share of the gateway);
+- what the flood got on `/small` (2xx, 429, 503), the `fail_open`
+  decisions, the decisions shed as overload, the store errors;
+- the gateway's CPU seconds per request served (utime+stime from /proc).
+
+    python3 bench/flood.py [--seconds 8]
+
+Needs `cargo build --release --bin tollgate`, `redis-server` and `h2load`
+(`make bench-deps`). Check the load average is near zero first.
+"""
+
+import argparse
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BINARY = ROOT / "target" / "release" / "tollgate"
+FLOODER, QUIET = "flood-key", "quiet-key"
+QUIET_STREAMS = 4
+FLOOD = [("/big", 40, 20), ("/small", 20, 10)]
+
+POLICY = """
+version: 1
+server: {{ listen: ["127.0.0.1:{port}"], admin_listen: "127.0.0.1:{admin}", threads: 2, http2: true }}
+store: {{ backend: redis, urls: ["redis://127.0.0.1:{redis}"], timeout_ms: 20 }}
+auth:
+  keys:
+    - {{ id: flooder, tenant: flood, sha256: "{flooder}" }}
+    - {{ id: quiet, tenant: quiet, sha256: "{quiet}" }}
+limits:
+  small: {{ key: [tenant], capacity: 10, refill_per_second: 0.01, on_store_error: open }}
+  big: {{ key: [tenant], capacity: 1000000000, refill_per_second: 1000000000, on_store_error: open }}
+routes:
+  - {{ name: small, path: /small, respond: {{ status: 200, body: "ok" }}, limits: [small] }}
+  - {{ name: big, path: /big, respond: {{ status: 200, body: "ok" }}, limits: [big] }}
+"""
+
+
+def h2load(port, path, key, seconds, clients, streams):
+    return subprocess.Popen(
+        ["h2load", "-D", str(seconds), "-c", str(clients), "-m", str(streams),
+         "-H", f"authorization: Bearer {key}", f"http://127.0.0.1:{port}{path}"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def statuses(proc):
+    out = proc.communicate()[0]
+    line = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    if not line:
+        raise RuntimeError(f"unexpected h2load output: {out}")
+    ok, _, client, server = map(int, line.groups())
+    return {"2xx": ok, "4xx": client, "5xx": server}
+
+
+def metric_total(admin, family, contains=""):
+    _, body = run.http_get(admin, "/metrics")
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith(family) and contains in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def phase(port, admin, pid, seconds, flood):
+    counters = lambda: {  # noqa: E731
+        "answered": metric_total(admin, "tollgate_requests_total"),
+        "fail_open": metric_total(admin, "tollgate_limit_decisions_total", "fail_open"),
+        "shed": metric_total(admin, "tollgate_overload_shed_total"),
+        "store_errors": metric_total(admin, "tollgate_store_errors_total"),
+    }
+    before, cpu0, t0 = counters(), run.cpu_seconds(pid), time.time()
+    floods = [h2load(port, path, FLOODER, seconds, c, m) for path, c, m in FLOOD] if flood else []
+    quiet = h2load(port, "/big", QUIET, seconds, QUIET_STREAMS, 1)
+    q = statuses(quiet)
+    f = [statuses(p) for p in floods]
+    elapsed, cpu = time.time() - t0, run.cpu_seconds(pid) - cpu0
+    after = counters()
+    delta = {k: after[k] - before[k] for k in after}
+    streams = QUIET_STREAMS + sum(c * m for _, c, m in FLOOD) if flood else QUIET_STREAMS
+    share = (q["2xx"] / delta["answered"]) / (QUIET_STREAMS / streams) if delta["answered"] else 0
+    return {
+        "quiet_rps": q["2xx"] / seconds, "quiet": q, "share": share,
+        "small": f[1] if flood else None, "answered": delta["answered"],
+        "gateway_rps": delta["answered"] / elapsed,
+        "cpu_us": cpu / delta["answered"] * 1e6 if delta["answered"] else 0,
+        **{k: delta[k] for k in ("fail_open", "shed", "store_errors")},
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=8)
+    args = ap.parse_args()
+    port, admin, redis_port = run.free_port(), run.free_port(), run.free_port()
+    digest = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp:
+        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+                                  "--save", "", "--appendonly", "no", "--dir", tmp],
+                                 stdout=subprocess.DEVNULL)
+        gw = None
+        try:
+            run.wait_port(redis_port)
+            policy = Path(tmp) / "policy.yaml"
+            policy.write_text(POLICY.format(port=port, admin=admin, redis=redis_port,
+                                            flooder=digest(FLOODER), quiet=digest(QUIET)))
+            gw = subprocess.Popen([BINARY, "run", "--config", policy],
+                                  env={**os.environ, "TOLLGATE_KEY_SECRET": "flood-secret", "RUST_LOG": "error"},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            run.wait_port(port)
+            print(f"load average before: {os.getloadavg()[0]:.2f}; {args.seconds} s per phase\n")
+            print("| phase | quiet tenant 2xx/s | quiet 5xx | quiet share / stream share "
+                  "| gateway answers/s | gateway CPU µs/answer | flood /small 2xx, 4xx, 5xx "
+                  "| fail_open | shed | store errors |")
+            print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+            for name, flood in [("alone", False), ("flood", True), ("alone again", False)]:
+                r = phase(port, admin, gw.pid, args.seconds, flood)
+                small = r["small"]
+                small = f'{small["2xx"]}, {small["4xx"]}, {small["5xx"]}' if small else "-"
+                print(f'| {name} | {r["quiet_rps"]:.0f} | {r["quiet"]["5xx"]} | {r["share"]:.2f} '
+                      f'| {r["gateway_rps"]:.0f} | {r["cpu_us"]:.1f} | {small} '
+                      f'| {r["fail_open"]:.0f} | {r["shed"]:.0f} | {r["store_errors"]:.0f} |')
+        finally:
+            if gw:
+                gw.terminate()
+                gw.wait()
+            redis.kill()
+            redis.wait()
+
+
+if __name__ == "__main__":
+    main()
