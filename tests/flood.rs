@@ -69,14 +69,18 @@ routes:
 }
 
 /// `h2load` flooding `url` as the flooding tenant for `seconds`, with
-/// `clients` connections of `streams` concurrent requests each (HTTP/1.1
-/// connections carry one request at a time).
+/// `clients` connections of `streams` concurrent requests each (over
+/// HTTP/1.1, a connection carries one request at a time: a quarter as many
+/// requests at once, each on its own connection).
 fn h2load(wire: Wire, url: &str, seconds: u32, clients: u32, streams: u32) -> Child {
     let mut cmd = load(wire, FLOODER);
-    cmd.args(["-D", &seconds.to_string()])
-        .args(["-c", &clients.to_string()]);
-    if wire != Wire::Http1 {
-        cmd.args(["-m", &streams.to_string()]);
+    cmd.args(["-D", &seconds.to_string()]);
+    if wire == Wire::Http1 {
+        // As many requests at once, a quarter of them as connections.
+        cmd.args(["-c", &(clients * streams / 4).to_string()]);
+    } else {
+        cmd.args(["-c", &clients.to_string()])
+            .args(["-m", &streams.to_string()]);
     }
     cmd.arg(url)
         .stdout(Stdio::piped())
