@@ -13,6 +13,7 @@ pub mod drain;
 pub mod edge;
 pub mod health;
 pub mod limits;
+pub mod logs;
 pub mod metrics;
 pub mod pools;
 pub mod proxy;

@@ -18,14 +18,13 @@ use pingora::services::listening::Service;
 
 use pingora::apps::HttpServerOptions;
 use pingora::listeners::tls::TlsSettings;
-use pingora::protocols::http::v2::server::H2Options;
+use pingora::protocols::http::v2::server::default_h2_options;
 use tollgate::access_log::AccessLog;
 use tollgate::admin::{Admin, AdminAccess};
 use tollgate::config::{self, Backend, StoreSettings};
 use tollgate::drain::{AdminListener, Drain, Drainer};
 use tollgate::edge::app::Edge;
 use tollgate::edge::listener::Listener;
-use tollgate::edge::logs::ClientErrorLog;
 use tollgate::health::HealthChecker;
 use tollgate::limits::breaker::Breaker;
 use tollgate::limits::cluster::ClusterStore;
@@ -34,6 +33,7 @@ use tollgate::limits::limiter::{Limiter, Shared};
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::{Bounds, RedisStore};
 use tollgate::limits::LimitStore;
+use tollgate::logs::ClientLog;
 use tollgate::metrics::Metrics;
 use tollgate::pools::Pools;
 use tollgate::proxy::Gateway;
@@ -144,8 +144,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Run { config, log_json } => {
-            init_logs(log_json);
-            if let Err(e) = run(config) {
+            let client_log = init_logs(log_json);
+            if let Err(e) = run(config, client_log) {
                 eprintln!("tollgate: {e:#}");
                 return ExitCode::FAILURE;
             }
@@ -223,7 +223,9 @@ fn hash_key() -> anyhow::Result<String> {
     Ok(hex::encode(tollgate::auth::digest(key)))
 }
 
-fn init_logs(json: bool) {
+/// Installs the log subscriber; the limiter of client-caused lines, whose
+/// rate the policy sets.
+fn init_logs(json: bool) -> Arc<ClientLog> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -232,16 +234,19 @@ fn init_logs(json: bool) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     // Bad requests are the clients' doing: their lines are limited.
-    let client_errors = ClientErrorLog::new(std::time::Duration::from_secs(1)).install();
+    let client_log = ClientLog::new(1);
+    let filter = client_log.install();
     if json {
-        builder.json().finish().with(client_errors).init();
+        builder.json().finish().with(filter).init();
     } else {
-        builder.finish().with(client_errors).init();
+        builder.finish().with(filter).init();
     }
+    client_log
 }
 
-fn run(path: PathBuf) -> anyhow::Result<()> {
+fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
     let policy = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    client_log.set_rate(policy.server.log_client_errors_per_s);
     tracing::info!("{}", policy.summary());
     for warning in policy.warnings() {
         tracing::warn!("{warning}");
@@ -265,6 +270,7 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
     server.bootstrap();
 
     let metrics = Arc::new(Metrics::new());
+    client_log.attach(metrics.log_suppressed.clone());
     metrics
         .build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
@@ -289,6 +295,7 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         None => None,
     };
     let services = Arc::new(Services {
+        client_log,
         access_log,
         certificate: certificate.clone(),
         limiter: Arc::new(Limiter::new(
@@ -321,8 +328,12 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         options.h2c = true;
         options.h2_idle_timeout = Some(settings.edge.keepalive_idle);
         proxy.server_options = Some(options);
-        let mut h2 = H2Options::new();
+        // Pingora's bounded defaults, with the policy's bounds: the header
+        // list, and the streams a client may have open on a connection,
+        // announced in SETTINGS.
+        let mut h2 = default_h2_options();
         h2.max_header_list_size(settings.edge.max_header_bytes as u32);
+        h2.max_concurrent_streams(settings.http2_max_streams);
         proxy.h2_options = Some(h2);
     }
     let proxy = Arc::new(proxy);
@@ -378,7 +389,22 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         HangupListener::new(reloader.clone()),
     ));
     if let Some(addr) = settings.admin_listen {
+        // The admin listener's connections are guarded like the proxy's,
+        // within a bound of their own, so a flood cannot lock out /readyz.
+        let admin_settings: tollgate::edge::app::Settings = {
+            let live = live.clone();
+            Arc::new(move || {
+                let server = &live.load().policy.server;
+                tollgate::edge::EdgeSettings {
+                    max_connections: server.admin_max_connections,
+                    http2: false,
+                    ..server.edge
+                }
+            })
+        };
         let admin = Admin::new(live, reloader, admin_access, drain.clone());
+        let listener = Listener::new("admin", &services.metrics);
+        let admin = Edge::new(Arc::new(admin), admin_settings, listener);
         let listener = AdminListener::bind(addr, admin)
             .with_context(|| format!("server.admin_listen: cannot listen on {addr}"))?;
         server.add_service(background_service("tollgate admin", listener));

@@ -66,6 +66,9 @@ pub struct Metrics {
     pub overload_shed: IntCounterVec,
     /// `tollgate_store_pending`: decisions waiting for a store call.
     pub store_pending: IntGauge,
+    /// `tollgate_log_suppressed_total{kind}`: client-caused log lines held
+    /// back by the log limiter.
+    pub log_suppressed: IntCounterVec,
 }
 
 /// The `reason` values of `tollgate_overload_shed_total`.
@@ -162,6 +165,12 @@ impl Metrics {
             overload_shed.with_label_values(&[reason]);
         }
         Self {
+            log_suppressed: counter(
+                &r,
+                "tollgate_log_suppressed_total",
+                "Client-caused log lines held back by the log limiter, by kind.",
+                &["kind"],
+            ),
             overload_shed,
             store_pending,
             access_log_dropped,

@@ -23,7 +23,6 @@ use crate::client_ip;
 use crate::config::schema::UpstreamProtocol;
 use crate::config::HostHeader;
 use crate::drain::{Drain, InFlight};
-use crate::edge::conn::Guarded;
 use crate::edge::headers::{self, Forwarding};
 use crate::metrics::Outcome;
 use crate::pools::{PoolPermit, PoolRefusal};
@@ -353,7 +352,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         body: &mut Option<Bytes>,
-        end_of_stream: bool,
+        _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         // An upgraded connection's bytes pass here too; they are no body.
@@ -364,11 +363,6 @@ impl ProxyHttp for Gateway {
         if ctx.body_bytes > ctx.facts.max_body_bytes {
             ctx.outcome = Some(Outcome::BadRequest);
             return Error::e_explain(ErrorType::HTTPStatus(413), "request body too large");
-        }
-        if end_of_stream {
-            if let Some(guard) = Guarded::of(session.stream()) {
-                guard.body_finished();
-            }
         }
         Ok(())
     }
@@ -470,7 +464,7 @@ impl ProxyHttp for Gateway {
             Some(Outcome::Limited | Outcome::Unauthorized | Outcome::Forbidden)
         );
         if denied && self.denials.fetch_add(1, Ordering::Relaxed) % DENIAL_LOG_SAMPLE == 0 {
-            tracing::info!(route, status, outcome, caller = caller(), violated = ?ctx.facts.violated, "request denied (sampled)");
+            tracing::info!(target: crate::logs::REQUEST, route, status, outcome, caller = caller(), violated = ?ctx.facts.violated, "request denied (sampled)");
         }
         tracing::debug!(
             route,

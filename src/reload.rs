@@ -76,14 +76,18 @@ impl Reloader {
                 tls,
                 s.access_log.clone(),
                 s.edge.http2,
+                s.http2_max_streams,
             )
         };
         if listeners(new) != listeners(was) {
             tracing::warn!(
-                "listeners, threads, http2 or the access log changed; they take effect at the next restart"
+                "listeners, threads, http2, http2_max_streams or the access log changed; they take effect at the next restart"
             );
         }
         let version = policy.policy_version.clone();
+        self.services
+            .client_log
+            .set_rate(policy.server.log_client_errors_per_s);
         self.live
             .store(Arc::new(Runtime::new(policy, self.services.clone())));
         // Leases were taken under the old numbers.

@@ -17,6 +17,8 @@ use crate::top::{Redactor, Top};
 
 /// The process-long parts, shared by every policy that goes live.
 pub struct Services {
+    /// The limiter of client-caused log lines; a reload sets its rate.
+    pub client_log: Arc<crate::logs::ClientLog>,
     /// The access log, when `server.access_log` is set (at start).
     pub access_log: Option<crate::access_log::AccessLog>,
     /// The TLS listeners' certificate, re-read on reload.

@@ -59,6 +59,15 @@ pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,
     /// The admin listener, if any.
     pub admin_listen: Option<SocketAddr>,
+    /// Open connections of the admin listener, at most.
+    pub admin_max_connections: usize,
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` of HTTP/2 connections (read at
+    /// start).
+    pub http2_max_streams: u32,
+    /// Client-caused log lines a second, per kind.
+    pub log_client_errors_per_s: u32,
+    /// Bytes of request bodies read whole at once, over every request.
+    pub buffered_bytes_total: u64,
     /// Worker threads.
     pub threads: usize,
     /// Environment variable whose value, when set, guards `/admin/*`.

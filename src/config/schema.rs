@@ -114,6 +114,16 @@ pub struct RawServer {
     /// on plain ones; default false.
     #[serde(default)]
     pub http2: bool,
+    /// Concurrent streams an HTTP/2 client may open on one connection
+    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`), 1-10000; default 100. Read at
+    /// start.
+    pub http2_max_streams: Option<u32>,
+    /// Open connections of the admin listener, 1-100000; default 256.
+    pub admin_max_connections: Option<u64>,
+    /// Lines a client can cause (proxy errors, store warnings, sampled
+    /// denials) written a second, per kind, 0-10000; default 1. The rest
+    /// are counted and summarized.
+    pub log_client_errors_per_s: Option<u32>,
 }
 
 /// The `server.tls` section.
@@ -148,6 +158,12 @@ pub struct RawServerLimits {
     pub max_header_bytes: Option<u64>,
     /// Default of `routes[].max_body_bytes`; default 10485760.
     pub max_body_bytes: Option<u64>,
+    /// Request bodies up to this size are read whole before the request
+    /// takes a pool permit, 0-65536 (0: none); default 65536.
+    pub buffer_body_bytes: Option<u64>,
+    /// All bodies read whole at once, together, at most; beyond, 503
+    /// overloaded. 0-17179869184; default 268435456.
+    pub buffered_bytes_total: Option<u64>,
 }
 
 /// The `server.timeouts` section, all in milliseconds.
@@ -162,6 +178,14 @@ pub struct RawTimeouts {
     pub body_read_ms: Option<u64>,
     /// Longest time a client may leave a response write pending; default 30000.
     pub send_ms: Option<u64>,
+    /// Least average rate of a request body, bytes a second since it
+    /// started, once `body_grace_ms` passed, 1-1073741824; default 1024.
+    pub body_min_rate: Option<u64>,
+    /// How long a body may run before its rate is held to `body_min_rate`;
+    /// default 5000.
+    pub body_grace_ms: Option<u64>,
+    /// Longest time a request body may take in all; default 300000.
+    pub body_total_ms: Option<u64>,
 }
 
 /// The values of `server.encoded_slash`.

@@ -29,6 +29,9 @@ const MAX_LOG_LIMIT: f64 = 10_000.0;
 const MAX_WINDOW_SECONDS: f64 = 86_400.0;
 /// The largest `max_body_bytes`: 1 TiB.
 const MAX_BODY_BYTES: u64 = 1 << 40;
+/// The most `server.limits.buffer_body_bytes` may be: what Pingora's retry
+/// buffer holds, so that a body read whole can be sent on.
+const MAX_BUFFER_BODY_BYTES: u64 = 65_536;
 /// Products the Redis scripts compute must stay exact in a Lua double.
 const MAX_EXACT: u64 = 1 << 53;
 
@@ -201,9 +204,35 @@ fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSettings {
     if let Some(env) = &raw.admin_token_env {
         env_name(c, "server.admin_token_env", env);
     }
+    let limits = raw.limits.unwrap_or_default();
+    let buffered_bytes_total = c.range(
+        "server.limits.buffered_bytes_total",
+        limits.buffered_bytes_total.unwrap_or(256 << 20),
+        0,
+        16 << 30,
+    );
     ServerSettings {
         listen,
         admin_listen,
+        admin_max_connections: c.range(
+            "server.admin_max_connections",
+            raw.admin_max_connections.unwrap_or(256),
+            1,
+            100_000,
+        ) as usize,
+        http2_max_streams: c.range(
+            "server.http2_max_streams",
+            raw.http2_max_streams.unwrap_or(100),
+            1,
+            10_000,
+        ),
+        log_client_errors_per_s: c.range(
+            "server.log_client_errors_per_s",
+            raw.log_client_errors_per_s.unwrap_or(1),
+            0,
+            10_000,
+        ),
+        buffered_bytes_total,
         threads,
         admin_token_env: raw.admin_token_env,
         shutdown_grace: Duration::from_secs(grace),
@@ -213,7 +242,7 @@ fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSettings {
             http2: raw.http2,
             ..edge(
                 c,
-                raw.limits.unwrap_or_default(),
+                limits,
                 raw.timeouts.unwrap_or_default(),
                 raw.encoded_slash,
             )
@@ -310,6 +339,20 @@ fn edge(
         ),
         body_read: ms(c, "body_read_ms", timeouts.body_read_ms, d.body_read),
         send: ms(c, "send_ms", timeouts.send_ms, d.send),
+        buffer_body_bytes: c.range(
+            "server.limits.buffer_body_bytes",
+            limits.buffer_body_bytes.unwrap_or(d.buffer_body_bytes),
+            0,
+            MAX_BUFFER_BODY_BYTES,
+        ),
+        body_min_rate: c.range(
+            "server.timeouts.body_min_rate",
+            timeouts.body_min_rate.unwrap_or(d.body_min_rate),
+            1,
+            1 << 30,
+        ),
+        body_grace: ms(c, "body_grace_ms", timeouts.body_grace_ms, d.body_grace),
+        body_total: ms(c, "body_total_ms", timeouts.body_total_ms, d.body_total),
         encoded_slash: match slash {
             Some(EncodedSlashName::Keep) => EncodedSlash::Keep,
             Some(EncodedSlashName::Reject) | None => EncodedSlash::Reject,

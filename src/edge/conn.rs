@@ -6,16 +6,24 @@
 //! the first byte, `header_read_ms` → 408), checks its framing with the same
 //! parser Pingora uses (malformed, smuggling-prone framing → 400), and only
 //! then hands it on. While a request body is due, a read that waits longer
-//! than `body_read_ms` ends the request (408 when nothing was answered yet);
-//! a write the client does not take for `send_ms` fails it. Between
-//! requests a connection may idle for `keepalive_idle_ms`, then it is closed
-//! quietly. Every failure is an I/O error for the layers above, so the
-//! request ends and its pool permit is dropped, whatever phase it was in.
+//! than `body_read_ms`, a body slower on average than `body_min_rate` once
+//! `body_grace_ms` passed, or one running past `body_total_ms` ends the
+//! request (408 when nothing was answered yet); a write the client does not
+//! take for `send_ms` fails it. Between requests a connection may idle for
+//! `keepalive_idle_ms`, then it is closed quietly. Every failure is an I/O
+//! error for the layers above, so the request ends and its pool permit is
+//! dropped, whatever phase it was in.
+//!
+//! One request at a time: the proxy gets a request's head and its declared
+//! body (a length counted down, a chunked body followed to its last chunk
+//! by [`Chunks`]), never more. Bytes that follow are the next request's,
+//! pipelined or sent early: they are kept, and checked as its head once
+//! this request is over, exactly as a first request is. Its buffer grows
+//! with what arrives, up to the head bound.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -25,20 +33,25 @@ use pingora::protocols::{Peek, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+use super::chunked::Chunks;
 use super::listener::{Listener, Reason};
 use super::EdgeSettings;
 use crate::respond::Rejection;
 
 /// How much of the request is still to come after its head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum Body {
     /// No body, or all of it was read.
     Done,
     /// `content-length` bytes still to read.
     Length(u64),
-    /// Chunked: done when the proxy says the last chunk was read.
-    Chunked,
+    /// Chunked: done at its last chunk and trailers.
+    Chunked(Chunks),
 }
+
+/// Bytes read into the head buffer at a time; a head's buffer starts at
+/// this and doubles as needed, up to the head bound.
+const CHUNK: usize = 4096;
 
 #[derive(Debug)]
 enum Phase {
@@ -101,13 +114,19 @@ pub struct Guarded {
     /// parsed only when an end may have arrived, not after every read (a
     /// head sent a byte at a time must not cost a parse per byte).
     scanned: usize,
-    /// A complete head and what followed it, handed on before new reads.
+    /// A complete head and the part of its body that came with it, handed
+    /// on before new reads.
     ready: Bytes,
     body: Body,
-    /// Set by the proxy when a chunked body's last chunk was read.
-    body_finished: AtomicBool,
+    /// When the proxy first asked for body bytes, and how many it got.
+    body_started: Option<Instant>,
+    body_bytes: u64,
+    /// When the body last made progress.
+    body_progress: Instant,
     /// Whether any byte of a response went out for this request.
     responded: bool,
+    /// The connection was upgraded (101): bytes pass as they come.
+    upgraded: bool,
     read_timer: Timer,
     write_timer: Timer,
 }
@@ -133,8 +152,11 @@ impl Guarded {
             scanned: 0,
             ready: Bytes::new(),
             body: Body::Done,
-            body_finished: AtomicBool::new(false),
+            body_started: None,
+            body_bytes: 0,
+            body_progress: Instant::now(),
             responded: false,
+            upgraded: false,
             read_timer: Timer::new(),
             write_timer: Timer::new(),
         };
@@ -152,31 +174,32 @@ impl Guarded {
     /// (the live policy's, which a reload may have changed).
     pub fn next_request(&mut self, settings: EdgeSettings) {
         self.settings = settings;
-        // Bytes not handed on yet are the next request's (pipelined): they
-        // are checked as its head, like bytes still to come.
-        if !self.ready.is_empty() {
-            let rest = std::mem::take(&mut self.ready);
-            self.head.extend_from_slice(&rest);
-        }
-        self.phase = Phase::Idle { fresh: false };
+        // Bytes kept back (in `head`) are the next request's: they are
+        // checked as its head, like bytes still to come. A body the proxy
+        // left unread, or framing that could not be followed, leaves no
+        // safe place to start the next request: the connection closes.
+        let unsafe_to_reuse = !self.ready.is_empty()
+            || self.body_due()
+            || matches!(&self.body, Body::Chunked(c) if c.broken());
+        self.phase = if unsafe_to_reuse {
+            Phase::Closed
+        } else {
+            Phase::Idle { fresh: false }
+        };
         self.body = Body::Done;
-        self.body_finished.store(false, Ordering::Relaxed);
+        self.body_started = None;
+        self.body_bytes = 0;
         self.responded = false;
         self.write_timer.disarm();
         self.read_timer
             .arm_at(Instant::now() + self.settings.keepalive_idle);
     }
 
-    /// The proxy read the last chunk of a chunked body.
-    pub fn body_finished(&self) {
-        self.body_finished.store(true, Ordering::Relaxed);
-    }
-
     fn body_due(&self) -> bool {
-        match self.body {
+        match &self.body {
             Body::Done => false,
             Body::Length(_) => true,
-            Body::Chunked => !self.body_finished.load(Ordering::Relaxed),
+            Body::Chunked(chunks) => !chunks.done(),
         }
     }
 
@@ -191,20 +214,19 @@ impl Guarded {
 
     /// Reads what the client sent into `head`.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        const CHUNK: usize = 4096;
         let mut chunk = [0u8; CHUNK];
         let mut buf = ReadBuf::new(&mut chunk);
         ready!(Pin::new(&mut self.inner).poll_read(cx, &mut buf))?;
         let needed = self.head.len() + buf.filled().len();
         if needed > self.head.capacity() {
-            // Small heads fit one chunk; a larger one grows once, to the
-            // bound, instead of doubling: every doubling would leave its
-            // predecessor behind in the allocator, per connection.
-            let target = if needed <= CHUNK {
-                CHUNK
-            } else {
-                needed.max(self.settings.max_header_bytes + CHUNK)
-            };
+            // Grown with what arrives: one chunk, then doubling, never past
+            // the head bound (and what overflows it is refused anyway), so
+            // a connection holding a few KiB of a head costs a few KiB.
+            let bound = self.settings.max_header_bytes + CHUNK;
+            let target = needed
+                .max(CHUNK)
+                .max(self.head.capacity() * 2)
+                .min(bound.max(needed));
             self.head.reserve(target - self.head.len());
         }
         self.head.extend_from_slice(buf.filled());
@@ -242,15 +264,7 @@ impl Guarded {
                 Phase::Head => match self.check_head_if_due() {
                     Some(Ok((body, n))) => {
                         self.read_timer.disarm();
-                        // What came after the head belongs to the body.
-                        let early = (self.head.len() - n) as u64;
-                        self.body = match body {
-                            Body::Length(len) if len <= early => Body::Done,
-                            Body::Length(len) => Body::Length(len - early),
-                            other => other,
-                        };
-                        self.phase = Phase::Request;
-                        self.ready = self.head.split().freeze();
+                        self.start_request(body, n);
                         return Poll::Ready(Ok(true));
                     }
                     Some(Err((reason, rejection))) => {
@@ -279,6 +293,35 @@ impl Guarded {
                 Phase::Request | Phase::Closed => return Poll::Ready(Ok(true)),
             }
         }
+    }
+
+    /// A complete head of `n` bytes with `body`: what followed it in
+    /// `head` is its body as far as the body goes, and the rest is kept
+    /// for the next request.
+    fn start_request(&mut self, body: Body, n: usize) {
+        let early = &self.head[n..];
+        let (body, taken) = match body {
+            Body::Length(len) => {
+                let taken = early.len().min(usize::try_from(len).unwrap_or(usize::MAX));
+                let left = len - taken as u64;
+                let body = if left == 0 {
+                    Body::Done
+                } else {
+                    Body::Length(left)
+                };
+                (body, taken)
+            }
+            Body::Chunked(mut chunks) => {
+                let taken = chunks.feed(early);
+                (Body::Chunked(chunks), taken)
+            }
+            Body::Done => (Body::Done, 0),
+        };
+        self.body = body;
+        let rest = self.head.split_off(n + taken);
+        self.ready = std::mem::replace(&mut self.head, rest).freeze();
+        self.phase = Phase::Request;
+        self.body_progress = Instant::now();
     }
 
     fn start_head(&mut self) {
@@ -319,7 +362,10 @@ impl Guarded {
                     .map(|f| match f {
                         super::Framing::None => (Body::Done, n),
                         super::Framing::Length(len) => (Body::Length(len), n),
-                        super::Framing::Chunked => (Body::Chunked, n),
+                        super::Framing::Chunked => (
+                            Body::Chunked(Chunks::new(self.settings.max_header_bytes)),
+                            n,
+                        ),
                     })
                     .map_err(|detail| (Reason::BadRequest, Rejection::BadRequest { detail })),
             ),
@@ -362,30 +408,63 @@ impl Guarded {
         Poll::Ready(Ok(()))
     }
 
-    /// A body read (or a read while the response is under way).
+    /// A body read: at most what is left of the body, under the body's
+    /// time bounds.
     fn poll_body(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let now = Instant::now();
+        let started = *self.body_started.get_or_insert(now);
         let before = buf.filled().len();
-        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+        let read = match self.body {
+            Body::Length(left) => {
+                // Never past the body: what follows is the next request's.
+                let room = buf
+                    .remaining()
+                    .min(usize::try_from(left).unwrap_or(usize::MAX));
+                let mut part = ReadBuf::new(buf.initialize_unfilled_to(room));
+                let read = Pin::new(&mut self.inner).poll_read(cx, &mut part);
+                let n = part.filled().len();
+                buf.advance(n);
+                read
+            }
+            _ => Pin::new(&mut self.inner).poll_read(cx, buf),
+        };
+        match read {
             Poll::Ready(Ok(())) => {
-                self.read_timer.disarm();
-                let n = (buf.filled().len() - before) as u64;
-                if let Body::Length(left) = self.body {
-                    self.body = match left.saturating_sub(n) {
-                        0 => Body::Done,
-                        left => Body::Length(left),
-                    };
+                let n = buf.filled().len() - before;
+                self.body_bytes += n as u64;
+                self.body_progress = now;
+                match &mut self.body {
+                    Body::Length(left) => {
+                        *left -= n as u64;
+                        if *left == 0 {
+                            self.body = Body::Done;
+                        }
+                    }
+                    Body::Chunked(chunks) => {
+                        let taken = chunks.feed(&buf.filled()[before..]);
+                        if taken < n {
+                            // The body ended inside this read: the rest is
+                            // the next request's.
+                            let rest = &buf.filled()[before + taken..];
+                            self.head.extend_from_slice(rest);
+                            buf.set_filled(before + taken);
+                        }
+                    }
+                    Body::Done => {}
+                }
+                if n > 0 || !self.body_due() {
+                    self.read_timer.disarm();
                 }
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            // Reads with no body due only watch for the client going away.
-            Poll::Pending if !self.body_due() => Poll::Pending,
             Poll::Pending => {
-                self.read_timer.arm(self.settings.body_read);
+                let (deadline, reason) = self.body_deadline(started);
+                self.read_timer.arm_at(deadline);
                 if !self.read_timer.expired(cx) {
                     return Poll::Pending;
                 }
-                self.listener.rejected(Reason::BodyTimeout);
+                self.listener.rejected(reason);
                 self.answer(Some(Rejection::RequestTimeout));
                 if let Phase::Answering(_) = self.phase {
                     ready!(self.poll_answer(cx))?;
@@ -394,6 +473,40 @@ impl Guarded {
                     io::ErrorKind::TimedOut,
                     "request body not received in time",
                 )))
+            }
+        }
+    }
+
+    /// When the body, started at `started`, fails its bounds if no more
+    /// of it comes, and which bound that is: the gap since it last made
+    /// progress (`body_read_ms`), its average rate once the grace passed,
+    /// or its total time.
+    fn body_deadline(&self, started: Instant) -> (Instant, Reason) {
+        let s = &self.settings;
+        let gap = self.body_progress + s.body_read;
+        // The bytes so far meet the rate until `bytes / rate` seconds in.
+        let earned = Duration::from_secs_f64(self.body_bytes as f64 / s.body_min_rate as f64);
+        let slow = started + s.body_total.min(s.body_grace.max(earned));
+        if gap <= slow {
+            (gap, Reason::BodyTimeout)
+        } else {
+            (slow, Reason::BodyTooSlow)
+        }
+    }
+
+    /// A read with no body due: bytes that come now are the next request's
+    /// (pipelined), kept for it and not handed on; the proxy only learns
+    /// of the client closing. When as much is kept as a head may hold,
+    /// reading stops until this request is over.
+    fn poll_keep(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if self.head.len() >= self.settings.max_header_bytes + CHUNK {
+                return Poll::Pending;
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) => return Poll::Ready(Ok(())),
+                Ok(_) => continue,
+                Err(e) => return Poll::Ready(Err(e)),
             }
         }
     }
@@ -440,7 +553,10 @@ impl AsyncRead for Guarded {
                 hand_on(&mut this.ready, buf);
                 Poll::Ready(Ok(()))
             }
-            _ => this.poll_body(cx, buf),
+            // A tunnel: its bytes are no requests.
+            _ if this.upgraded => Pin::new(&mut this.inner).poll_read(cx, buf),
+            _ if this.body_due() => this.poll_body(cx, buf),
+            _ => this.poll_keep(cx),
         }
     }
 }
@@ -459,6 +575,12 @@ impl AsyncWrite for Guarded {
             Poll::Ready(result) => {
                 this.write_timer.disarm();
                 if matches!(result, Ok(n) if n > 0) {
+                    if !this.responded && data.starts_with(b"HTTP/1.1 101") {
+                        // Switching protocols: what the client sent after
+                        // its request is the tunnel's.
+                        this.upgraded = true;
+                        this.ready = this.head.split().freeze();
+                    }
                     this.responded = true;
                 }
                 Poll::Ready(result)

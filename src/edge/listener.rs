@@ -20,6 +20,9 @@ pub enum Reason {
     IdleTimeout,
     /// A request body stalled longer than `body_read_ms`.
     BodyTimeout,
+    /// A request body slower than `body_min_rate` after `body_grace_ms`,
+    /// or longer than `body_total_ms` (HTTP/1.1 and HTTP/2 alike).
+    BodyTooSlow,
     /// The client left a response write pending longer than `send_ms`.
     SendTimeout,
     /// A request head larger than `max_header_bytes`.
@@ -29,11 +32,12 @@ pub enum Reason {
 }
 
 impl Reason {
-    const ALL: [Reason; 7] = [
+    const ALL: [Reason; 8] = [
         Reason::MaxConnections,
         Reason::HeaderTimeout,
         Reason::IdleTimeout,
         Reason::BodyTimeout,
+        Reason::BodyTooSlow,
         Reason::SendTimeout,
         Reason::HeaderTooLarge,
         Reason::BadRequest,
@@ -46,6 +50,7 @@ impl Reason {
             Reason::HeaderTimeout => "header_timeout",
             Reason::IdleTimeout => "idle_timeout",
             Reason::BodyTimeout => "body_timeout",
+            Reason::BodyTooSlow => "body_too_slow",
             Reason::SendTimeout => "send_timeout",
             Reason::HeaderTooLarge => "header_too_large",
             Reason::BadRequest => "bad_request",

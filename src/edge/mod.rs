@@ -9,7 +9,6 @@
 //! - [`target`] normalizes the request target once; routing and forwarding
 //!   both use the result.
 //! - [`headers`] keeps the headers the gateway owns out of client hands.
-//! - [`logs`] keeps client errors from flooding the log.
 //! - [`replay`] hands an HTTP/2 server a preface the edge already read.
 
 /// Implements, for a stream wrapper with an `inner: Stream` field, the
@@ -69,10 +68,10 @@ macro_rules! pass_through_to_inner {
 }
 
 pub mod app;
+pub mod chunked;
 pub mod conn;
 pub mod headers;
 pub mod listener;
-pub mod logs;
 pub mod replay;
 pub mod target;
 
@@ -100,6 +99,14 @@ pub struct EdgeSettings {
     pub body_read: Duration,
     /// Longest time a client may leave a response write pending.
     pub send: Duration,
+    /// Bodies up to this size are read whole before a pool permit.
+    pub buffer_body_bytes: u64,
+    /// Least average body rate, bytes a second, once `body_grace` passed.
+    pub body_min_rate: u64,
+    /// How long a body may run before its rate is held to `body_min_rate`.
+    pub body_grace: Duration,
+    /// Longest time a request body may take in all.
+    pub body_total: Duration,
     /// What `%2F` in a request path does.
     pub encoded_slash: EncodedSlash,
     /// HTTP/2: h2 by ALPN on TLS listeners, h2c with prior knowledge on
@@ -118,6 +125,10 @@ impl Default for EdgeSettings {
             keepalive_idle: Duration::from_secs(60),
             body_read: Duration::from_secs(30),
             send: Duration::from_secs(30),
+            buffer_body_bytes: 65_536,
+            body_min_rate: 1_024,
+            body_grace: Duration::from_secs(5),
+            body_total: Duration::from_secs(300),
             encoded_slash: EncodedSlash::Reject,
             http2: false,
         }

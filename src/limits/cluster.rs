@@ -156,7 +156,7 @@ impl LimitStore for ClusterStore {
         }
         for refund in join_all(refunds).await {
             if let Err(e) = refund {
-                tracing::warn!(error = %e, "giving back a cluster slot's charges failed; they stay charged until the keys refill");
+                tracing::warn!(target: crate::logs::STORE, error = %e, "giving back a cluster slot's charges failed; they stay charged until the keys refill");
             }
         }
 

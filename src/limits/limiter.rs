@@ -26,6 +26,7 @@ use super::{
     gate, undone, Charge, Gate, LimitStore, OnStoreError, Overload, Source, StoreError, Verdict,
 };
 use crate::clock::{Clock, MonotonicClock};
+use crate::logs::STORE as STORE_LOG;
 use crate::metrics::Metrics;
 
 /// The shared store with its guards: a bound on every call and a breaker.
@@ -311,7 +312,7 @@ impl<C: Clock> Limiter<C> {
             if failed.is_failure() {
                 self.metrics.store_error(failed.reason());
             }
-            tracing::warn!(error = %failed, "giving back units failed; they stay charged until the keys refill");
+            tracing::warn!(target: STORE_LOG, error = %failed, "giving back units failed; they stay charged until the keys refill");
         }
     }
 
@@ -441,7 +442,7 @@ impl<C: Clock> Limiter<C> {
             .store_circuit_open
             .set(i64::from(shared.breaker.is_open()));
         if let Err(e) = &result {
-            tracing::warn!(error = %e, "limit store call failed");
+            tracing::warn!(target: STORE_LOG, error = %e, "limit store call failed");
             self.metrics.store_error(e.reason());
         }
         result

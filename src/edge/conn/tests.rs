@@ -140,17 +140,143 @@ async fn a_body_that_stalls_gets_408_and_ends_the_request() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_chunked_body_is_due_until_the_proxy_says_it_ended() {
+async fn a_chunked_body_is_due_until_its_last_chunk() {
     let (mut guarded, mut client, _) = pair(4096);
+    let head = b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n";
+    client.write_all(head).await.unwrap();
+    client.write_all(b"3\r\nabc\r\n").await.unwrap();
+    let mut got = vec![0u8; 100];
+    let n = guarded.read(&mut got).await.unwrap();
+    assert_eq!(&got[..n], &[&head[..], b"3\r\nabc\r\n"].concat()[..]);
+    assert!(guarded.body_due());
     client
-        .write_all(b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n")
+        .write_all(b"0\r\n\r\nGET /next HTTP/1.1\r\n\r\n")
         .await
         .unwrap();
-    let mut got = vec![0u8; 100];
-    assert!(guarded.read(&mut got).await.unwrap() > 0);
-    assert!(guarded.body_due());
-    guarded.body_finished();
+    let n = guarded.read(&mut got).await.unwrap();
+    assert_eq!(&got[..n], b"0\r\n\r\n", "the body, not the next request");
     assert!(!guarded.body_due());
+    guarded.next_request(settings());
+    let n = guarded.read(&mut got).await.unwrap();
+    assert_eq!(&got[..n], b"GET /next HTTP/1.1\r\n\r\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn pipelined_requests_are_handed_on_one_at_a_time() {
+    let (mut guarded, mut client, _) = pair(4096);
+    client
+        .write_all(b"GET /a HTTP/1.1\r\n\r\nPOST /b HTTP/1.1\r\ncontent-length: 2\r\n\r\nhiGET /c HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = vec![0u8; 256];
+    let n = guarded.read(&mut got).await.unwrap();
+    assert_eq!(&got[..n], b"GET /a HTTP/1.1\r\n\r\n");
+    // While the first is answered, reads hand on nothing of the next.
+    let idle = tokio::time::timeout(Duration::from_secs(60), guarded.read(&mut got)).await;
+    assert!(idle.is_err(), "the next request is kept, not handed on");
+    guarded.next_request(settings());
+    let n = guarded.read(&mut got).await.unwrap();
+    assert_eq!(
+        &got[..n],
+        b"POST /b HTTP/1.1\r\ncontent-length: 2\r\n\r\nhi"
+    );
+    guarded.next_request(settings());
+    let n = guarded.read(&mut got).await.unwrap();
+    assert_eq!(&got[..n], b"GET /c HTTP/1.1\r\n\r\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_sent_late_with_the_next_request_is_split_between_them() {
+    let (mut guarded, mut client, _) = pair(4096);
+    client
+        .write_all(b"POST /a HTTP/1.1\r\ncontent-length: 5\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = vec![0u8; 256];
+    assert!(guarded.read(&mut got).await.unwrap() > 0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    client
+        .write_all(b"helloGET /b HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let n = guarded.read(&mut got).await.unwrap();
+    assert_eq!(&got[..n], b"hello");
+    assert!(!guarded.body_due());
+    guarded.next_request(settings());
+    let n = guarded.read(&mut got).await.unwrap();
+    assert_eq!(&got[..n], b"GET /b HTTP/1.1\r\n\r\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trickled_body_ends_once_its_rate_falls_behind_after_the_grace() {
+    let (mut guarded, mut client, listener) = pair(4096);
+    client
+        .write_all(b"POST /x HTTP/1.1\r\ncontent-length: 100000\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = vec![0u8; 256];
+    assert!(guarded.read(&mut got).await.unwrap() > 0);
+    // One byte a second: within body_read_ms (3 s) every time, far below
+    // 1024 bytes a second.
+    let started = Instant::now();
+    let trickle = tokio::spawn(async move {
+        loop {
+            if client.write_all(b"x").await.is_err() {
+                return client;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let err = loop {
+        match guarded.read(&mut got).await {
+            Ok(n) => assert!(n > 0, "eof before the rate failed"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(started.elapsed(), settings().body_grace);
+    assert_eq!(listener.rejections(Reason::BodyTooSlow), 1);
+    assert_eq!(listener.rejections(Reason::BodyTimeout), 0);
+    drop(guarded);
+    let mut client = trickle.await.unwrap();
+    assert!(answer(&mut client).await.starts_with("HTTP/1.1 408 "));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_fast_enough_still_ends_at_its_total_deadline() {
+    let (mut guarded, mut client, listener) = pair(1 << 20);
+    let settings = EdgeSettings {
+        body_min_rate: 1,
+        body_total: Duration::from_secs(10),
+        ..settings()
+    };
+    guarded.settings = settings;
+    client
+        .write_all(b"POST /x HTTP/1.1\r\ncontent-length: 1000000\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = vec![0u8; 4096];
+    assert!(guarded.read(&mut got).await.unwrap() > 0);
+    let started = Instant::now();
+    let trickle = tokio::spawn(async move {
+        loop {
+            if client.write_all(&[b'x'; 100]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let err = loop {
+        match guarded.read(&mut got).await {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(started.elapsed(), Duration::from_secs(10));
+    assert_eq!(listener.rejections(Reason::BodyTooSlow), 1);
+    drop(guarded);
+    trickle.await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
