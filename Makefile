@@ -68,6 +68,7 @@ test: deps
 bench: bench-deps
 	$(CARGO) build --release --bin tollgate --example plain_proxy
 	python3 bench/tls.py
+	python3 bench/flood.py
 	python3 bench/run.py $(BENCH_ARGS)
 
 # Formatting, then clippy on every target: the benches and the example are

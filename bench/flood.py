@@ -15,7 +15,11 @@ once during the flood. It prints, per phase:
   decisions, the decisions shed as overload, the store errors;
 - the gateway's CPU seconds per request served (utime+stime from /proc).
 
-    python3 bench/flood.py [--seconds 8]
+    python3 bench/flood.py [--seconds 8] [--rounds 2] [--compare OTHER_BINARY]
+
+With `--compare`, another build runs in the same rounds, interleaved (A B
+A B), to hold a change against what came before. The table also goes to
+`bench/flood.md`, which RESULTS.md includes.
 
 Needs `cargo build --release --bin tollgate`, `redis-server` and `h2load`
 (`make bench-deps`). Check the load average is near zero first.
@@ -108,12 +112,11 @@ def phase(port, admin, pid, seconds, flood):
     }
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=int, default=8)
-    args = ap.parse_args()
+def run_binary(binary, seconds):
+    """The three phases against one gateway of `binary`; table rows."""
     port, admin, redis_port = run.free_port(), run.free_port(), run.free_port()
     digest = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
                                   "--save", "", "--appendonly", "no", "--dir", tmp],
@@ -124,28 +127,53 @@ def main():
             policy = Path(tmp) / "policy.yaml"
             policy.write_text(POLICY.format(port=port, admin=admin, redis=redis_port,
                                             flooder=digest(FLOODER), quiet=digest(QUIET)))
-            gw = subprocess.Popen([BINARY, "run", "--config", policy],
+            gw = subprocess.Popen([binary, "run", "--config", policy],
                                   env={**os.environ, "TOLLGATE_KEY_SECRET": "flood-secret", "RUST_LOG": "error"},
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             run.wait_port(port)
-            print(f"load average before: {os.getloadavg()[0]:.2f}; {args.seconds} s per phase\n")
-            print("| phase | quiet tenant 2xx/s | quiet 5xx | quiet share / stream share "
-                  "| gateway answers/s | gateway CPU µs/answer | flood /small 2xx, 4xx, 5xx "
-                  "| fail_open | shed | store errors |")
-            print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+            run.wait_port(admin)
             for name, flood in [("alone", False), ("flood", True), ("alone again", False)]:
-                r = phase(port, admin, gw.pid, args.seconds, flood)
+                r = phase(port, admin, gw.pid, seconds, flood)
                 small = r["small"]
                 small = f'{small["2xx"]}, {small["4xx"]}, {small["5xx"]}' if small else "-"
-                print(f'| {name} | {r["quiet_rps"]:.0f} | {r["quiet"]["5xx"]} | {r["share"]:.2f} '
-                      f'| {r["gateway_rps"]:.0f} | {r["cpu_us"]:.1f} | {small} '
-                      f'| {r["fail_open"]:.0f} | {r["shed"]:.0f} | {r["store_errors"]:.0f} |')
+                rows.append(f'| {name} | {r["quiet_rps"]:.0f} | {r["quiet"]["5xx"]} | {r["share"]:.2f} '
+                            f'| {r["gateway_rps"]:.0f} | {r["cpu_us"]:.1f} | {small} '
+                            f'| {r["fail_open"]:.0f} | {r["shed"]:.0f} | {r["store_errors"]:.0f} |')
         finally:
             if gw:
                 gw.terminate()
                 gw.wait()
             redis.kill()
             redis.wait()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--binary", default=str(BINARY), help="the tollgate to run (default: the release build)")
+    ap.add_argument("--compare", help="another tollgate build, run in the same rounds")
+    args = ap.parse_args()
+    binaries = [("this build", args.binary)] + ([("compared build", args.compare)] if args.compare else [])
+    command = "python3 bench/flood.py " + " ".join(sys.argv[1:])
+    lines = ["## Under a flood", "",
+             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `{command}`, "
+             f"load average before {os.getloadavg()[0]:.2f}; {args.seconds} s per phase. "
+             "The flood: one tenant, `h2load` with 40 connections × 20 streams on `/big` and 20 × 10 on "
+             "`/small` (capacity 10, refill 0.01/s, `on_store_error: open`); the quiet tenant: 4 connections "
+             "× 1 stream on `/big`. Gateway: two threads, h2c, Redis store, `timeout_ms` 20.", "",
+             "| build | round | phase | quiet tenant 2xx/s | quiet 5xx | quiet share / stream share "
+             "| gateway answers/s | gateway CPU µs/answer | flood /small 2xx, 4xx, 5xx "
+             "| fail_open | shed | store errors |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for round_ in range(1, args.rounds + 1):
+        for label, binary in binaries:
+            for row in run_binary(binary, args.seconds):
+                lines.append(f"| {label} | {round_} {row}")
+                print(lines[-1], flush=True)
+    (Path(__file__).parent / "flood.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

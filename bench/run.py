@@ -533,7 +533,7 @@ def write_results(args, info, contenders, results, redis_work, accuracy, memory,
         lines += ["", "## Micro-benchmarks (criterion, median)", "", "| function | time |", "|---|---:|"]
         for name, ns in micro:
             lines.append(f"| {name} | {ns:.0f} ns |")
-    for extra in ["tls.md", "script_time.md", "connections.md", "simulate.md", "NOTES.md"]:
+    for extra in ["tls.md", "flood.md", "script_time.md", "connections.md", "simulate.md", "NOTES.md"]:
         if (BENCH / extra).exists():
             lines += ["", (BENCH / extra).read_text().rstrip()]
     (BENCH / "RESULTS.md").write_text("\n".join(lines) + "\n")

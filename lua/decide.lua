@@ -460,7 +460,8 @@ local function decide(call_keys, args)
     local t = call('TIME')
     now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
   end
-  raw = call('MGET', unpack(keys))
+  -- A call for no requests (a connection warming up) reads nothing.
+  raw = #keys > 0 and call('MGET', unpack(keys)) or {}
   local reply = {}
   local requests, pos = args[3], 1
   -- Per limit of the current request, flat: state, a, b, cost, group, ok,

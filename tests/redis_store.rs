@@ -325,7 +325,11 @@ fn decisions_run_as_a_function_where_the_server_has_functions() {
     for _ in 0..3 {
         assert!(rt.block_on(s.decide(&refs(&c), Gate::Open)).unwrap()[0].allowed);
     }
-    assert_eq!(calls(&server, "fcall"), 4, "one miss, then loaded");
+    // The three decisions and the store's warm-up call, each by FCALL;
+    // the warm-up and the first decision may both find the library
+    // missing (they race), load it and call again.
+    let fcalls = calls(&server, "fcall");
+    assert!((4..=6).contains(&fcalls), "{fcalls} FCALLs");
     assert_eq!(calls(&server, "evalsha"), 0);
     let libraries: Vec<redis::Value> = server.cmd(&["FUNCTION", "LIST"]).unwrap();
     assert_eq!(libraries.len(), 1);

@@ -110,6 +110,12 @@ pub trait Link: Send + Sync + 'static {
     /// Whether the store answers at all.
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// Makes the link ready for its first call (connected, scripts
+    /// loaded), so that the first decisions do not pay for it.
+    async fn warm(&self) -> Result<(), StoreError> {
+        self.ping().await
+    }
+
     /// A call got no reply in time: the link may want a new connection.
     fn forget(&self) {}
 }
@@ -165,14 +171,14 @@ pub struct Batches<L: Link> {
 
 impl<L: Link> Batches<L> {
     /// Queues for calls on `link`, driven on a thread of their own. The
-    /// link connects at once, in the background, so that the first
-    /// decisions do not wait for a connection to be made.
+    /// link warms up at once, in the background (connects, loads its
+    /// script), so that the first decisions do not wait for that.
     pub fn new(link: L, bounds: Bounds) -> Result<Self, StoreError> {
         let (runtime, thread) = StoreThread::start()?;
         let batches = Self::with(runtime, Some(thread), link, bounds);
         let core = batches.core.clone();
         batches.runtime.spawn(async move {
-            let result = core.link.ping().await;
+            let result = core.link.warm().await;
             core.noted(&result);
         });
         Ok(batches)

@@ -320,6 +320,12 @@ impl Link for Connection {
     fn forget(&self) {
         self.drop_primary();
     }
+
+    /// A call that decides nothing: it connects, and loads the function
+    /// library where the server has functions.
+    async fn warm(&self) -> Result<(), StoreError> {
+        self.eval(std::iter::empty()).await.map(drop)
+    }
 }
 
 impl Connection {
