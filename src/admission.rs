@@ -311,7 +311,7 @@ pub async fn admit(
 
 /// The request's `content-length`, when it has one (the edge already
 /// refused malformed or conflicting ones).
-fn declared_length(req: &RequestHeader) -> Option<u64> {
+pub fn declared_length(req: &RequestHeader) -> Option<u64> {
     req.headers
         .get(http::header::CONTENT_LENGTH)?
         .to_str()

@@ -295,6 +295,7 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
         None => None,
     };
     let services = Arc::new(Services {
+        body_budget: tollgate::edge::body::BodyBudget::new(),
         client_log,
         access_log,
         certificate: certificate.clone(),

@@ -23,6 +23,7 @@ use crate::client_ip;
 use crate::config::schema::UpstreamProtocol;
 use crate::config::HostHeader;
 use crate::drain::{Drain, InFlight};
+use crate::edge::body::{self, BodyReservation};
 use crate::edge::headers::{self, Forwarding};
 use crate::metrics::Outcome;
 use crate::pools::{PoolPermit, PoolRefusal};
@@ -60,6 +61,8 @@ pub struct RequestCtx {
     /// Forwarding attempts after the first (connect failures, failed
     /// reused connections).
     retries: u32,
+    /// The share of `buffered_bytes_total` a body read whole holds.
+    body_buffer: Option<BodyReservation>,
 }
 
 /// The gateway: the live policy, swapped atomically on reload.
@@ -80,32 +83,96 @@ impl Gateway {
         }
     }
 
-    /// Everything before forwarding: the request path, then pool admission.
+    /// Everything before forwarding: the request path, a small body read
+    /// whole, then pool admission. `Err` when the client failed (went away,
+    /// or sent its body too slowly: the edge answered it), `Ok(Err(_))` for
+    /// a rejection to answer.
     async fn prepare(
         &self,
         rt: &Runtime,
-        peer: IpAddr,
-        req: &RequestHeader,
+        session: &mut Session,
         ctx: &mut RequestCtx,
-    ) -> Result<Admitted, Rejection> {
-        let admitted = admission::admit(rt, peer, req, &mut ctx.facts).await?;
+    ) -> Result<Result<Admitted, Rejection>> {
+        let peer = peer_ip(session.client_addr());
+        let admitted = match admission::admit(rt, peer, session.req_header(), &mut ctx.facts).await
+        {
+            Ok(admitted) => admitted,
+            Err(rejection) => return Ok(Err(rejection)),
+        };
         if ctx.facts.delay_ms > 0 {
             // Charged for this instant by the decision itself; no permit
             // is held while waiting for it.
             tokio::time::sleep(std::time::Duration::from_millis(ctx.facts.delay_ms)).await;
         }
         if let Admitted::Forward(pool_id) = admitted {
+            if let Some(rejection) = read_small_body(rt, session, ctx).await? {
+                return Ok(Err(rejection));
+            }
+            if !session.is_body_empty() {
+                // A body still to stream: its bounds run from here.
+                body::started();
+            }
             let pool = &rt.pools[pool_id];
             let refusal = |r| match r {
                 PoolRefusal::Saturated => Rejection::Overloaded { retry_after: 1 },
                 PoolRefusal::NoHealthyServer => Rejection::NoHealthyUpstream { retry_after: 1 },
             };
-            ctx.permit = Some(pool.admit(ctx.facts.priority).await.map_err(refusal)?);
-            let server = pool.pick().map_err(refusal)?;
-            ctx.server = Some((pool_id, server));
+            match pool.admit(ctx.facts.priority).await {
+                Ok(permit) => ctx.permit = Some(permit),
+                Err(r) => return Ok(Err(refusal(r))),
+            }
+            match pool.pick() {
+                Ok(server) => ctx.server = Some((pool_id, server)),
+                Err(r) => return Ok(Err(refusal(r))),
+            }
         }
-        Ok(admitted)
+        Ok(Ok(admitted))
     }
+}
+
+/// Reads a body of at most `server.limits.buffer_body_bytes` whole, before
+/// the request takes a pool permit, so that no client holds a permit by
+/// sending its body slowly; the proxy then sends it on from Pingora's
+/// retry buffer. Only once authenticated and admitted by the limits (an
+/// unknown caller never makes the gateway buffer), and within
+/// `buffered_bytes_total` over the process (beyond: 503 `overloaded`).
+/// `Expect: 100-continue` is answered here, and not passed on.
+async fn read_small_body(
+    rt: &Runtime,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> Result<Option<Rejection>> {
+    let server = &rt.policy.server;
+    let Some(len) = admission::declared_length(session.req_header()) else {
+        return Ok(None);
+    };
+    if len == 0 || len > server.edge.buffer_body_bytes || session.is_body_done() {
+        return Ok(None);
+    }
+    let budget = &rt.services.body_budget;
+    let Some(reservation) = budget.reserve(len, server.buffered_bytes_total) else {
+        rt.all_metrics().overload_shed("body_buffer");
+        return Ok(Some(Rejection::Overloaded { retry_after: 1 }));
+    };
+    let expects = session
+        .req_header()
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects {
+        session.write_continue_response().await?;
+        session
+            .req_header_mut()
+            .remove_header(&http::header::EXPECT);
+    }
+    session.enable_retry_buffering();
+    body::started();
+    while let Some(chunk) = session.read_request_body().await? {
+        body::read(chunk.len(), false);
+    }
+    body::read(0, true);
+    ctx.body_buffer = Some(reservation);
+    Ok(None)
 }
 
 /// For a route whose cost the response reports: reads it from `headers`
@@ -191,8 +258,7 @@ impl ProxyHttp for Gateway {
             // client that stops reading its response still loses it.
             session.set_write_timeout(Some(rt.policy.server.edge.send));
         }
-        let peer = peer_ip(session.client_addr());
-        let prepared = self.prepare(&rt, peer, session.req_header(), ctx).await;
+        let prepared = self.prepare(&rt, session, ctx).await?;
         ctx.outcome = Some(match &prepared {
             Ok(_) => Outcome::Allowed,
             Err(rejection) => rejection.outcome(),
@@ -352,14 +418,16 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         body: &mut Option<Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         // An upgraded connection's bytes pass here too; they are no body.
         if session.was_upgraded() {
             return Ok(());
         }
-        ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
+        let len = body.as_ref().map_or(0, |b| b.len());
+        body::read(len, end_of_stream);
+        ctx.body_bytes += len as u64;
         if ctx.body_bytes > ctx.facts.max_body_bytes {
             ctx.outcome = Some(Outcome::BadRequest);
             return Error::e_explain(ErrorType::HTTPStatus(413), "request body too large");

@@ -17,6 +17,8 @@ use crate::top::{Redactor, Top};
 
 /// The process-long parts, shared by every policy that goes live.
 pub struct Services {
+    /// Bytes of request bodies read whole, over the process.
+    pub body_budget: Arc<crate::edge::body::BodyBudget>,
     /// The limiter of client-caused log lines; a reload sets its rate.
     pub client_log: Arc<crate::logs::ClientLog>,
     /// The access log, when `server.access_log` is set (at start).

@@ -38,6 +38,7 @@ fn runtime() -> Runtime {
     let policy = crate::config::load(&file).unwrap();
     let metrics = Arc::new(Metrics::new());
     let services = Arc::new(Services {
+        body_budget: crate::edge::body::BodyBudget::new(),
         client_log: crate::logs::ClientLog::new(1),
         access_log: None,
         certificate: None,

@@ -13,9 +13,10 @@
 //! every limit, key check, pool permit and header rule applies per stream;
 //! the connection still counts against `max_connections`, its header list
 //! is bounded by `max_header_bytes`, and it closes after
-//! `keepalive_idle_ms` without streams. Its client preface must come within
-//! `header_read_ms` (read here, and replayed to the HTTP/2 server, whose
-//! handshake has no deadline of its own).
+//! `keepalive_idle_ms` without streams; each stream's body is held to the
+//! body bounds by a watch of its own ([`super::body`]). Its client preface
+//! must come within `header_read_ms` (read here, and replayed to the
+//! HTTP/2 server, whose handshake has no deadline of its own).
 //!
 //! On TLS listeners the handshake happens here too, after the connection
 //! took its slot: a client that opens connections and never finishes a
@@ -33,6 +34,7 @@ use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncReadExt;
 
+use super::body::Watched;
 use super::conn::Guarded;
 use super::listener::{Listener, Reason};
 use super::replay::Replayed;
@@ -45,6 +47,8 @@ pub type Settings = Arc<dyn Fn() -> EdgeSettings + Send + Sync>;
 /// One listener's application around the shared HTTP proxy `A`.
 pub struct Edge<A> {
     proxy: Arc<A>,
+    /// The proxy for HTTP/2 connections: each stream's body watched.
+    watched: Arc<Watched<A>>,
     settings: Settings,
     listener: Arc<Listener>,
     /// Whether HTTP/2 is served: fixed at start, like the listeners' ALPN
@@ -59,8 +63,14 @@ impl<A> Edge<A> {
     /// accounted in `listener`; HTTP/2 as the start-up policy says.
     pub fn new(proxy: Arc<A>, settings: Settings, listener: Arc<Listener>) -> Self {
         let http2 = settings().http2;
+        let watched = Arc::new(Watched::new(
+            proxy.clone(),
+            settings.clone(),
+            listener.clone(),
+        ));
         Self {
             proxy,
+            watched,
             settings,
             listener,
             http2,
@@ -100,8 +110,9 @@ where
             if stream.get_ssl_digest().is_some() {
                 stream = self.preface(stream, &settings).await?;
             }
-            // Pingora's HTTP/2 server, each stream a request of the proxy.
-            return ServerApp::process_new(&self.proxy, stream, shutdown).await;
+            // Pingora's HTTP/2 server, each stream a request of the proxy,
+            // its body watched.
+            return ServerApp::process_new(&self.watched, stream, shutdown).await;
         }
         let mut stream = Box::new(Guarded::new(stream, settings, self.listener.clone()));
         let mut persistent = None;

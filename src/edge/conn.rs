@@ -459,7 +459,12 @@ impl Guarded {
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
-                let (deadline, reason) = self.body_deadline(started);
+                let (deadline, reason) = super::body::deadline(
+                    &self.settings,
+                    started,
+                    self.body_progress,
+                    self.body_bytes,
+                );
                 self.read_timer.arm_at(deadline);
                 if !self.read_timer.expired(cx) {
                     return Poll::Pending;
@@ -474,23 +479,6 @@ impl Guarded {
                     "request body not received in time",
                 )))
             }
-        }
-    }
-
-    /// When the body, started at `started`, fails its bounds if no more
-    /// of it comes, and which bound that is: the gap since it last made
-    /// progress (`body_read_ms`), its average rate once the grace passed,
-    /// or its total time.
-    fn body_deadline(&self, started: Instant) -> (Instant, Reason) {
-        let s = &self.settings;
-        let gap = self.body_progress + s.body_read;
-        // The bytes so far meet the rate until `bytes / rate` seconds in.
-        let earned = Duration::from_secs_f64(self.body_bytes as f64 / s.body_min_rate as f64);
-        let slow = started + s.body_total.min(s.body_grace.max(earned));
-        if gap <= slow {
-            (gap, Reason::BodyTimeout)
-        } else {
-            (slow, Reason::BodyTooSlow)
         }
     }
 

@@ -5,7 +5,10 @@
 //!   and runs Pingora's HTTP/1.1 sessions over a [`conn::Guarded`] stream.
 //! - [`conn`] enforces the size and time bounds of a connection at the
 //!   transport and checks each request head's framing before Pingora
-//!   parses it.
+//!   parses it, handing it one request at a time ([`chunked`] finds where
+//!   a chunked body ends).
+//! - [`body`] holds bodies to their time bounds (HTTP/2 streams too) and
+//!   bounds the memory of bodies read whole.
 //! - [`target`] normalizes the request target once; routing and forwarding
 //!   both use the result.
 //! - [`headers`] keeps the headers the gateway owns out of client hands.
@@ -68,6 +71,7 @@ macro_rules! pass_through_to_inner {
 }
 
 pub mod app;
+pub mod body;
 pub mod chunked;
 pub mod conn;
 pub mod headers;
