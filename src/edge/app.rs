@@ -102,13 +102,16 @@ where
     ) -> Option<Stream> {
         let settings = self.settings();
         let _slot = self.listener.admit(settings.max_connections)?;
+        // The handshake, the HTTP/2 detection and the preface are boxed:
+        // their state would otherwise be part of every connection's, kept
+        // for as long as it is open.
         let mut stream = match &self.tls {
-            Some(acceptor) => self.handshake(acceptor, stream, &settings).await?,
+            Some(acceptor) => Box::pin(self.handshake(acceptor, stream, &settings)).await?,
             None => stream,
         };
-        if self.http2 && self.speaks_h2(&mut stream, &settings).await? {
+        if self.http2 && Box::pin(self.speaks_h2(&mut stream, &settings)).await? {
             if stream.get_ssl_digest().is_some() {
-                stream = self.preface(stream, &settings).await?;
+                stream = Box::pin(self.preface(stream, &settings)).await?;
             }
             // Pingora's HTTP/2 server, each stream a request of the proxy,
             // its body watched.
@@ -117,6 +120,10 @@ where
         let mut stream = Box::new(Guarded::new(stream, settings, self.listener.clone()));
         let mut persistent = None;
         loop {
+            // An idle or half-sent connection holds no session of the proxy.
+            if !stream.wait_head().await {
+                return None;
+            }
             let mut session = ServerSession::new_http1(stream);
             match persistent.take() {
                 Some(settings) => {

@@ -195,6 +195,16 @@ impl Guarded {
             .arm_at(Instant::now() + self.settings.keepalive_idle);
     }
 
+    /// Waits until a complete, well-framed request head has arrived:
+    /// `true`, or `false` when the connection ended first (the client
+    /// left, a bound refused it and was answered, or it idled out). Until
+    /// then the connection costs only this guard: the proxy's session, and
+    /// the request's task state, are made once there is a request.
+    pub async fn wait_head(&mut self) -> bool {
+        let head = std::future::poll_fn(|cx| self.poll_head(cx)).await;
+        matches!(head, Ok(true)) && matches!(self.phase, Phase::Request)
+    }
+
     fn body_due(&self) -> bool {
         match &self.body {
             Body::Done => false,
