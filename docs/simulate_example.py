@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The example report of the README's "Rolling out a policy".
+"""The example report of "Rolling out a policy" (docs/src/rolling-out.md).
 
 Writes two hours of an access log for three tenants (globex bursts from
 00:45 to 00:50), a live policy and a stricter candidate, runs

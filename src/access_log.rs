@@ -83,6 +83,8 @@ pub struct AccessLog {
     tx: SyncSender<Vec<u8>>,
     /// Lines handed to the writer and not yet written out and flushed.
     pending: Arc<AtomicU64>,
+    /// Signalled by the writer whenever `pending` falls to zero.
+    drained: Arc<tokio::sync::Notify>,
     reopen: Arc<AtomicBool>,
     /// Keep one request in this many (1 = all), by a per-process counter.
     every: u64,
@@ -101,6 +103,8 @@ impl AccessLog {
         let flag = reopen.clone();
         let pending = Arc::new(AtomicU64::new(0));
         let written = pending.clone();
+        let drained = Arc::new(tokio::sync::Notify::new());
+        let signal = drained.clone();
         std::thread::Builder::new()
             .name("access-log".into())
             .spawn(move || loop {
@@ -117,7 +121,9 @@ impl AccessLog {
                             lines += 1;
                         }
                         out.flush();
-                        written.fetch_sub(lines, Ordering::AcqRel);
+                        if written.fetch_sub(lines, Ordering::AcqRel) == lines {
+                            signal.notify_waiters();
+                        }
                     }
                     Err(RecvTimeoutError::Timeout) => {
                         if flag.swap(false, Ordering::AcqRel) {
@@ -133,6 +139,7 @@ impl AccessLog {
         Ok(Self {
             tx,
             pending,
+            drained,
             reopen,
             every: settings.every.max(1),
             seen: AtomicU64::new(0),
@@ -166,11 +173,19 @@ impl AccessLog {
 
     /// Waits, at most `limit`, until every line handed over is written and
     /// flushed (before the process exits).
-    pub fn flush(&self, limit: Duration) {
-        let deadline = std::time::Instant::now() + limit;
-        while self.pending.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+    pub async fn flush(&self, limit: Duration) {
+        let all_out = async {
+            loop {
+                let drained = self.drained.notified();
+                tokio::pin!(drained);
+                drained.as_mut().enable();
+                if self.pending.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                drained.await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, all_out).await;
     }
 
     /// Reopens the file before the next line (after a rotation).
@@ -248,7 +263,7 @@ mod tests {
         };
         let log = AccessLog::open(&settings, metrics.access_log_dropped.clone()).unwrap();
         let line = Line {
-            time: timestamp(SystemTime::now()),
+            time: timestamp(crate::clock::wall()),
             policy_version: "v1",
             method: "GET",
             host: Some("api.test"),
@@ -268,8 +283,8 @@ mod tests {
         };
         log.log(&line);
         let written = || std::fs::read_to_string(&path).unwrap_or_default();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while written().is_empty() && std::time::Instant::now() < deadline {
+        let deadline = crate::clock::instant() + Duration::from_secs(5);
+        while written().is_empty() && crate::clock::instant() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
         let parsed: serde_json::Value = serde_json::from_str(written().trim()).unwrap();
@@ -291,6 +306,7 @@ mod tests {
         let log = AccessLog {
             tx,
             pending: Arc::default(),
+            drained: Arc::default(),
             reopen: Arc::default(),
             every: 1,
             seen: AtomicU64::new(0),
@@ -328,6 +344,7 @@ mod tests {
         let log = AccessLog {
             tx,
             pending: Arc::default(),
+            drained: Arc::default(),
             reopen: Arc::default(),
             every: 4,
             seen: AtomicU64::new(0),

@@ -211,10 +211,8 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
     if verdict.source != Source::Store {
         return text(503, "the limit store is unavailable\n".into());
     }
-    let now = std::time::SystemTime::now();
-    let now_ms = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    // The period is the store's: the time the counter was read at.
+    let now_ms = verdict.at;
     let (start, end) = quota.period.bounds(now_ms);
     let at = |ms: u64| {
         let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);

@@ -23,6 +23,8 @@ use tokio::sync::watch;
 pub struct Drain {
     in_flight: AtomicUsize,
     draining: AtomicBool,
+    /// Signalled whenever the last request in flight finishes.
+    idle: tokio::sync::Notify,
 }
 
 impl Drain {
@@ -54,7 +56,24 @@ pub struct InFlight(Arc<Drain>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Drain {
+    /// Resolves once no request is in flight.
+    async fn idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.in_flight() == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 }
 
@@ -96,9 +115,7 @@ impl BackgroundService for Drainer {
             in_flight = self.drain.in_flight(),
             "draining: no new connections, exiting once requests in flight finish"
         );
-        while self.drain.in_flight() > 0 && started.elapsed() < self.grace {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let _ = tokio::time::timeout(self.grace, self.drain.idle()).await;
         tracing::info!(
             left = self.drain.in_flight(),
             waited_ms = started.elapsed().as_millis() as u64,

@@ -25,6 +25,8 @@ use prometheus::IntCounterVec;
 use tracing::Metadata;
 use tracing_log::NormalizeEvent;
 
+use crate::clock;
+
 /// The target of per-call store warnings.
 pub const STORE: &str = "tollgate::store";
 /// The target of lines about single requests.
@@ -90,7 +92,7 @@ impl ClientLog {
     /// A limiter letting `per_s` lines of each kind through a second.
     pub fn new(per_s: u32) -> Arc<Self> {
         Arc::new(Self {
-            start: Instant::now(),
+            start: clock::instant(),
             per_s: AtomicU32::new(per_s),
             budgets: Default::default(),
             counter: OnceLock::new(),
@@ -184,7 +186,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ClientLogFilter {
         let normalized = event.normalized_metadata();
         let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
         match Kind::of(meta) {
-            Some(kind) => self.0.admit(kind, Instant::now()),
+            Some(kind) => self.0.admit(kind, clock::instant()),
             None => true,
         }
     }

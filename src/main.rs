@@ -421,7 +421,7 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
             Box::pin(async move {
                 services.limiter.return_leases().await;
                 if let Some(log) = &services.access_log {
-                    log.flush(std::time::Duration::from_secs(1));
+                    log.flush(std::time::Duration::from_secs(1)).await;
                 }
             })
         }),

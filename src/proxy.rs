@@ -7,7 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -576,7 +576,7 @@ fn access(
         .client_ip
         .map(|ip| client_ip::key_network(ip, rt.policy.client_ip.ipv6_prefix).to_string());
     log.log(&Line {
-        time: access_log::timestamp(std::time::SystemTime::now()),
+        time: access_log::timestamp(crate::clock::wall()),
         policy_version: &rt.policy.policy_version,
         method: req.method.as_str(),
         host: host.as_deref(),

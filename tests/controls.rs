@@ -128,7 +128,7 @@ fn assert_quota(gw: &Gateway) {
     let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=31 * 86_400).contains(&retry), "{retry}");
 
-    let now_ms = std::time::SystemTime::now()
+    let now_ms = tollgate::clock::wall()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
@@ -218,35 +218,24 @@ routes:
 }
 
 /// Requests at three times the rate: none is lost within the delay bound,
-/// and they come out at the rate, the k-th no sooner than k tenths of a
-/// second after the first was sent. Then a burst beyond the bound: what the
-/// schedule cannot fit within a second is refused at once.
+/// and the gateway holds them (decided `delayed`) instead of refusing them.
+/// Then a burst beyond the bound: what the schedule cannot fit within a
+/// second is refused at once. (When each delayed request goes out is the
+/// decision's arithmetic, tested in the algorithm's and the limiter's unit
+/// tests on a clock moved by hand; here only outcomes are asserted.)
 fn assert_smoothed(gw: &Gateway) {
     let addr = gw.addr;
-    let start = std::time::Instant::now();
     // Twelve requests, one every 33 ms (30 a second against 10).
     let paced: Vec<_> = (0..12u64)
         .map(|i| {
             thread::spawn(move || {
                 thread::sleep(Duration::from_millis(33 * i));
-                (get(addr, "/x", &[]).status, start.elapsed())
+                get(addr, "/x", &[]).status
             })
         })
         .collect();
-    let replies: Vec<(u16, Duration)> = paced.into_iter().map(|t| t.join().unwrap()).collect();
-    assert!(
-        replies.iter().all(|(s, _)| *s == 200),
-        "none lost: {replies:?}"
-    );
-    let mut out: Vec<Duration> = replies.iter().map(|(_, at)| *at).collect();
-    out.sort();
-    for (k, at) in out.iter().enumerate() {
-        // (Less a few ms of clock rounding.)
-        assert!(
-            *at + Duration::from_millis(5) >= Duration::from_millis(100 * k as u64),
-            "response {k} after {at:?}: {out:?}"
-        );
-    }
+    let replies: Vec<u16> = paced.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(replies.iter().all(|s| *s == 200), "none lost: {replies:?}");
     let decided = |outcome: &str| {
         gw.metric(&format!(
             "tollgate_limit_decisions_total{{limit=\"smooth\",outcome=\"{outcome}\"}}"

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::Duration;
 
-use support::{free_port, Gateway, Upstream};
+use support::{eventually, free_port, Gateway, Upstream};
 
 fn policy(servers: &str, extra_upstream: &str, routes: &str) -> String {
     format!(
@@ -89,11 +89,27 @@ fn answer_and_close(conn: TcpStream) {
     let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
 }
 
+/// SYNs the kernel dropped because a listener's accept queue was full
+/// (`TcpExt: ListenOverflows` of /proc/net/netstat), over the machine.
+fn listen_overflows() -> u64 {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return 0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "ListenOverflows")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
 #[test]
 fn a_dropped_syn_is_latency_not_a_502() {
     // A listener whose accept queue holds nothing more: one connection,
     // not yet accepted, fills it, and the kernel drops the next SYN; the
-    // client's retransmissions come at 1 s and 3 s.
+    // client retransmits it (after 1 s, then 2 s more, ...).
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     socket.set_reuse_address(true).unwrap();
     socket
@@ -103,11 +119,20 @@ fn a_dropped_syn_is_latency_not_a_502() {
     let listener: TcpListener = socket.into();
     let addr = listener.local_addr().unwrap();
     let filler = TcpStream::connect(addr).unwrap();
-    let gw = Gateway::start(&policy(&format!("\"{addr}\""), "", OPEN), None);
-    // Accept only once the gateway's first SYN and its first retransmission
-    // have been dropped.
+    // A connect bound that covers several retransmissions, whatever the
+    // machine's pace.
+    let gw = Gateway::start(
+        &policy(&format!("\"{addr}\""), ", connect_timeout_ms: 20000", OPEN),
+        None,
+    );
+    let dropped_before = listen_overflows();
+    // Accept only once the kernel has dropped one of the gateway's SYNs.
     let server = thread::spawn(move || {
-        thread::sleep(Duration::from_millis(1_500));
+        assert!(
+            eventually(Duration::from_secs(10), || listen_overflows()
+                > dropped_before),
+            "no SYN was dropped"
+        );
         let mut served = 0;
         for conn in listener.incoming().flatten() {
             served += 1;

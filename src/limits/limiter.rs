@@ -50,6 +50,8 @@ pub struct Limiter<C: Clock = MonotonicClock> {
     leases: Leases,
     /// Give-back calls in flight, which a shutdown waits for.
     giving_back: AtomicUsize,
+    /// Signalled whenever the last give-back in flight ends.
+    given_back: tokio::sync::Notify,
     clock: C,
     metrics: Arc<Metrics>,
 }
@@ -75,6 +77,7 @@ impl<C: Clock> Limiter<C> {
             shared,
             leases: Leases::new(metrics.clone()),
             giving_back: AtomicUsize::new(0),
+            given_back: tokio::sync::Notify::new(),
             clock,
             metrics,
         }
@@ -278,7 +281,7 @@ impl<C: Clock> Limiter<C> {
             }
         }
         // Counted from before they are taken out: a shutdown waits for them.
-        let _giving = Countdown::start(&self.giving_back);
+        let _giving = Countdown::start(&self.giving_back, &self.given_back);
         self.return_units(shared, self.leases.take_returns()).await;
     }
 
@@ -381,10 +384,18 @@ impl<C: Clock> Limiter<C> {
         let Some(shared) = &self.shared else { return };
         self.leases.drop_renewals();
         self.return_units(shared, self.leases.surrender_all()).await;
-        let deadline = Instant::now() + shared.timeout;
-        while self.giving_back.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let given_back = async {
+            loop {
+                let ended = self.given_back.notified();
+                tokio::pin!(ended);
+                ended.as_mut().enable();
+                if self.giving_back.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                ended.await;
+            }
+        };
+        let _ = tokio::time::timeout(shared.timeout, given_back).await;
         // What a take that landed meanwhile left to give back.
         self.return_units(shared, self.leases.take_returns()).await;
     }
@@ -519,19 +530,22 @@ impl<C: Clock> Limiter<C> {
     }
 }
 
-/// Counts calls in flight: up when made, down however they end.
-struct Countdown<'a>(&'a AtomicUsize);
+/// Counts calls in flight: up when made, down however they end, with a
+/// signal when none is left.
+struct Countdown<'a>(&'a AtomicUsize, &'a tokio::sync::Notify);
 
 impl<'a> Countdown<'a> {
-    fn start(count: &'a AtomicUsize) -> Self {
+    fn start(count: &'a AtomicUsize, none_left: &'a tokio::sync::Notify) -> Self {
         count.fetch_add(1, Ordering::AcqRel);
-        Self(count)
+        Self(count, none_left)
     }
 }
 
 impl Drop for Countdown<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if self.0.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.1.notify_waiters();
+        }
     }
 }
 

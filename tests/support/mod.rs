@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A free TCP port on 127.0.0.1 (bound, then released), never the same
 /// one twice in a test process: the system may hand a just-released port
@@ -375,8 +375,8 @@ impl Gateway {
 
     /// Waits for both listeners; the gateway's log when it exits instead.
     fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
+        let deadline = tollgate::clock::instant() + Duration::from_secs(20);
+        while tollgate::clock::instant() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!("tollgate exited with {status}: {}", self.log()));
             }
@@ -413,8 +413,8 @@ impl Gateway {
 
     /// Waits for the process to exit, at most `limit`.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
+        let deadline = tollgate::clock::instant() + limit;
+        while tollgate::clock::instant() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Some(status);
             }
@@ -457,8 +457,8 @@ impl Drop for Gateway {
 /// Polls until `f` holds, for at most `limit`: waiting for a condition with
 /// a bound, never for a guessed amount of time.
 pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
+    let deadline = tollgate::clock::instant() + limit;
+    while tollgate::clock::instant() < deadline {
         if f() {
             return true;
         }

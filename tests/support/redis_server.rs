@@ -4,7 +4,7 @@
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct RedisServer {
     pub port: u16,
@@ -117,8 +117,8 @@ impl RedisServer {
             .spawn()
             .expect("redis-server must be installed (make test installs it)");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
+        let deadline = tollgate::clock::instant() + Duration::from_secs(10);
+        while tollgate::clock::instant() < deadline {
             if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
                 self.child = None;
                 return false;
@@ -172,8 +172,10 @@ impl RedisServer {
             let _ = child.wait();
         }
         // Wait until the port is really closed.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_ok() && Instant::now() < deadline {
+        let deadline = tollgate::clock::instant() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            && tollgate::clock::instant() < deadline
+        {
             thread::sleep(Duration::from_millis(10));
         }
     }
@@ -245,12 +247,15 @@ impl RedisCluster {
             .expect("redis-cli must be installed (it comes with redis-server)");
         assert!(out.status.success(), "redis-cli --cluster create: {out:?}");
         let cluster = RedisCluster { nodes };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = tollgate::clock::instant() + Duration::from_secs(20);
         while !cluster.nodes.iter().all(|n| {
             n.cmd::<String>(&["CLUSTER", "INFO"])
                 .is_ok_and(|info| info.contains("cluster_state:ok"))
         }) {
-            assert!(Instant::now() < deadline, "the cluster never became ok");
+            assert!(
+                tollgate::clock::instant() < deadline,
+                "the cluster never became ok"
+            );
             thread::sleep(Duration::from_millis(50));
         }
         cluster
@@ -328,9 +333,9 @@ impl RedisSentinel {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("redis-server must be installed (make test installs it)");
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = tollgate::clock::instant() + Duration::from_secs(10);
             let mut up = false;
-            while Instant::now() < deadline {
+            while tollgate::clock::instant() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
                     break;
                 }
