@@ -67,7 +67,10 @@ fn the_book_lists_every_chapter() {
     for entry in std::fs::read_dir(&root).unwrap().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.ends_with(".md") && name != "SUMMARY.md" {
-            assert!(summary.contains(&format!("({name})")), "{name} is not in SUMMARY.md");
+            assert!(
+                summary.contains(&format!("({name})")),
+                "{name} is not in SUMMARY.md"
+            );
         }
     }
 }
