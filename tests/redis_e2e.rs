@@ -457,8 +457,8 @@ routes:
     };
     let (tenant, global) = (find("per-tenant"), find("everyone"));
     assert_ne!(
-        tollgate::limits::cluster::slot(&tenant),
-        tollgate::limits::cluster::slot(&global)
+        tollgate::limits::redis::cluster::slot(&tenant),
+        tollgate::limits::redis::cluster::slot(&global)
     );
     // The two denied requests were charged to the tenant and given back:
     // its bucket holds 10 - 3 units, not 10 - 5.

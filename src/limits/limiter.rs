@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::breaker::{Breaker, Permit};
 use super::lease::{GiveBack, Leases, Spend, Token};
 use super::memory::MemoryStore;
+use super::plan::{part_gate, settle, Part};
 use super::{
     gate, undone, Charge, Gate, LimitStore, OnStoreError, Overload, Source, StoreError, Verdict,
 };
@@ -204,21 +205,57 @@ impl<C: Clock> Limiter<C> {
                 }
             }
         };
+        // The three parts settled as one decision: what the leases and the
+        // local limits spent in groups denied after all goes back (the
+        // store call was told where to stop, so it spent nothing beyond).
+        let all: Vec<&Charge> = charges.iter().collect();
+        let members = |f: &dyn Fn(usize) -> bool| (0..charges.len()).filter(|&i| f(i)).collect();
+        let held_part: Vec<usize> = members(&|i| held[i].is_some());
+        let local_part: Vec<usize> = members(&|i| held[i].is_none() && charges[i].local);
+        let remote_part: Vec<usize> = members(&|i| held[i].is_none() && !charges[i].local);
+        let parts = [
+            Part {
+                verdicts: held_part
+                    .iter()
+                    .filter_map(|&i| held[i].map(|(v, _)| v))
+                    .collect(),
+                members: held_part,
+                spent_below: Gate::Open,
+            },
+            Part {
+                members: local_part,
+                verdicts: local_verdicts.clone(),
+                spent_below: local_gate,
+            },
+            Part {
+                spent_below: part_gate(&all, &remote_part, &remote_verdicts, local_gate),
+                members: remote_part,
+                verdicts: remote_verdicts,
+            },
+        ];
+        let settled = settle(&all, &parts, Gate::Open);
+        let final_gate = settled.gate;
+        for &i in &settled.undo[0] {
+            if let Some((_, Some(token))) = held[i] {
+                self.leases.refund(&charges[i], token);
+            }
+        }
+        let undo_local: Vec<&Charge> = settled.undo[1].iter().map(|&i| &charges[i]).collect();
+        if !undo_local.is_empty() {
+            self.local.refund(&undo_local, spent_at);
+        }
+        debug_assert!(
+            settled.undo[2].is_empty(),
+            "the store was told where to stop"
+        );
         // Back into the charges' order.
-        let (mut l, mut r) = (local_verdicts.iter(), remote_verdicts.iter());
-        let verdicts: Vec<Verdict> = charges
-            .iter()
-            .zip(&held)
-            .filter_map(|(c, h)| match h {
-                Some((v, _)) => Some(v),
-                None if c.local => l.next(),
-                None => r.next(),
-            })
-            .copied()
-            .collect();
-        let final_gate = gate(charges, |i| verdicts[i].allowed, local_gate);
-        self.refund_spent(&local, &local_verdicts, local_gate, final_gate, spent_at);
-        self.refund_held(charges, &held, final_gate);
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; charges.len()];
+        for part in &parts {
+            for (&i, v) in part.members.iter().zip(&part.verdicts) {
+                verdicts[i] = Some(*v);
+            }
+        }
+        let verdicts: Vec<Verdict> = verdicts.into_iter().flatten().collect();
         landing.armed = false;
         for (i, take, epoch) in &takes {
             let v = &verdicts[*i];

@@ -6,11 +6,11 @@
 
 pub mod algorithm;
 pub mod breaker;
-pub mod cluster;
 pub mod keys;
 pub mod lease;
 pub mod limiter;
 pub mod memory;
+pub mod plan;
 pub mod redis;
 
 use std::net::IpAddr;

@@ -8,8 +8,8 @@
 //! 1. every slot decides its part in one `EVALSHA` of `lua/decide.lua`, all
 //!    slots at once, each charging what it admits;
 //! 2. when one slot denied (or failed), the parts the others charged in the
-//!    groups that are denied after all are given back with the same script
-//!    in refund mode.
+//!    groups that are denied after all ([`settle`], the limiter's rule too)
+//!    are given back with the same script in refund mode.
 //!
 //! Between the two steps the charged units are briefly unavailable to other
 //! callers, so a budget can be under-used for a round trip, never over-used.
@@ -23,11 +23,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 
-use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
-use super::redis::batch::{Batches, Bounds};
-use super::redis::codec::{self, Decided, Request};
-use super::redis::conn::Connection;
-use super::{gate, undone, Charge, Gate, LimitStore, StoreError, Verdict};
+use super::batch::{Batches, Bounds};
+use super::codec::{self, Decided, Request};
+use super::conn::Connection;
+use crate::limits::keys::{KeyCache, KeyHasher, CACHED_KEYS};
+use crate::limits::plan::{part_gate, settle, Part};
+use crate::limits::{Charge, Gate, LimitStore, StoreError, Verdict};
 
 /// Hash slots of a Redis Cluster.
 const SLOTS: u16 = 16_384;
@@ -95,49 +96,46 @@ impl LimitStore for ClusterStore {
 
         // 1. Every slot decides its part, all at once.
         let decided = join_all(slots.iter().map(|(s, m)| self.call(*s, part(m, 0)))).await;
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; charges.len()];
-        for ((_, members), result) in slots.iter().zip(&decided) {
-            if let Ok((v, _)) = result {
-                for (&i, v) in members.iter().zip(v) {
-                    verdicts[i] = Some(*v);
-                }
+        let failure = decided.iter().find_map(|r| r.as_ref().err().cloned());
+        let mut parts = Vec::with_capacity(slots.len());
+        let mut answered = Vec::with_capacity(slots.len());
+        for ((slot, members), result) in slots.iter().zip(&decided) {
+            if let Ok((verdicts, at)) = result {
+                parts.push(Part {
+                    spent_below: part_gate(charges, members, verdicts, blocked_from),
+                    members: members.clone(),
+                    verdicts: verdicts.clone(),
+                });
+                answered.push((*slot, *at));
             }
         }
-        let failure = decided.iter().find_map(|r| r.as_ref().err().cloned());
-        // Where the whole decision stops charging: nothing at all when a
-        // slot failed (the caller then applies each limit's failure mode).
-        let final_gate = match failure {
-            Some(_) => Gate::SHUT,
-            None => gate(
-                charges.iter().copied(),
-                |i| verdicts[i].is_some_and(|v| v.allowed),
-                blocked_from,
-            ),
-        };
+        // Nothing stays charged when a slot failed: the caller then applies
+        // each limit's failure mode.
+        let settled = settle(
+            charges,
+            &parts,
+            if failure.is_some() {
+                Gate::SHUT
+            } else {
+                blocked_from
+            },
+        );
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; charges.len()];
+        for part in &parts {
+            for (&i, v) in part.members.iter().zip(&part.verdicts) {
+                verdicts[i] = Some(*v);
+            }
+        }
 
-        // 2. Give back what a slot charged in groups denied after all.
+        // 2. Give back what a slot charged in groups denied after all,
+        // each undone charge its cost and what it took beyond it.
         let mut refunds = Vec::new();
-        for ((slot, members), result) in slots.iter().zip(&decided) {
-            let Ok((v, at)) = result else { continue };
-            let slot_gate = gate(
-                members.iter().map(|&i| charges[i]),
-                |j| v[j].allowed,
-                blocked_from,
-            );
-            let undo: Vec<usize> = members
-                .iter()
-                .zip(v)
-                // A forced charge gates nothing and is never undone.
-                .filter(|(&i, v)| !charges[i].force && undone(charges[i], v, slot_gate, final_gate))
-                .map(|(&i, _)| i)
-                .collect();
+        for ((slot, at), undo) in answered.iter().zip(&settled.undo) {
             if undo.is_empty() {
                 continue;
             }
-            // Each undone charge gives back its cost and what it took
-            // beyond it (a lease's take).
             let mut back = Vec::with_capacity(undo.len());
-            for &i in &undo {
+            for &i in undo {
                 let granted = verdicts[i].map_or(0, |v| v.granted);
                 if let Some(v) = verdicts[i].as_mut() {
                     // Admissible but not charged: what is left is untouched.
