@@ -210,22 +210,46 @@ pub fn charges(
     (charges, authenticated)
 }
 
+/// What [`conclude`] needs to know beyond the request: plain values, so
+/// that the gateway and `simulate` conclude alike.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Conclusion {
+    /// Whether to work out the `RateLimit` fields
+    /// (`responses.ratelimit_headers: draft`).
+    pub ratelimit_headers: bool,
+    /// `Retry-After` of a 503 when the store is failing and a limit says
+    /// `closed`.
+    pub unavailable_retry_after: u64,
+}
+
+impl Conclusion {
+    /// As the live policy and limiter say.
+    pub fn of(rt: &Runtime) -> Self {
+        Self {
+            ratelimit_headers: rt.policy.ratelimit_headers,
+            unavailable_retry_after: rt.limiter().unavailable_retry_after(),
+        }
+    }
+}
+
 /// Acts on the limits' verdicts, group by group: the pre-auth limits, then
-/// authentication, then the request limits.
+/// authentication, then the request limits. Plain inputs only: the
+/// gateway and `simulate` both conclude here.
 pub fn conclude(
-    rt: &Runtime,
     plan: &Plan<'_>,
     verdicts: &[Verdict],
+    how: Conclusion,
     facts: &mut Facts,
 ) -> Result<Admitted, Rejection> {
-    if rt.policy.ratelimit_headers {
+    if how.ratelimit_headers {
         facts.rate_headers = RateHeaders::most_constrained(&plan.charges, verdicts);
     }
-    check_group(rt, &plan.charges, verdicts, Group::PreAuth).inspect_err(|r| facts.note(r))?;
+    let check = |group| check_group(&plan.charges, verdicts, group, how.unavailable_retry_after);
+    check(Group::PreAuth).inspect_err(|r| facts.note(r))?;
     if !plan.authenticated {
         return Err(Rejection::Unauthorized);
     }
-    check_group(rt, &plan.charges, verdicts, Group::Request).inspect_err(|r| facts.note(r))?;
+    check(Group::Request).inspect_err(|r| facts.note(r))?;
     if let Some(spec) = &plan.route.cost_from_response {
         facts.hidden_cost_header = (!spec.expose).then(|| spec.header.clone());
         facts.reconcile = Some(Reconcile {
@@ -306,7 +330,7 @@ pub async fn admit(
         rt.limiter().decide(&plan.charges).await
     };
     record_decisions(rt, &plan.charges, &verdicts);
-    conclude(rt, &plan, &verdicts, facts)
+    conclude(&plan, &verdicts, Conclusion::of(rt), facts)
 }
 
 /// The request's `content-length`, when it has one (the edge already
@@ -372,10 +396,10 @@ pub fn charge(
 }
 
 fn check_group(
-    rt: &Runtime,
     charges: &[Charge],
     verdicts: &[Verdict],
     group: Group,
+    unavailable_retry_after: u64,
 ) -> Result<(), Rejection> {
     match combine(charges, verdicts, group) {
         Decision::Allow => Ok(()),
@@ -387,7 +411,7 @@ fn check_group(
             retry_after,
         }),
         Decision::Unavailable => Err(Rejection::StoreUnavailable {
-            retry_after: rt.limiter().unavailable_retry_after(),
+            retry_after: unavailable_retry_after,
         }),
         Decision::Shed(_) => Err(Rejection::Overloaded { retry_after: 1 }),
     }

@@ -26,7 +26,7 @@ use crate::clock::{Clock, ManualClock};
 use crate::config::Policy;
 use crate::edge::target;
 use crate::limits::memory::MemoryStore;
-use crate::limits::{combine, Decision, Gate, Group};
+use crate::limits::Gate;
 use crate::routes::request_host;
 
 /// The fields of an access log line the replay reads.
@@ -312,21 +312,23 @@ impl Simulation {
             admission::charges(&self.policy, route, network, credential.as_deref());
         let verdicts = self.store.decide_now(&charges, Gate::Open).0;
         let cost = route.cost;
-        let mut outcome = Outcome::Admitted;
-        for group in [Group::PreAuth, Group::Request] {
-            if outcome != Outcome::Admitted {
-                break;
-            }
-            if group == Group::Request && !authenticated {
-                outcome = Outcome::Refused;
-                break;
-            }
-            if let Decision::Deny { .. } | Decision::Unavailable =
-                combine(&charges, &verdicts, group)
-            {
-                outcome = Outcome::Refused;
-            }
-        }
+        // Concluded exactly as the gateway concludes.
+        let plan = admission::Plan {
+            route,
+            charges,
+            authenticated,
+        };
+        let concluded = admission::conclude(
+            &plan,
+            &verdicts,
+            admission::Conclusion::default(),
+            &mut admission::Facts::default(),
+        );
+        let outcome = match concluded {
+            Ok(_) => Outcome::Admitted,
+            Err(_) => Outcome::Refused,
+        };
+        let charges = plan.charges;
         for (c, v) in charges.iter().zip(&verdicts) {
             if !v.allowed && c.enforce {
                 *self

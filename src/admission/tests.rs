@@ -175,7 +175,10 @@ fn concluded(headers: &[(&str, &str)], verdicts: &[bool]) -> (Result<Admitted, R
     let req = request("POST", "/v1/reports/1", headers);
     let plan = plan(&rt, PEER.parse().unwrap(), &req, &mut facts).unwrap();
     let verdicts: Vec<Verdict> = verdicts.iter().map(|&a| verdict(a)).collect();
-    (conclude(&rt, &plan, &verdicts, &mut facts), facts)
+    (
+        conclude(&plan, &verdicts, Conclusion::of(&rt), &mut facts),
+        facts,
+    )
 }
 
 #[test]
@@ -218,7 +221,7 @@ fn respond_routes_answer_directly() {
     let req = request("GET", "/teapot", &[]);
     let plan = plan(&rt, PEER.parse().unwrap(), &req, &mut facts).unwrap();
     assert!(plan.charges.is_empty());
-    match conclude(&rt, &plan, &[], &mut facts) {
+    match conclude(&plan, &[], Conclusion::of(&rt), &mut facts) {
         Ok(Admitted::Respond { status, body, .. }) => {
             assert_eq!(status, 418);
             assert_eq!(&body[..], b"short");
