@@ -258,7 +258,15 @@ impl ProxyHttp for Gateway {
             // client that stops reading its response still loses it.
             session.set_write_timeout(Some(rt.policy.server.edge.send));
         }
-        let prepared = self.prepare(&rt, session, ctx).await?;
+        let prepared = match self.prepare(&rt, session, ctx).await {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                // The client failed while its body was read whole (it left,
+                // or sent too slowly: the edge answered it).
+                ctx.outcome = Some(Outcome::BadRequest);
+                return Err(e);
+            }
+        };
         ctx.outcome = Some(match &prepared {
             Ok(_) => Outcome::Allowed,
             Err(rejection) => rejection.outcome(),
