@@ -12,7 +12,7 @@ use crate::auth::{self, Credential};
 use crate::client_ip;
 use crate::config::{LimitId, Mode, PlanId, Policy, PoolId, Route, RouteId, Target};
 use crate::edge::target;
-use crate::limits::{combine, Charge, Decision, Group, Identity, Source, Verdict};
+use crate::limits::{combine, Charge, Decision, Group, Identity, Op, Source, Verdict};
 use crate::metrics::DecisionOutcome;
 use crate::respond::{RateHeaders, Rejection};
 use crate::routes;
@@ -389,9 +389,9 @@ pub fn charge(
         local: l.local,
         on_store_error: l.on_store_error,
         lease: l.lease,
-        take: 0,
-        max_delay_ms: l.max_delay_ms,
-        force: false,
+        op: Op::Decide {
+            max_delay_ms: l.max_delay_ms,
+        },
     }
 }
 

@@ -8,7 +8,7 @@
 
 use crate::config::OnStoreError;
 use crate::limits::algorithm::{Bucket, Params, Window};
-use crate::limits::{Charge, Group};
+use crate::limits::{Charge, Group, Op};
 
 /// A bucket of `capacity` whole tokens refilling `per_second` whole tokens a
 /// second.
@@ -43,9 +43,7 @@ pub fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
         local: false,
         on_store_error: OnStoreError::Closed,
         lease: None,
-        take: 0,
-        max_delay_ms: 0,
-        force: false,
+        op: Op::DECIDE,
     }
 }
 

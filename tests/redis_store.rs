@@ -18,7 +18,7 @@ use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::cluster::ClusterStore;
 use tollgate::limits::redis::{Bounds, RedisStore};
-use tollgate::limits::{Charge, Gate, Group, LimitStore, Verdict};
+use tollgate::limits::{Charge, Gate, Group, LimitStore, Op, Verdict};
 use tollgate::testing::{bucket_params as bucket, charge, window};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -400,9 +400,9 @@ struct Step {
     second: u8,
 }
 
-/// A list of (limit index, cost, group, units to take beyond the cost,
-/// longest delay, forced) and the first blocked group.
-type Request = (Vec<(usize, u64, Group, u64, u64, bool)>, Gate);
+/// A list of (limit index, cost, group, what the charge does) and the first
+/// blocked group.
+type Request = (Vec<(usize, u64, Group, Op)>, Gate);
 
 fn any_params() -> impl Strategy<Value = Params> {
     let bucket = (1u64..30, 1u64..4_000).prop_map(|(c, per_ms)| Bucket {
@@ -476,12 +476,15 @@ fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
                 0..limits,
                 1u64..8,
                 group(),
-                // A lease's take: as many of these units as fit.
-                prop_oneof![2 => Just(0u64), 1 => 1u64..40],
-                // `on_limit: delay`: the longest wait.
-                prop_oneof![2 => Just(0u64), 1 => 1u64..3_000],
-                // A cost learnt after the response.
-                prop::bool::weighted(0.15),
+                prop_oneof![
+                    6 => Just(Op::DECIDE),
+                    // A lease's take: as many of these units as fit.
+                    3 => (1u64..40).prop_map(|units| Op::Take { units }),
+                    // `on_limit: delay`: the longest wait.
+                    3 => (1u64..3_000).prop_map(|max_delay_ms| Op::Decide { max_delay_ms }),
+                    // A cost learnt after the response.
+                    1 => Just(Op::Force),
+                ],
             ),
             1..=limits,
         ),
@@ -536,7 +539,7 @@ fn lua_and_rust_agree_on_random_sequences() {
                     .map(|(charges, blocked)| {
                         let charges = charges
                             .iter()
-                            .map(|&(i, cost, group, take, max_delay_ms, force)| {
+                            .map(|&(i, cost, group, op)| {
                                 let (first, second, enforce) = limits[i];
                                 let params = if step.second & (1 << i) != 0 {
                                     second
@@ -547,9 +550,7 @@ fn lua_and_rust_agree_on_random_sequences() {
                                 let mut c = charge(&format!("l{i}"), &key, params, cost);
                                 c.enforce = enforce;
                                 c.group = group;
-                                c.take = take;
-                                c.max_delay_ms = max_delay_ms;
-                                c.force = force;
+                                c.op = op;
                                 c
                             })
                             .collect();
@@ -856,7 +857,7 @@ fn forced_charges_and_delays_agree_in_lua_and_rust() {
         };
         // Forced far beyond the budget: the debt stops at one more budget.
         let forced = Charge {
-            force: true,
+            op: Op::Force,
             ..charge("f", &format!("forced-{i}"), p, 25)
         };
         for _ in 0..2 {
@@ -879,7 +880,7 @@ fn forced_charges_and_delays_agree_in_lua_and_rust() {
     let redis = store(&server, &clock);
     for p in [bucket(10, 10), Params::Gcra(Bucket::per_second(10, 10))] {
         let c = Charge {
-            max_delay_ms: 500,
+            op: Op::Decide { max_delay_ms: 500 },
             ..charge("d", &format!("delay-{p:?}"), p, 1)
         };
         let mut delays = Vec::new();
@@ -914,7 +915,9 @@ fn a_forced_charge_never_lifts_a_deeper_debt() {
         // Thirty held requests schedule six seconds ahead: six capacities
         // of debt, deeper than a forced charge may go.
         let delayed = Charge {
-            max_delay_ms: 10_000,
+            op: Op::Decide {
+                max_delay_ms: 10_000,
+            },
             ..charge("d", &key, p, 1)
         };
         for _ in 0..30 {
@@ -923,7 +926,7 @@ fn a_forced_charge_never_lifts_a_deeper_debt() {
         let probe = charge("d", &key, p, 1);
         let before = both(&probe).wait_ms.unwrap();
         let forced = Charge {
-            force: true,
+            op: Op::Force,
             ..charge("d", &key, p, 1)
         };
         both(&forced);

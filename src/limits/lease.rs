@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus::IntGauge;
 
-use super::{Charge, LeaseTerms, Source, Verdict};
+use super::{Charge, LeaseTerms, Op, Source, Verdict};
 use crate::metrics::Metrics;
 
 const SHARDS: usize = 16;
@@ -69,7 +69,7 @@ impl Held {
         (units > 0).then(|| GiveBack {
             charge: Charge {
                 cost: units,
-                take: 0,
+                op: self.charge.op.without_take(),
                 ..self.charge.clone()
             },
             spent_at: self.taken_at,
@@ -222,7 +222,7 @@ impl Leases {
                     renew = Some(Renewal {
                         charge: Charge {
                             cost: 0,
-                            take: want,
+                            op: Op::Take { units: want },
                             ..held.charge.clone()
                         },
                         epoch: held.epoch,
@@ -282,7 +282,7 @@ impl Leases {
             (c.cost > kept).then(|| GiveBack {
                 charge: Charge {
                     cost: c.cost - kept,
-                    take: 0,
+                    op: c.op.without_take(),
                     ..c.clone()
                 },
                 spent_at: token.taken_at,
@@ -326,7 +326,7 @@ impl Leases {
                 (_, spent) => spent.filter(|v| v.granted > 0).map(|v| GiveBack {
                     charge: Charge {
                         cost: v.granted,
-                        take: 0,
+                        op: c.op.without_take(),
                         ..c.clone()
                     },
                     spent_at: v.at,
@@ -420,7 +420,7 @@ impl Leases {
     /// that would only be given back.
     pub fn drop_renewals(&self) {
         for r in self.take_renewals() {
-            self.landed(&r.charge, r.charge.take, r.epoch, None, 0);
+            self.landed(&r.charge, r.charge.op.units(), r.epoch, None, 0);
         }
     }
 

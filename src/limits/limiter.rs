@@ -24,7 +24,7 @@ use super::lease::{GiveBack, Leases, Spend, Token};
 use super::memory::MemoryStore;
 use super::plan::{part_gate, settle, Part};
 use super::{
-    gate, undone, Charge, Gate, LimitStore, OnStoreError, Overload, Source, StoreError, Verdict,
+    gate, undone, Charge, Gate, LimitStore, OnStoreError, Op, Overload, Source, StoreError, Verdict,
 };
 use crate::clock::{Clock, MonotonicClock};
 use crate::logs::STORE as STORE_LOG;
@@ -139,7 +139,7 @@ impl<C: Clock> Limiter<C> {
                 Spend::Short { want, epoch } => {
                     self.lease_call(c, "take");
                     let take = Charge {
-                        take: want,
+                        op: Op::Take { units: want },
                         ..c.clone()
                     };
                     takes.push((i, take, epoch));
@@ -261,7 +261,7 @@ impl<C: Clock> Limiter<C> {
             let v = &verdicts[*i];
             let spent = v.allowed && final_gate.admits(take.group);
             self.leases
-                .landed(take, take.take, *epoch, spent.then_some(v), now);
+                .landed(take, take.op.units(), *epoch, spent.then_some(v), now);
             if !v.allowed {
                 self.leases.refused(take, v.wait_ms, now);
             }
@@ -310,7 +310,7 @@ impl<C: Clock> Limiter<C> {
                 let v = result.as_ref().ok().map(|v| &v[i]);
                 self.leases.landed(
                     &r.charge,
-                    r.charge.take,
+                    r.charge.op.units(),
                     r.epoch,
                     v.filter(|v| v.allowed),
                     now,
@@ -371,9 +371,7 @@ impl<C: Clock> Limiter<C> {
             .map(|(c, at)| {
                 let c = Charge {
                     cost: amount,
-                    force: delta > 0,
-                    take: 0,
-                    max_delay_ms: 0,
+                    op: if delta > 0 { Op::Force } else { Op::DECIDE },
                     lease: None,
                     ..c.clone()
                 };
@@ -601,7 +599,7 @@ impl Drop for Landing<'_> {
         if self.armed {
             for (_, take, epoch) in self.takes {
                 self.leases
-                    .landed(take, take.take, *epoch, None, self.sent_at);
+                    .landed(take, take.op.units(), *epoch, None, self.sent_at);
             }
         }
     }

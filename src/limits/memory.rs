@@ -103,13 +103,13 @@ impl<C: Clock> MemoryStore<C> {
                 .expect("the first pass made a slot for every charge");
             let spend = check.allowed && gate.admits(c.group);
             let mut granted = 0;
-            if c.force {
+            if c.op.is_force() {
                 c.params.force(&mut slot.state, c.cost, now);
             } else if spend {
                 c.params.spend(&mut slot.state, c.cost, now);
-                granted = c.params.take(&mut slot.state, c.take, now);
+                granted = c.params.take(&mut slot.state, c.op.units(), now);
             }
-            let remaining = if c.force {
+            let remaining = if c.op.is_force() {
                 c.params.check(&slot.state, 0, now).remaining
             } else if spend || delay_ms > 0 {
                 check.remaining - granted
@@ -209,7 +209,7 @@ impl<C: Clock> MemoryStore<C> {
 /// within the delay is admitted after it (charged now for that instant);
 /// a forced charge always is. Returns the check and the delay.
 fn delayed(c: &Charge, check: Check) -> (Check, u64) {
-    if c.force {
+    if c.op.is_force() {
         return (
             Check {
                 allowed: true,
@@ -219,7 +219,7 @@ fn delayed(c: &Charge, check: Check) -> (Check, u64) {
         );
     }
     match check.wait_ms {
-        Some(wait) if !check.allowed && c.max_delay_ms > 0 && wait <= c.max_delay_ms => (
+        Some(wait) if !check.allowed && c.op.max_delay_ms() > 0 && wait <= c.op.max_delay_ms() => (
             Check {
                 allowed: true,
                 remaining: 0,

@@ -138,15 +138,67 @@ pub struct Charge {
     /// `sync: lease`: decided against units this instance took from the
     /// shared budget ahead of time, instead of one store call per request.
     pub lease: Option<LeaseTerms>,
-    /// Units to take from the store beyond `cost`, as many of them as fit,
-    /// when the charge is spent (a lease's top-up; 0 for a plain decision).
-    pub take: u64,
-    /// `on_limit: delay`: a cost that fits within this many ms is admitted
-    /// after that wait, charged now for the instant it fits; 0 refuses.
-    pub max_delay_ms: u64,
-    /// Charged whatever the state, into debt of at most one more capacity,
-    /// and never gating the others: a cost learnt after the response.
-    pub force: bool,
+    /// What the charge does to its limit.
+    pub op: Op,
+}
+
+/// What a charge does to its limit: each meaning with only what it needs,
+/// so that no charge can both delay and take, or be forced and delayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Decided with the request's other charges, all-or-nothing. With
+    /// `max_delay_ms` (`on_limit: delay`), a cost that fits within that
+    /// many ms is admitted after that wait, charged now for the instant it
+    /// fits; 0 refuses at once.
+    Decide {
+        /// The longest wait a cost may be admitted after.
+        max_delay_ms: u64,
+    },
+    /// Decided as [`Op::Decide`] without delay, then up to `units` more
+    /// taken, as many as fit: a lease's take or renewal.
+    Take {
+        /// Units wanted beyond the cost.
+        units: u64,
+    },
+    /// Charged whatever the state, into bounded debt, never gating the
+    /// others: a cost learnt after the response.
+    Force,
+}
+
+impl Op {
+    /// A plain decision, refused at once when the cost does not fit.
+    pub const DECIDE: Op = Op::Decide { max_delay_ms: 0 };
+
+    /// Units to take beyond the cost (0 but for [`Op::Take`]).
+    pub fn units(self) -> u64 {
+        match self {
+            Op::Take { units } => units,
+            _ => 0,
+        }
+    }
+
+    /// The longest delay a cost may be admitted after (0 but for a
+    /// delaying [`Op::Decide`]).
+    pub fn max_delay_ms(self) -> u64 {
+        match self {
+            Op::Decide { max_delay_ms } => max_delay_ms,
+            _ => 0,
+        }
+    }
+
+    /// Whether the charge is forced.
+    pub fn is_force(self) -> bool {
+        self == Op::Force
+    }
+
+    /// The same charge without what it takes beyond its cost: what giving
+    /// it back returns.
+    pub fn without_take(self) -> Op {
+        match self {
+            Op::Take { .. } => Op::DECIDE,
+            other => other,
+        }
+    }
 }
 
 /// The terms of `sync: lease` for one limit.

@@ -52,7 +52,7 @@ pub fn settle(charges: &[&Charge], parts: &[Part], blocked_from: Gate) -> Settle
                 .iter()
                 .zip(&part.verdicts)
                 .filter(|(&i, v)| {
-                    !charges[i].force && undone(charges[i], v, part.spent_below, gate)
+                    !charges[i].op.is_force() && undone(charges[i], v, part.spent_below, gate)
                 })
                 .map(|(&i, _)| i)
                 .collect()
@@ -178,7 +178,7 @@ mod tests {
     fn shadow_limits_gate_nothing_and_forced_charges_stay() {
         let mut owned = charges();
         owned[2].enforce = false;
-        owned[3].force = true;
+        owned[3].op = crate::limits::Op::Force;
         let c: Vec<&Charge> = owned.iter().collect();
         let parts = [
             part(&[0, 1, 3], &[true, true, true], &c, Gate::Open),

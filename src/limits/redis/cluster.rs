@@ -144,7 +144,7 @@ impl LimitStore for ClusterStore {
                 }
                 back.push(Charge {
                     cost: charges[i].cost + granted,
-                    take: 0,
+                    op: charges[i].op.without_take(),
                     ..charges[i].clone()
                 });
             }

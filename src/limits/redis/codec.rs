@@ -93,9 +93,9 @@ impl Spec {
             b,
             cost: charge.cost,
             flags: charge.group.wire() * 2 + u8::from(charge.enforce),
-            take: charge.take,
-            max_delay_ms: charge.max_delay_ms,
-            force: charge.force,
+            take: charge.op.units(),
+            max_delay_ms: charge.op.max_delay_ms(),
+            force: charge.op.is_force(),
         }
     }
 }

@@ -140,11 +140,27 @@ fn charges_become_the_scripts_numbers() {
     }
     let enforced_in_group_1 = charge("l", "k", cases[0].0, 1);
     assert_eq!(Spec::of(&enforced_in_group_1).flags, 3);
-    let taking = Charge {
-        take: 40,
-        ..charge("l", "k", cases[0].0, 1)
+    let with = |op| {
+        Spec::of(&Charge {
+            op,
+            ..charge("l", "k", cases[0].0, 1)
+        })
     };
-    assert_eq!(Spec::of(&taking).take, 40);
+    let taking = with(crate::limits::Op::Take { units: 40 });
+    assert_eq!(
+        (taking.take, taking.max_delay_ms, taking.force),
+        (40, 0, false)
+    );
+    let delaying = with(crate::limits::Op::Decide { max_delay_ms: 500 });
+    assert_eq!(
+        (delaying.take, delaying.max_delay_ms, delaying.force),
+        (0, 500, false)
+    );
+    let forced = with(crate::limits::Op::Force);
+    assert_eq!(
+        (forced.take, forced.max_delay_ms, forced.force),
+        (0, 0, true)
+    );
 }
 
 /// A reply as the script writes it.
