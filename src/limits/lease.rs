@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus::IntGauge;
 
-use super::{Charge, LeaseTerms, Op, Source, Verdict};
+use super::{Charge, LeaseTerms, Op, Verdict};
 use crate::metrics::Metrics;
 
 const SHARDS: usize = 16;
@@ -205,16 +205,13 @@ impl Leases {
             if held.units >= c.cost {
                 held.units -= c.cost;
                 held.gauge.sub(c.cost as i64);
-                let verdict = Verdict {
-                    allowed: true,
-                    remaining: held.units + held.shared_remaining,
-                    wait_ms: Some(0),
-                    reset_ms: held.reset_ms,
-                    source: Source::Store,
-                    granted: 0,
-                    at: held.taken_at,
-                    delay_ms: 0,
-                };
+                let verdict = Verdict::decided(
+                    true,
+                    held.units + held.shared_remaining,
+                    Some(0),
+                    held.reset_ms,
+                    held.taken_at,
+                );
                 let outstanding = held.units + held.pending;
                 if outstanding <= terms.units / 2 {
                     let want = terms.units - outstanding;
@@ -234,16 +231,13 @@ impl Leases {
                 };
                 Spend::Held(verdict, token)
             } else if now < held.refused_until {
-                Spend::Refused(Verdict {
-                    allowed: false,
-                    remaining: held.units,
-                    wait_ms: Some(held.refused_until - now),
-                    reset_ms: held.reset_ms,
-                    source: Source::Store,
-                    granted: 0,
-                    at: held.taken_at,
-                    delay_ms: 0,
-                })
+                Spend::Refused(Verdict::decided(
+                    false,
+                    held.units,
+                    Some(held.refused_until - now),
+                    held.reset_ms,
+                    held.taken_at,
+                ))
             } else {
                 let want = terms.units.saturating_sub(held.units + held.pending);
                 held.pending += want;

@@ -613,20 +613,11 @@ impl Shared {
 
 /// The verdict of a charge whose decision was shed.
 fn shed(why: Overload) -> Verdict {
-    failed(false, Source::Shed(why))
+    Verdict::undecided(false, Source::Shed(why))
 }
 
 fn failed(allowed: bool, source: Source) -> Verdict {
-    Verdict {
-        allowed,
-        remaining: 0,
-        wait_ms: None,
-        reset_ms: 0,
-        source,
-        granted: 0,
-        at: 0,
-        delay_ms: 0,
-    }
+    Verdict::undecided(allowed, source)
 }
 
 #[cfg(test)]

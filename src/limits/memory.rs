@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::algorithm::{Check, Params, State};
-use super::{Charge, Gate, LimitStore, Source, StoreError, Verdict};
+use super::{Charge, Gate, LimitStore, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
 
 const SHARDS: usize = 16;
@@ -119,16 +119,11 @@ impl<C: Clock> MemoryStore<C> {
             };
             let reset_ms = c.params.reset_ms(&slot.state, now);
             slot.expires_at = now + reset_ms + EXPIRY_SLACK_MS;
-            verdicts.push(Verdict {
-                allowed: check.allowed,
-                remaining,
-                wait_ms: check.wait_ms,
-                reset_ms,
-                source: Source::Store,
-                granted,
-                at: now,
-                delay_ms,
-            });
+            verdicts.push(
+                Verdict::decided(check.allowed, remaining, check.wait_ms, reset_ms, now)
+                    .with_granted(granted)
+                    .with_delay(delay_ms),
+            );
         }
         for (_, guard) in guards.iter_mut() {
             guard.decisions += 1;

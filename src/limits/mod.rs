@@ -270,6 +270,58 @@ pub struct Verdict {
     pub delay_ms: u64,
 }
 
+impl Verdict {
+    /// What the store that holds the limit said, at its time `at`: the
+    /// limit admits the cost or not, `remaining` whole units are left,
+    /// the cost fits in `wait_ms` (`None`: never), the key is back to its
+    /// initial state in `reset_ms`. Nothing taken, no delay.
+    pub fn decided(
+        allowed: bool,
+        remaining: u64,
+        wait_ms: Option<u64>,
+        reset_ms: u64,
+        at: u64,
+    ) -> Self {
+        Self {
+            allowed,
+            remaining,
+            wait_ms,
+            reset_ms,
+            source: Source::Store,
+            granted: 0,
+            at,
+            delay_ms: 0,
+        }
+    }
+
+    /// Not decided by the store: a failure mode's answer, or a shed
+    /// decision (`source` says which).
+    pub fn undecided(allowed: bool, source: Source) -> Self {
+        Self {
+            source,
+            ..Self::decided(allowed, 0, None, 0, 0)
+        }
+    }
+
+    /// With `units` taken beyond the cost.
+    #[must_use]
+    pub fn with_granted(self, units: u64) -> Self {
+        Self {
+            granted: units,
+            ..self
+        }
+    }
+
+    /// Admitted after `ms`.
+    #[must_use]
+    pub fn with_delay(self, ms: u64) -> Self {
+        Self {
+            delay_ms: ms,
+            ..self
+        }
+    }
+}
+
 /// The decision for one group of a request's charges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::super::algorithm::Params;
-use super::super::{Charge, Gate, Source, StoreError, Verdict};
+use super::super::{Charge, Gate, StoreError, Verdict};
 
 /// The decision script, embedded at build time.
 pub const DECIDE_LUA: &str = include_str!("../../../lua/decide.lua");
@@ -252,20 +252,20 @@ fn verdict(bytes: &[u8], at: u64) -> Verdict {
     let n = |i: usize| number(bytes, i);
     // 2: admitted after a delay, which the wait field then holds.
     let delayed = n(0) == 2;
-    Verdict {
-        allowed: n(0) >= 1,
-        remaining: n(1).max(0) as u64,
-        wait_ms: if delayed {
-            Some(0)
-        } else {
-            u64::try_from(n(2)).ok()
-        },
-        delay_ms: if delayed { n(2).max(0) as u64 } else { 0 },
-        reset_ms: n(3).max(0) as u64,
-        source: Source::Store,
-        granted: n(4).max(0) as u64,
+    let wait_ms = if delayed {
+        Some(0)
+    } else {
+        u64::try_from(n(2)).ok()
+    };
+    Verdict::decided(
+        n(0) >= 1,
+        n(1).max(0) as u64,
+        wait_ms,
+        n(3).max(0) as u64,
         at,
-    }
+    )
+    .with_granted(n(4).max(0) as u64)
+    .with_delay(if delayed { n(2).max(0) as u64 } else { 0 })
 }
 
 #[cfg(test)]
