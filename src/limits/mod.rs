@@ -262,7 +262,7 @@ pub struct Verdict {
     pub reset_ms: u64,
     /// How the verdict was reached.
     pub source: Source,
-    /// Units taken beyond the cost (see [`Charge::take`]).
+    /// Units taken beyond the cost (see [`Op::Take`]).
     pub granted: u64,
     /// The store's time of the decision (ms), which giving back needs.
     pub at: u64,

@@ -1,0 +1,340 @@
+//! `limits` and `plans`: algorithms, their numbers, failure modes, delay and leases.
+
+use super::*;
+
+/// Turns a limit's (or an override's) numbers into algorithm parameters.
+pub(super) fn params(
+    c: &mut Checker,
+    path: &str,
+    algorithm: AlgorithmName,
+    n: &RawOverride,
+) -> Option<Params> {
+    if algorithm == AlgorithmName::Quota {
+        return quota(c, path, n);
+    }
+    if n.period.is_some() {
+        c.fail(
+            path,
+            format!("`period` does not apply to {algorithm}; it is for quota"),
+        );
+    }
+    let bucket = matches!(algorithm, AlgorithmName::TokenBucket | AlgorithmName::Gcra);
+    let (wanted, unwanted) = if bucket {
+        (
+            ["capacity", "refill_per_second"],
+            [("limit", n.limit), ("window_seconds", n.window_seconds)],
+        )
+    } else {
+        (
+            ["limit", "window_seconds"],
+            [
+                ("capacity", n.capacity),
+                ("refill_per_second", n.refill_per_second),
+            ],
+        )
+    };
+    for (field, value) in unwanted {
+        if value.is_some() {
+            c.fail(
+                path,
+                format!(
+                    "`{field}` does not apply to {algorithm}; it takes `{}` and `{}`",
+                    wanted[0], wanted[1]
+                ),
+            );
+        }
+    }
+    if bucket {
+        let capacity = c.required(path, "capacity", n.capacity);
+        let rate = c.required(path, "refill_per_second", n.refill_per_second);
+        let capacity = c.amount(&format!("{path}.capacity"), capacity?, MAX_AMOUNT)?;
+        let rate = c.amount(&format!("{path}.refill_per_second"), rate?, MAX_AMOUNT)?;
+        let per_ms = (rate * 1000.0).round() as u64;
+        if per_ms == 0 {
+            c.fail(
+                format!("{path}.refill_per_second"),
+                format!("must be at least 0.001, got {rate}"),
+            );
+            return None;
+        }
+        if capacity < 1.0 {
+            c.fail(
+                format!("{path}.capacity"),
+                format!("must be at least 1, got {capacity}"),
+            );
+            return None;
+        }
+        let b = Bucket {
+            capacity: (capacity * MICRO as f64).round() as u64,
+            per_ms,
+        };
+        Some(if algorithm == AlgorithmName::Gcra {
+            Params::Gcra(b)
+        } else {
+            Params::TokenBucket(b)
+        })
+    } else {
+        let limit = c.required(path, "limit", n.limit);
+        let seconds = c.required(path, "window_seconds", n.window_seconds);
+        let max = if algorithm == AlgorithmName::SlidingLog {
+            MAX_LOG_LIMIT
+        } else {
+            MAX_AMOUNT
+        };
+        let limit = c.whole(&format!("{path}.limit"), limit?, max)?;
+        let seconds = c.amount(
+            &format!("{path}.window_seconds"),
+            seconds?,
+            MAX_WINDOW_SECONDS,
+        )?;
+        let window_ms = (seconds * 1000.0).round().max(1.0) as u64;
+        if algorithm == AlgorithmName::SlidingWindow && limit * window_ms >= MAX_EXACT {
+            c.fail(
+                path,
+                format!(
+                    "limit × window in ms must stay below 2^53, got {}",
+                    limit * window_ms
+                ),
+            );
+            return None;
+        }
+        let w = Window { limit, window_ms };
+        Some(match algorithm {
+            AlgorithmName::FixedWindow => Params::FixedWindow(w),
+            AlgorithmName::SlidingWindow => Params::SlidingWindow(w),
+            _ => Params::SlidingLog(w),
+        })
+    }
+}
+
+pub(super) fn limits(
+    c: &mut Checker,
+    raw: UniqueMap<RawLimit>,
+    memory: bool,
+) -> (Vec<Limit>, LimitNames) {
+    let mut out = Vec::new();
+    let mut ids = HashMap::new();
+    for (name, l) in raw.0 {
+        let path = format!("limits.{name}");
+        c.name(&path, &name);
+        let mut key = KeyDims::default();
+        for (i, dim) in l.key.iter().enumerate() {
+            let slot = match dim {
+                Dimension::Ip => &mut key.ip,
+                Dimension::Credential => &mut key.credential,
+                Dimension::Tenant => &mut key.tenant,
+                Dimension::Route => &mut key.route,
+            };
+            if std::mem::replace(slot, true) {
+                c.fail(
+                    format!("{path}.key[{i}]"),
+                    format!("duplicate key dimension {dim:?}"),
+                );
+            }
+        }
+        if l.scope == Scope::PreAuth && (key.credential || key.tenant) {
+            c.fail(
+                format!("{path}.key"),
+                "a pre_auth limit runs before authentication: its key may only use ip and route",
+            );
+        }
+        let numbers = RawOverride {
+            capacity: l.capacity,
+            refill_per_second: l.refill_per_second,
+            limit: l.limit,
+            window_seconds: l.window_seconds,
+            period: l.period,
+        };
+        let Some(params) = params(c, &path, l.algorithm, &numbers) else {
+            // Known but invalid: references to it are not a second error.
+            ids.insert(name, (None, l.algorithm));
+            continue;
+        };
+        let lease = lease(c, &path, &l, &params);
+        let max_delay_ms = delay(c, &path, &l, &params);
+        ids.insert(name.clone(), (Some(out.len()), l.algorithm));
+        out.push(Limit {
+            name: name.into(),
+            scope: l.scope,
+            key,
+            params,
+            local: memory || l.store.unwrap_or(Placement::Shared) == Placement::Local,
+            on_store_error: l.on_store_error,
+            mode: l.mode,
+            lease,
+            max_delay_ms,
+        });
+    }
+    (out, ids)
+}
+
+/// `on_limit: delay` and its bound, for the algorithms that can schedule an
+/// admission ahead: a bucket going into debt, a GCRA's arrival time.
+pub(super) fn delay(c: &mut Checker, path: &str, l: &RawLimit, params: &Params) -> u64 {
+    match (l.on_limit, l.max_delay_ms) {
+        (OnLimit::Reject, None) => 0,
+        (OnLimit::Reject, Some(_)) => {
+            c.fail(
+                format!("{path}.max_delay_ms"),
+                "only read with on_limit: delay",
+            );
+            0
+        }
+        (OnLimit::Delay, None) => {
+            c.fail(
+                format!("{path}.max_delay_ms"),
+                "on_limit: delay needs max_delay_ms, the longest a request is held",
+            );
+            0
+        }
+        (OnLimit::Delay, Some(ms)) => {
+            if !matches!(params, Params::TokenBucket(_) | Params::Gcra(_)) {
+                c.fail(
+                    format!("{path}.on_limit"),
+                    "delay schedules an admission ahead, which token_bucket and gcra can; \
+                     a window's count belongs to the window it is made in",
+                );
+            }
+            if l.sync == LimitSync::Lease {
+                c.fail(
+                    format!("{path}.on_limit"),
+                    "a leased limit admits from what an instance holds: use sync: exact to delay",
+                );
+            }
+            c.range(&format!("{path}.max_delay_ms"), ms, 1, 60_000)
+        }
+    }
+}
+
+/// A calendar quota: `limit` and `period`, nothing else.
+pub(super) fn quota(c: &mut Checker, path: &str, n: &RawOverride) -> Option<Params> {
+    for (field, value) in [
+        ("capacity", n.capacity),
+        ("refill_per_second", n.refill_per_second),
+        ("window_seconds", n.window_seconds),
+    ] {
+        if value.is_some() {
+            c.fail(
+                path,
+                format!("`{field}` does not apply to quota; it takes `limit` and `period`"),
+            );
+        }
+    }
+    let limit = c.required(path, "limit", n.limit);
+    let period = c.required(path, "period", n.period);
+    let limit = c.whole(&format!("{path}.limit"), limit?, MAX_AMOUNT)?;
+    Some(Params::Quota(Quota {
+        limit,
+        period: period?,
+    }))
+}
+
+/// The terms of `sync: lease`, checked against the limit they belong to.
+pub(super) fn lease(
+    c: &mut Checker,
+    path: &str,
+    l: &RawLimit,
+    params: &Params,
+) -> Option<LeaseTerms> {
+    let raw = match (l.sync, &l.lease) {
+        (LimitSync::Exact, None) => return None,
+        (LimitSync::Exact, Some(_)) => {
+            c.fail(format!("{path}.lease"), "only read with sync: lease");
+            return None;
+        }
+        (LimitSync::Lease, None) => {
+            c.fail(
+                format!("{path}.lease"),
+                "sync: lease needs lease: { units, ttl_ms }",
+            );
+            return None;
+        }
+        (LimitSync::Lease, Some(raw)) => raw,
+    };
+    if l.store == Some(Placement::Local) {
+        c.fail(
+            format!("{path}.sync"),
+            "a lease is taken from the shared store; a limit with store: local has none",
+        );
+    }
+    if matches!(params, Params::Quota(_)) {
+        c.fail(
+            format!("{path}.sync"),
+            "a quota counts a calendar period; a lease's units would outlive it: use sync: exact",
+        );
+    }
+    if matches!(params, Params::SlidingLog(_)) {
+        c.fail(
+            format!("{path}.sync"),
+            "a sliding_log records the time of each admission, and a lease spends units \
+             later than the store charged them: use sliding_window, or sync: exact",
+        );
+    }
+    let capacity = params.quota();
+    let units = whole(c, &format!("{path}.lease.units"), raw.units, 1, capacity);
+    let ttl_ms = whole(c, &format!("{path}.lease.ttl_ms"), raw.ttl_ms, 10, 60_000);
+    Some(LeaseTerms {
+        units: units?,
+        ttl_ms: ttl_ms?,
+    })
+}
+
+/// A whole number in `min..=max`, or a problem at `path`.
+pub(super) fn whole(c: &mut Checker, path: &str, value: f64, min: u64, max: u64) -> Option<u64> {
+    if value.fract() != 0.0 || value < min as f64 || value > max as f64 {
+        c.fail(
+            path,
+            format!("must be a whole number from {min} to {max}, got {value}"),
+        );
+        return None;
+    }
+    Some(value as u64)
+}
+
+pub(super) fn plans(
+    c: &mut Checker,
+    raw: UniqueMap<UniqueMap<RawOverride>>,
+    limits: &[Limit],
+    limit_ids: &LimitNames,
+) -> (Vec<Plan>, HashMap<String, PlanId>) {
+    let mut out = Vec::new();
+    let mut ids = HashMap::new();
+    for (name, overrides) in raw.0 {
+        c.name(&format!("plans.{name}"), &name);
+        let mut plan = Plan {
+            name: name.clone(),
+            overrides: Vec::new(),
+        };
+        for (limit, numbers) in overrides.0 {
+            let path = format!("plans.{name}.{limit}");
+            let Some(&(id, algorithm)) = limit_ids.get(&limit) else {
+                c.fail(path, format!("unknown limit {limit:?}"));
+                continue;
+            };
+            let Some(id) = id else { continue };
+            if limits[id].scope == Scope::PreAuth {
+                c.fail(
+                    &path,
+                    "a pre_auth limit runs before the plan is known and cannot be overridden",
+                );
+            }
+            let mut numbers = numbers;
+            if let Params::Quota(q) = limits[id].params {
+                // A plan changes a quota's amount; the period is the limit's.
+                if numbers.period.is_some() {
+                    c.fail(
+                        format!("{path}.period"),
+                        "a plan changes a quota's limit; its period is the limit's",
+                    );
+                }
+                numbers.period = Some(q.period);
+            }
+            if let Some(p) = params(c, &path, algorithm, &numbers) {
+                plan.overrides.push((id, p));
+            }
+        }
+        ids.insert(name, out.len());
+        out.push(plan);
+    }
+    (out, ids)
+}

@@ -1,0 +1,247 @@
+//! `routes`: templates, hosts, targets, costs and the limits each route applies.
+
+use super::*;
+
+/// `routes[].cost_from_response`: a header name, a bound no smaller than
+/// the estimate, and limits whose charges can be given back in part.
+pub(super) fn cost_from_response<'a>(
+    c: &mut Checker,
+    path: &str,
+    raw: RawCostFromResponse,
+    estimate: u64,
+    limits: impl Iterator<Item = &'a Limit>,
+) -> Option<CostFromResponse> {
+    let path = format!("{path}.cost_from_response");
+    let header = http::HeaderName::from_bytes(raw.header.as_bytes())
+        .map_err(|_| {
+            c.fail(
+                format!("{path}.header"),
+                format!("{:?} is not a header name", raw.header),
+            )
+        })
+        .ok();
+    let max = c.whole(&format!("{path}.max"), raw.max, MAX_AMOUNT);
+    if let Some(max) = max.filter(|&m| m < estimate) {
+        c.fail(
+            format!("{path}.max"),
+            format!("must be at least the route's cost {estimate} (the estimate), got {max}"),
+        );
+    }
+    for l in limits {
+        if matches!(l.params, Params::SlidingLog(_)) {
+            c.fail(
+                &path,
+                format!(
+                    "limit {:?} is a sliding_log, whose entries cannot be given back in part",
+                    l.name
+                ),
+            );
+        }
+    }
+    Some(CostFromResponse {
+        header: header?,
+        max: max?,
+        expose: raw.expose,
+    })
+}
+
+pub(super) struct RouteContext<'a> {
+    pub(super) limits: &'a [Limit],
+    pub(super) limit_ids: &'a LimitNames,
+    pub(super) plans: &'a [Plan],
+    pub(super) pool_ids: &'a HashMap<String, PoolId>,
+}
+
+pub(super) fn routes(
+    c: &mut Checker,
+    raw: Vec<RawRoute>,
+    ctx: &RouteContext<'_>,
+    max_body_bytes: u64,
+) -> Router<Route> {
+    let mut router = Router::new();
+    let mut names = HashSet::new();
+    if raw.is_empty() {
+        c.fail("routes", "needs at least one route");
+    }
+    for (i, r) in raw.into_iter().enumerate() {
+        let path = format!("routes[{i}]");
+        c.name(&format!("{path}.name"), &r.name);
+        if !names.insert(r.name.clone()) {
+            c.fail(
+                format!("{path}.name"),
+                format!("duplicate route name {:?}", r.name),
+            );
+        }
+        let template = PathTemplate::parse(&r.path)
+            .map_err(|e| c.fail(format!("{path}.path"), e.to_string()))
+            .ok();
+        let methods = methods(c, &path, &r.methods);
+        let hosts = hosts(c, &path, &r.hosts);
+        let target = target(c, &path, r.upstream, r.respond, ctx.pool_ids);
+        let cost = match r.cost {
+            Some(v) => c.whole(&format!("{path}.cost"), v, MAX_AMOUNT).unwrap_or(1),
+            None => 1,
+        };
+        let auth_required = r.auth == AuthMode::Required;
+        let (pre_auth, request) = route_limits(c, &path, &r.limits, cost, auth_required, ctx);
+        let cost_from_response = r.cost_from_response.and_then(|raw| {
+            let limits = pre_auth.iter().chain(&request).map(|&id| &ctx.limits[id]);
+            cost_from_response(c, &path, raw, cost, limits)
+        });
+        let max_body_bytes = c.range(
+            &format!("{path}.max_body_bytes"),
+            r.max_body_bytes.unwrap_or(max_body_bytes),
+            0,
+            MAX_BODY_BYTES,
+        );
+        if let (Some(template), Some(target)) = (template, target) {
+            // A name that is no header value already failed the name check,
+            // so the policy is rejected before this placeholder could be used.
+            let class_header = http::HeaderValue::from_str(&r.name)
+                .unwrap_or(http::HeaderValue::from_static("invalid"));
+            let route = Route {
+                id: router.len(),
+                class_header,
+                name: r.name.into(),
+                auth_required,
+                target,
+                cost,
+                pre_auth,
+                request,
+                max_body_bytes,
+                upgrade: r.upgrade,
+                timeout: r.timeout_ms.map(|ms| {
+                    Duration::from_millis(c.range(&format!("{path}.timeout_ms"), ms, 1, 3_600_000))
+                }),
+                priority: r.priority,
+                cost_from_response,
+            };
+            router.push(methods, hosts, template, route);
+        }
+    }
+    router
+}
+
+pub(super) fn hosts(c: &mut Checker, path: &str, raw: &[String]) -> Vec<HostPattern> {
+    raw.iter()
+        .enumerate()
+        .filter_map(|(i, h)| {
+            HostPattern::parse(h)
+                .map_err(|e| c.fail(format!("{path}.hosts[{i}]"), e))
+                .ok()
+        })
+        .collect()
+}
+
+pub(super) fn methods(c: &mut Checker, path: &str, raw: &[String]) -> Vec<String> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let upper = m.to_ascii_uppercase();
+            if http::Method::from_bytes(upper.as_bytes()).is_err() || upper.is_empty() {
+                c.fail(
+                    format!("{path}.methods[{i}]"),
+                    format!("{m:?} is not an HTTP method"),
+                );
+            }
+            upper
+        })
+        .collect()
+}
+
+pub(super) fn target(
+    c: &mut Checker,
+    path: &str,
+    upstream: Option<String>,
+    respond: Option<RawRespond>,
+    pool_ids: &HashMap<String, PoolId>,
+) -> Option<Target> {
+    match (upstream, respond) {
+        (Some(_), Some(_)) => {
+            c.fail(path, "a route has either `upstream` or `respond`, not both");
+            None
+        }
+        (None, None) => {
+            c.fail(path, "a route needs `upstream` or `respond`");
+            None
+        }
+        (Some(name), None) => {
+            let id = pool_ids.get(&name).copied();
+            if id.is_none() {
+                c.fail(
+                    format!("{path}.upstream"),
+                    format!("unknown upstream {name:?}"),
+                );
+            }
+            id.map(Target::Upstream)
+        }
+        (None, Some(r)) => {
+            // 1xx and 101 would switch or hold the connection; 204 and 304
+            // have no body by definition.
+            c.range(&format!("{path}.respond.status"), r.status, 200, 599);
+            if matches!(r.status, 204 | 304) && !r.body.is_empty() {
+                c.fail(
+                    format!("{path}.respond.body"),
+                    format!("status {} has no body", r.status),
+                );
+            }
+            let content_type = r
+                .content_type
+                .unwrap_or_else(|| "text/plain; charset=utf-8".into());
+            if content_type.bytes().any(|b| b.is_ascii_control()) || content_type.is_empty() {
+                c.fail(
+                    format!("{path}.respond.content_type"),
+                    "must be a header value without control characters",
+                );
+            }
+            Some(Target::Respond {
+                status: r.status,
+                body: r.body.into(),
+                content_type,
+            })
+        }
+    }
+}
+
+pub(super) fn route_limits(
+    c: &mut Checker,
+    path: &str,
+    names: &[String],
+    cost: u64,
+    auth_required: bool,
+    ctx: &RouteContext<'_>,
+) -> (Vec<LimitId>, Vec<LimitId>) {
+    let (mut pre, mut req) = (Vec::new(), Vec::new());
+    for (i, name) in names.iter().enumerate() {
+        let at = format!("{path}.limits[{i}]");
+        let Some(&(id, _)) = ctx.limit_ids.get(name) else {
+            c.fail(at, format!("unknown limit {name:?}"));
+            continue;
+        };
+        let Some(id) = id else { continue };
+        if pre.contains(&id) || req.contains(&id) {
+            c.fail(at, format!("limit {name:?} is listed twice"));
+            continue;
+        }
+        let limit = &ctx.limits[id];
+        if !auth_required && (limit.key.credential || limit.key.tenant) {
+            c.fail(&at, format!("limit {name:?} is keyed by credential or tenant but the route has `auth: none`"));
+        }
+        let plan_params = ctx
+            .plans
+            .iter()
+            .filter_map(|p| p.params_for(id).map(|x| (Some(&p.name), x)));
+        for (plan, params) in std::iter::once((None, limit.params)).chain(plan_params) {
+            if cost > params.quota() {
+                let whose = plan.map_or(String::new(), |p| format!(" (plan {p:?})"));
+                c.fail(&at, format!("route cost {cost} exceeds the capacity {} of limit {name:?}{whose}: it could never be admitted", params.quota()));
+            }
+        }
+        if limit.scope == Scope::PreAuth {
+            pre.push(id)
+        } else {
+            req.push(id)
+        }
+    }
+    (pre, req)
+}
