@@ -174,17 +174,8 @@ impl AccessLog {
     /// Waits, at most `limit`, until every line handed over is written and
     /// flushed (before the process exits).
     pub async fn flush(&self, limit: Duration) {
-        let all_out = async {
-            loop {
-                let drained = self.drained.notified();
-                tokio::pin!(drained);
-                drained.as_mut().enable();
-                if self.pending.load(Ordering::Acquire) == 0 {
-                    return;
-                }
-                drained.await;
-            }
-        };
+        let all_out =
+            crate::drain::until(&self.drained, || self.pending.load(Ordering::Acquire) == 0);
         let _ = tokio::time::timeout(limit, all_out).await;
     }
 

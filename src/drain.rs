@@ -65,15 +65,21 @@ impl Drop for InFlight {
 impl Drain {
     /// Resolves once no request is in flight.
     async fn idle(&self) {
-        loop {
-            let idle = self.idle.notified();
-            tokio::pin!(idle);
-            idle.as_mut().enable();
-            if self.in_flight() == 0 {
-                return;
-            }
-            idle.await;
+        until(&self.idle, || self.in_flight() == 0).await;
+    }
+}
+
+/// Resolves once `done()` holds, looking again whenever `changed` is
+/// notified: a wait for a count to fall, without polling it.
+pub async fn until(changed: &tokio::sync::Notify, done: impl Fn() -> bool) {
+    loop {
+        let notified = changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if done() {
+            return;
         }
+        notified.await;
     }
 }
 

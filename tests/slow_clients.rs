@@ -192,15 +192,8 @@ fn bodies_beyond_the_buffered_total_are_shed() {
     let mut interim = [0u8; 25];
     holder.read_exact(&mut interim).unwrap();
     assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
-    let second = raw(
-        gw.addr,
-        format!(
-            "POST /upload HTTP/1.1\r\nhost: t\r\nauthorization: {KEY}\r\n\
-             content-length: 600\r\nconnection: close\r\n\r\n{}",
-            "y".repeat(600)
-        )
-        .as_bytes(),
-    );
+    let post = || raw(gw.addr, posting(600).as_bytes());
+    let second = post();
     assert_eq!(status_of(&second), 503, "{second}");
     assert!(
         second.contains("urn:tollgate:problem:overloaded"),
@@ -215,16 +208,17 @@ fn bodies_beyond_the_buffered_total_are_shed() {
     let mut reply = [0u8; 12];
     holder.read_exact(&mut reply).unwrap();
     assert_eq!(&reply, b"HTTP/1.1 200");
-    let third = raw(
-        gw.addr,
-        format!(
-            "POST /upload HTTP/1.1\r\nhost: t\r\nauthorization: {KEY}\r\n\
-             content-length: 600\r\nconnection: close\r\n\r\n{}",
-            "y".repeat(600)
-        )
-        .as_bytes(),
-    );
+    let third = post();
     assert_eq!(status_of(&third), 200, "{third}");
+}
+
+/// A whole POST of a `len`-byte body, on a connection that closes after.
+fn posting(len: usize) -> String {
+    format!(
+        "POST /upload HTTP/1.1\r\nhost: t\r\nauthorization: {KEY}\r\n\
+         content-length: {len}\r\nconnection: close\r\n\r\n{}",
+        "y".repeat(len)
+    )
 }
 
 /// The value of `SETTINGS_MAX_CONCURRENT_STREAMS` in the server's first

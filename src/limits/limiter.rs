@@ -419,17 +419,9 @@ impl<C: Clock> Limiter<C> {
         let Some(shared) = &self.shared else { return };
         self.leases.drop_renewals();
         self.return_units(shared, self.leases.surrender_all()).await;
-        let given_back = async {
-            loop {
-                let ended = self.given_back.notified();
-                tokio::pin!(ended);
-                ended.as_mut().enable();
-                if self.giving_back.load(Ordering::Acquire) == 0 {
-                    return;
-                }
-                ended.await;
-            }
-        };
+        let given_back = crate::drain::until(&self.given_back, || {
+            self.giving_back.load(Ordering::Acquire) == 0
+        });
         let _ = tokio::time::timeout(shared.timeout, given_back).await;
         // What a take that landed meanwhile left to give back.
         self.return_units(shared, self.leases.take_returns()).await;
