@@ -244,6 +244,8 @@ fn init_logs(json: bool) -> Arc<ClientLog> {
     client_log
 }
 
+/// `tollgate run`: the policy loaded, the process-long parts made, then the
+/// listeners and background services wired into one Pingora server.
 fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
     let policy = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
     client_log.set_rate(policy.server.log_client_errors_per_s);
@@ -252,11 +254,6 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
         tracing::warn!("{warning}");
     }
     let settings = policy.server.clone();
-    let admin_access = AdminAccess::from_env(settings.admin_token_env.as_deref());
-    if admin_access == AdminAccess::Closed {
-        tracing::warn!("server.admin_token_env names an unset variable: /admin/* is closed");
-    }
-
     let conf = ServerConf {
         threads: settings.threads,
         // After SIGTERM the listeners close at once; the drainer exits as
@@ -269,6 +266,48 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
+    let services = services(&policy, client_log)?;
+    let live = Arc::new(ArcSwap::from_pointee(Runtime::new(
+        policy,
+        services.clone(),
+    )));
+    let reloader = Arc::new(Reloader::new(path, live.clone(), services.clone()));
+    let drain = Drain::new();
+    add_proxy_listeners(&mut server, &settings, &live, &services, &drain)?;
+    server.add_service(background_service(
+        "health checks",
+        HealthChecker::new(live.clone()),
+    ));
+    server.add_service(background_service(
+        "reload on SIGHUP",
+        HangupListener::new(reloader.clone()),
+    ));
+    if let Some(addr) = settings.admin_listen {
+        add_admin_listener(&mut server, addr, live, reloader, &services, &drain)?;
+    }
+    server.add_service(background_service(
+        "lease keeper",
+        LeaseKeeper::new(services.limiter.clone()),
+    ));
+    server.add_service(background_service(
+        "drain on SIGTERM",
+        Drainer::new(drain, settings.shutdown_grace, move || {
+            let services = services.clone();
+            Box::pin(async move {
+                services.limiter.return_leases().await;
+                if let Some(log) = &services.access_log {
+                    log.flush(std::time::Duration::from_secs(1)).await;
+                }
+            })
+        }),
+    ));
+    server.run_forever()
+}
+
+/// The parts that live as long as the process: metrics, the limiter and
+/// its store, the access log, the certificate, pools, heavy hitters.
+fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Result<Arc<Services>> {
+    let settings = &policy.server;
     let metrics = Arc::new(Metrics::new());
     client_log.attach(metrics.log_suppressed.clone());
     metrics
@@ -294,11 +333,11 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let services = Arc::new(Services {
+    Ok(Arc::new(Services {
         body_budget: tollgate::edge::body::BodyBudget::new(),
         client_log,
         access_log,
-        certificate: certificate.clone(),
+        certificate,
         limiter: Arc::new(Limiter::new(
             Arc::new(MemoryStore::default()),
             shared,
@@ -309,16 +348,18 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
         top: Top::new(),
         redactor: Redactor::new()
             .context("reading /dev/urandom for the key of hashed identities")?,
-    });
-    let live = Arc::new(ArcSwap::from_pointee(Runtime::new(
-        policy,
-        services.clone(),
-    )));
-    let reloader = Arc::new(Reloader::new(path, live.clone(), services.clone()));
+    }))
+}
 
-    let drain = Drain::new();
-    // One proxy serves every listener; each listener has its own edge, which
-    // counts and bounds its connections.
+/// One proxy for every listener; each plain and TLS listener has its own
+/// edge, which counts and bounds its connections.
+fn add_proxy_listeners(
+    server: &mut Server,
+    settings: &config::ServerSettings,
+    live: &Arc<ArcSwap<Runtime>>,
+    services: &Services,
+    drain: &Arc<Drain>,
+) -> anyhow::Result<()> {
     let mut proxy = pingora::proxy::http_proxy(
         &server.configuration,
         Gateway::new(live.clone(), drain.clone()),
@@ -342,13 +383,13 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
         let live = live.clone();
         Arc::new(move || live.load().policy.server.edge)
     };
+    let edge = |name: &str| {
+        let listener = Listener::new(name, &services.metrics);
+        Edge::new(proxy.clone(), edge_settings.clone(), listener)
+    };
     for addr in &settings.listen {
         let name = addr.to_string();
-        let listener = Listener::new(&name, &services.metrics);
-        let mut service = Service::new(
-            format!("tollgate proxy {name}"),
-            Edge::new(proxy.clone(), edge_settings.clone(), listener),
-        );
+        let mut service = Service::new(format!("tollgate proxy {name}"), edge(&name));
         // No read buffer under the edge: it reads each head into its own
         // bounded buffer, so a second 64 KiB one per connection would only
         // hold memory for clients that stall.
@@ -357,76 +398,67 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
         );
         server.add_service(service);
     }
-    if let (Some(tls), Some(certificate)) = (&settings.tls, certificate) {
-        for addr in &tls.listen {
-            let name = addr.to_string();
-            let listener = Listener::new(&name, &services.metrics);
-            let paths = (
-                tls.cert_file.to_string_lossy(),
-                tls.key_file.to_string_lossy(),
-            );
-            let mut tls_settings = TlsSettings::intermediate(&paths.0, &paths.1)
-                .map_err(|e| anyhow::anyhow!("server.tls: {e}"))?;
-            // The certificate comes from here, so that a reload can swap it.
-            tls_settings.set_cert_resolver(certificate.clone());
-            if settings.edge.http2 {
-                tls_settings.enable_h2();
-            }
-            // The edge does the handshake, after the connection took its
-            // slot and within `header_read_ms`; the listener is plain TCP.
-            let edge = Edge::new(proxy.clone(), edge_settings.clone(), listener)
-                .with_tls(tls_settings.build());
-            let mut service = Service::new(format!("tollgate TLS proxy {name}"), edge);
-            service.add_listener(ListenerConfig::tcp(&name));
-            server.add_service(service);
+    let (Some(tls), Some(certificate)) = (&settings.tls, &services.certificate) else {
+        return Ok(());
+    };
+    for addr in &tls.listen {
+        let name = addr.to_string();
+        let paths = (
+            tls.cert_file.to_string_lossy(),
+            tls.key_file.to_string_lossy(),
+        );
+        let mut tls_settings = TlsSettings::intermediate(&paths.0, &paths.1)
+            .map_err(|e| anyhow::anyhow!("server.tls: {e}"))?;
+        // The certificate comes from here, so that a reload can swap it.
+        tls_settings.set_cert_resolver(certificate.clone());
+        if settings.edge.http2 {
+            tls_settings.enable_h2();
         }
+        // The edge does the handshake, after the connection took its slot
+        // and within `header_read_ms`; the listener is plain TCP.
+        let edge = edge(&name).with_tls(tls_settings.build());
+        let mut service = Service::new(format!("tollgate TLS proxy {name}"), edge);
+        service.add_listener(ListenerConfig::tcp(&name));
+        server.add_service(service);
     }
-    server.add_service(background_service(
-        "health checks",
-        HealthChecker::new(live.clone()),
-    ));
-    server.add_service(background_service(
-        "reload on SIGHUP",
-        HangupListener::new(reloader.clone()),
-    ));
-    if let Some(addr) = settings.admin_listen {
-        // The admin listener's connections are guarded like the proxy's,
-        // within a bound of their own, so a flood cannot lock out /readyz.
-        let admin_settings: tollgate::edge::app::Settings = {
-            let live = live.clone();
-            Arc::new(move || {
-                let server = &live.load().policy.server;
-                tollgate::edge::EdgeSettings {
-                    max_connections: server.admin_max_connections,
-                    http2: false,
-                    ..server.edge
-                }
-            })
-        };
-        let admin = Admin::new(live, reloader, admin_access, drain.clone());
-        let listener = Listener::new("admin", &services.metrics);
-        let admin = Edge::new(Arc::new(admin), admin_settings, listener);
-        let listener = AdminListener::bind(addr, admin)
-            .with_context(|| format!("server.admin_listen: cannot listen on {addr}"))?;
-        server.add_service(background_service("tollgate admin", listener));
+    Ok(())
+}
+
+/// The admin listener, served outside Pingora's services so that it keeps
+/// answering through a drain; its connections are guarded like the
+/// proxy's, within a bound of their own, so a flood cannot lock out
+/// `/readyz`.
+fn add_admin_listener(
+    server: &mut Server,
+    addr: std::net::SocketAddr,
+    live: Arc<ArcSwap<Runtime>>,
+    reloader: Arc<Reloader>,
+    services: &Services,
+    drain: &Arc<Drain>,
+) -> anyhow::Result<()> {
+    let settings = &live.load().policy.server;
+    let access = AdminAccess::from_env(settings.admin_token_env.as_deref());
+    if access == AdminAccess::Closed {
+        tracing::warn!("server.admin_token_env names an unset variable: /admin/* is closed");
     }
-    server.add_service(background_service(
-        "lease keeper",
-        LeaseKeeper::new(services.limiter.clone()),
-    ));
-    server.add_service(background_service(
-        "drain on SIGTERM",
-        Drainer::new(drain, settings.shutdown_grace, move || {
-            let services = services.clone();
-            Box::pin(async move {
-                services.limiter.return_leases().await;
-                if let Some(log) = &services.access_log {
-                    log.flush(std::time::Duration::from_secs(1)).await;
-                }
-            })
-        }),
-    ));
-    server.run_forever()
+    let admin_settings: tollgate::edge::app::Settings = {
+        let live = live.clone();
+        Arc::new(move || {
+            let server = &live.load().policy.server;
+            tollgate::edge::EdgeSettings {
+                max_connections: server.admin_max_connections,
+                http2: false,
+                ..server.edge
+            }
+        })
+    };
+    let admin = Admin::new(live, reloader, access, drain.clone());
+    let listener = Listener::new("admin", &services.metrics);
+    let admin = Edge::new(Arc::new(admin), admin_settings, listener);
+    let listener = AdminListener::bind(addr, admin)
+        .with_context(|| format!("server.admin_listen: cannot listen on {addr}"))?;
+    server.add_service(background_service("tollgate admin", listener));
+    Ok(())
 }
 
 /// The shared store the policy asks for, with its guards.
