@@ -25,19 +25,21 @@
 //!   however busy they are, replies are read as Redis sends them. The
 //!   kernel favours a thread that mostly sleeps, so it gets the CPU it
 //!   needs on a saturated machine.
-//! - **Late is not failing** ([`Liveness`]). Each call is bounded by
-//!   `timeout_ms` from when it is sent; one that gets no reply in that
-//!   time is a store failure. A decision still queued `timeout_ms` after it
-//!   arrived is answered there and then: shed ([`Overload::Wait`]) when the
-//!   store answered some call within the last `timeout_ms` (the gateway is
-//!   busy, not the store), failed otherwise. Shed decisions do not count
-//!   against the breaker, and no failure mode decides them. Both judgements
-//!   are made on the store's thread after it has read whatever replies
-//!   have arrived (a timer that fires in the same wake-up as a reply does
-//!   not win over it), so a thread that could not run for a moment is not
-//!   mistaken for a silent store. The caller awaits its answer with no
-//!   timer of its own: a decision waits at most `timeout_ms` to be sent and
-//!   `timeout_ms` for its call.
+//! - **Late is not failing.** The store is judged on its calls alone: a
+//!   call with no reply `timeout_ms` after it was sent, a broken
+//!   connection or an error reply is a store failure. A decision still
+//!   queued `timeout_ms` after it arrived waited because calls ahead of it
+//!   were out, which is the gateway's load, not the store's silence (that
+//!   the calls' own bounds tell): it is shed ([`Overload::Wait`]), counts
+//!   neither for nor against the breaker, and no failure mode decides it.
+//!   A call's bound runs on the store's thread, which reads whatever
+//!   replies have arrived before it concludes (a timer that fires in the
+//!   same wake-up as a reply does not win over it); when that timer fired
+//!   late (the thread, or the whole machine, could not run for a moment),
+//!   the call gets one more full `timeout_ms`, since the store has that
+//!   stall to catch up on too. The caller awaits its answer with no timer
+//!   of its own: a decision waits at most `timeout_ms` to be sent and its
+//!   call's bound after.
 //! - **Waiting is bounded by count**: at most `max_pending` decisions are
 //!   queued or in flight; one more is shed at once ([`Overload::Pending`]).
 //!   A job whose caller gave up, or whose deadline passed before it could
@@ -66,7 +68,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::liveness::Liveness;
 use crate::limits::{Overload, StoreError};
 
 /// Requests in one script call, at most.
@@ -156,7 +157,6 @@ impl Drop for Pending {
 /// What the drivers of every queue share.
 struct Core<L> {
     link: L,
-    liveness: Liveness,
     bounds: Bounds,
     pending: Arc<AtomicUsize>,
 }
@@ -180,8 +180,7 @@ impl<L: Link> Batches<L> {
         let batches = Self::with(runtime, Some(thread), link, bounds);
         let core = batches.core.clone();
         batches.runtime.spawn(async move {
-            let result = core.link.warm().await;
-            core.noted(&result);
+            let _ = core.link.warm().await;
         });
         Ok(batches)
     }
@@ -195,7 +194,6 @@ impl<L: Link> Batches<L> {
         Self {
             core: Arc::new(Core {
                 link,
-                liveness: Liveness::new(bounds.timeout),
                 bounds,
                 pending: Arc::default(),
             }),
@@ -214,10 +212,8 @@ impl<L: Link> Batches<L> {
     /// that slot, and waits for its part of the answer.
     ///
     /// The store's thread answers every job, in time: one still queued
-    /// `timeout` after it arrived is answered then; one sent is answered
-    /// by its call, itself bounded by `timeout`. So the caller needs no
-    /// timer of its own, and a late decision is judged where the replies
-    /// are read.
+    /// `timeout` after it arrived is shed then; one sent is answered by its
+    /// call, itself bounded. So the caller needs no timer of its own.
     pub async fn submit(&self, slot: u16, request: L::Request) -> Result<L::Reply, StoreError> {
         let bounds = self.core.bounds;
         let pending = Pending::enter(&self.core.pending, bounds.max_pending)
@@ -252,11 +248,9 @@ impl<L: Link> Batches<L> {
         let core = self.core.clone();
         self.runtime
             .spawn(async move {
-                let result = bounded(core.bounds.timeout, core.link.ping())
+                bounded(core.bounds.timeout, core.link.ping())
                     .await
-                    .unwrap_or(Err(StoreError::Timeout));
-                core.noted(&result);
-                result
+                    .unwrap_or(Err(StoreError::Timeout))
             })
             .await
             .unwrap_or_else(|_| Err(stopped()))
@@ -277,20 +271,7 @@ impl<L: Link> Core<L> {
                 self.link.forget();
                 Err(StoreError::Timeout)
             });
-        self.noted(&result);
         result
-    }
-
-    /// Notes a reply of the store, if the outcome of a call is one: an
-    /// answer, or an error the store itself sent or that came from its
-    /// reply.
-    fn noted<T>(&self, result: &Result<T, StoreError>) {
-        if matches!(
-            result,
-            Ok(_) | Err(StoreError::Script(_) | StoreError::Reply(_))
-        ) {
-            self.liveness.answered(Instant::now());
-        }
     }
 
     /// The next batch from the front of `waiting`: jobs that still want an
@@ -305,7 +286,7 @@ impl<L: Link> Core<L> {
             if job.reply.is_closed() {
                 // Its caller went away.
             } else if job.deadline <= now {
-                let _ = job.reply.send(Err(self.liveness.late(now)));
+                let _ = job.reply.send(Err(StoreError::Overloaded(Overload::Wait)));
             } else {
                 batch.push(job);
             }
@@ -313,14 +294,12 @@ impl<L: Link> Core<L> {
         batch
     }
 
-    /// Answers the waiting jobs whose deadline has passed by `now`: shed
-    /// when the store had answered within `timeout` of `due` (or since),
-    /// failed when it had been silent.
-    fn expire(&self, waiting: &mut VecDeque<Job<L>>, now: Instant, due: Instant) {
-        let verdict = self.liveness.late(due);
+    /// Sheds the waiting jobs whose deadline has passed by `now`: they
+    /// waited behind calls that were out, the gateway's load.
+    fn expire(&self, waiting: &mut VecDeque<Job<L>>, now: Instant) {
         while waiting.front().is_some_and(|j| j.deadline <= now) {
             if let Some(job) = waiting.pop_front() {
-                let _ = job.reply.send(Err(verdict.clone()));
+                let _ = job.reply.send(Err(StoreError::Overloaded(Overload::Wait)));
             }
         }
     }
@@ -365,13 +344,7 @@ async fn drive<L: Link>(mut rx: mpsc::UnboundedReceiver<Job<L>>, core: Arc<Core<
             },
             Some(_) = calls.join_next(), if !calls.is_empty() => {}
             () = &mut expiry, if armed.is_some() => {
-                // The timer may have fired together with replies that this
-                // thread has not read yet (it could not run for a while):
-                // read them first, and judge the store as of when the
-                // deadline was due, so it is judged on what it sent.
-                tokio::task::yield_now().await;
-                let due = armed.unwrap_or_else(Instant::now);
-                core.expire(&mut waiting, Instant::now(), due);
+                core.expire(&mut waiting, Instant::now());
                 armed = None;
             }
         }
@@ -388,12 +361,12 @@ fn may_send(in_flight: usize, waiting: usize) -> bool {
 /// taken to have been kept from running.
 const SLACK: Duration = Duration::from_millis(2);
 
-/// Awaits `call` for `bound` of time this thread could watch. When the
-/// bound passes, the tasks already woken on this thread run first (a
-/// reply read in the same wake-up as the timer counts), then `call` is
-/// looked at once more. When the timer fired late (the thread could not
-/// run: the gateway's own load, or the machine stopped), the call is given
-/// that time again, once: a store is judged silent only over time the
+/// Awaits `call` for `bound`. When the bound passes, the tasks already
+/// woken on this thread run first (a reply read in the same wake-up as the
+/// timer counts), then `call` is looked at once more. When the timer fired
+/// late (the thread could not run: the gateway's own load, or the machine
+/// stopped), the call gets one more full `bound`: the store has the same
+/// stall to catch up on, and a store is judged silent only over time the
 /// gateway was there to hear it.
 async fn bounded<F: std::future::Future>(bound: Duration, call: F) -> Option<F::Output> {
     let mut call = std::pin::pin!(call);
@@ -412,7 +385,7 @@ async fn bounded<F: std::future::Future>(bound: Duration, call: F) -> Option<F::
             return None;
         }
         extended = true;
-        deadline = Instant::now() + late.min(bound);
+        deadline = Instant::now() + bound;
     }
 }
 

@@ -6,7 +6,6 @@
 //! - [`batch`]: requests that wait while a call is in flight share the
 //!   next one (per hash slot, so Redis Cluster uses it too), driven on the
 //!   store's own thread, late decisions told from a failing store;
-//! - [`liveness`]: when the store last answered;
 //! - [`cluster`]: Redis Cluster, a request decided one slot at a time and
 //!   settled as one decision;
 //! - [`conn`]: the link to one server or a cluster, and the script call.
@@ -15,7 +14,6 @@ pub mod batch;
 pub mod cluster;
 pub mod codec;
 pub mod conn;
-pub mod liveness;
 
 use std::sync::Arc;
 
