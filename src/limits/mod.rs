@@ -235,7 +235,7 @@ pub enum Overload {
     /// `store.max_pending` decisions were already waiting for the store.
     Pending,
     /// The decision's deadline (`store.timeout_ms` from when it was
-    /// queued) passed while the store was answering other calls.
+    /// queued) passed before it could be sent, behind calls that were out.
     Wait,
 }
 
@@ -364,8 +364,8 @@ pub enum StoreError {
     /// store's driver stopped).
     #[error("store call refused: {0}")]
     Refused(String),
-    /// The gateway was too busy to have the store decide in time, while
-    /// the store answered: not a failure of the store.
+    /// The gateway was too busy to have the store decide in time: not a
+    /// failure of the store, which is judged on its calls.
     #[error("decision shed: the gateway is overloaded ({})", .0.reason())]
     Overloaded(Overload),
 }
@@ -394,11 +394,10 @@ impl StoreError {
 
 /// The seam between the decision logic and where limit state lives.
 ///
-/// Every call is bounded by the store itself: it returns within its
-/// `timeout_ms` from when it was made, with [`StoreError::Timeout`] when
-/// the store answered nothing in that time and
-/// [`StoreError::Overloaded`] when the store answered other calls but this
-/// one waited too long in the gateway.
+/// Every call is bounded by the store itself: a decision waits at most
+/// `timeout_ms` to be sent ([`StoreError::Overloaded`] beyond: the gateway
+/// was busy), then its call's bound ([`StoreError::Timeout`] when the
+/// store answered nothing in it).
 ///
 /// `decide` refreshes every charge's key and checks every one without
 /// spending; then it charges the admitted charges of every group below the
