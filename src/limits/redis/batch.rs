@@ -265,13 +265,12 @@ impl<L: Link> Core<L> {
     /// One call for `batch`, bounded by `timeout` from now.
     async fn call(&self, batch: &[Job<L>]) -> Result<Vec<L::Reply>, StoreError> {
         let requests: Vec<&L::Request> = batch.iter().map(|j| &j.request).collect();
-        let result = bounded(self.bounds.timeout, self.link.call(&requests))
+        bounded(self.bounds.timeout, self.link.call(&requests))
             .await
             .unwrap_or_else(|| {
                 self.link.forget();
                 Err(StoreError::Timeout)
-            });
-        result
+            })
     }
 
     /// The next batch from the front of `waiting`: jobs that still want an
