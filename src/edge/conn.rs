@@ -165,11 +165,6 @@ impl Guarded {
         guarded
     }
 
-    /// The guard of a session's stream, if it is one.
-    pub fn of(stream: Option<&Stream>) -> Option<&Guarded> {
-        stream?.as_any().downcast_ref::<Guarded>()
-    }
-
     /// The previous request is over: wait for the next one under `settings`
     /// (the live policy's, which a reload may have changed).
     pub fn next_request(&mut self, settings: EdgeSettings) {
