@@ -118,12 +118,9 @@ def run_binary(binary, seconds):
     digest = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
-                                  "--save", "", "--appendonly", "no", "--dir", tmp],
-                                 stdout=subprocess.DEVNULL)
+        redis = run.start_redis(redis_port, tmp)
         gw = None
         try:
-            run.wait_port(redis_port)
             policy = Path(tmp) / "policy.yaml"
             policy.write_text(POLICY.format(port=port, admin=admin, redis=redis_port,
                                             flooder=digest(FLOODER), quiet=digest(QUIET)))

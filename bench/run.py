@@ -133,6 +133,15 @@ def parse_wrk(out):
     return {"rps": rps, "p50": p50, "p99": p99, "errors": errors, "requests": total}
 
 
+def start_redis(port, directory):
+    """A throwaway redis-server on `port`, persisting nothing, answering."""
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                              "--save", "", "--appendonly", "no", "--dir", str(directory)],
+                             stdout=subprocess.DEVNULL)
+    wait_port(port)
+    return redis
+
+
 def redis_cli(port, *args):
     return subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], capture_output=True, text=True, check=True).stdout
 

@@ -90,12 +90,9 @@ def main():
     args = ap.parse_args()
     port, admin, redis_port = run.free_port(), run.free_port(), run.free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
-                                  "--save", "", "--appendonly", "no", "--dir", tmp],
-                                 stdout=subprocess.DEVNULL)
+        redis = run.start_redis(redis_port, tmp)
         gw = None
         try:
-            run.wait_port(redis_port)
             policy = os.path.join(tmp, "policy.yaml")
             with open(policy, "w") as f:
                 f.write(POLICY.format(port=port, admin=admin, redis=redis_port, timeout=TIMEOUT_MS,

@@ -202,8 +202,9 @@ impl BodyWatch {
     }
 }
 
-/// The proxy app with every HTTP/2 stream's body watched: a stream whose
-/// body fails a bound is dropped (reset) and counted on the listener.
+/// The proxy app with every HTTP/2 stream's body watched (streams that
+/// carry one): a stream whose body fails a bound is dropped (reset) and
+/// counted on the listener.
 /// HTTP/1.1 sessions pass through: their stream is guarded.
 pub struct Watched<A> {
     inner: Arc<A>,
@@ -226,10 +227,12 @@ impl<A> Watched<A> {
 impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for Watched<A> {
     async fn process_new_http(
         self: &Arc<Self>,
-        session: ServerSession,
+        mut session: ServerSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        if !session.is_http2() {
+        // HTTP/1.1 is guarded at the transport; a stream whose headers
+        // ended it has no body to watch.
+        if !session.is_http2() || session.is_body_empty() {
             return self.inner.process_new_http(session, shutdown).await;
         }
         let watch = Arc::new(BodyWatch::new((self.settings)()));

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use super::breaker::{Breaker, Permit};
 use super::lease::{GiveBack, Leases, Spend, Token};
 use super::memory::MemoryStore;
-use super::plan::{part_gate, settle, Part};
+use super::plan::{in_order, part_gate, settle, Part};
 use super::{
     gate, undone, Charge, Gate, LimitStore, OnStoreError, Op, Overload, Source, StoreError, Verdict,
 };
@@ -249,13 +249,10 @@ impl<C: Clock> Limiter<C> {
             "the store was told where to stop"
         );
         // Back into the charges' order.
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; charges.len()];
-        for part in &parts {
-            for (&i, v) in part.members.iter().zip(&part.verdicts) {
-                verdicts[i] = Some(*v);
-            }
-        }
-        let verdicts: Vec<Verdict> = verdicts.into_iter().flatten().collect();
+        let verdicts: Vec<Verdict> = in_order(&parts, charges.len())
+            .into_iter()
+            .flatten()
+            .collect();
         landing.armed = false;
         for (i, take, epoch) in &takes {
             let v = &verdicts[*i];

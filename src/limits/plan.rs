@@ -38,13 +38,9 @@ pub struct Settled {
 /// Settles the parts of one decision over `charges`, none of which may
 /// charge at or beyond `blocked_from`.
 pub fn settle(charges: &[&Charge], parts: &[Part], blocked_from: Gate) -> Settled {
-    let mut allowed = vec![true; charges.len()];
-    for part in parts {
-        for (&i, v) in part.members.iter().zip(&part.verdicts) {
-            allowed[i] = v.allowed;
-        }
-    }
-    let gate = gate(charges.iter().copied(), |i| allowed[i], blocked_from);
+    let verdicts = in_order(parts, charges.len());
+    let allowed = |i: usize| verdicts[i].is_none_or(|v| v.allowed);
+    let gate = gate(charges.iter().copied(), allowed, blocked_from);
     let undo = parts
         .iter()
         .map(|part| {
@@ -59,6 +55,18 @@ pub fn settle(charges: &[&Charge], parts: &[Part], blocked_from: Gate) -> Settle
         })
         .collect();
     Settled { gate, undo }
+}
+
+/// The parts' verdicts back in the charges' order: one per charge of
+/// `count`, `None` for a charge no part decided.
+pub fn in_order(parts: &[Part], count: usize) -> Vec<Option<Verdict>> {
+    let mut verdicts = vec![None; count];
+    for part in parts {
+        for (&i, v) in part.members.iter().zip(&part.verdicts) {
+            verdicts[i] = Some(*v);
+        }
+    }
+    verdicts
 }
 
 /// The gate below which a part charged: its first enforced denial, or

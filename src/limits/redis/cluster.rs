@@ -27,7 +27,7 @@ use super::batch::{Batches, Bounds};
 use super::codec::{self, Decided, Request};
 use super::conn::Connection;
 use crate::limits::keys::{KeyCache, KeyHasher, CACHED_KEYS};
-use crate::limits::plan::{part_gate, settle, Part};
+use crate::limits::plan::{in_order, part_gate, settle, Part};
 use crate::limits::{Charge, Gate, LimitStore, StoreError, Verdict};
 
 /// Hash slots of a Redis Cluster.
@@ -120,12 +120,7 @@ impl LimitStore for ClusterStore {
                 blocked_from
             },
         );
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; charges.len()];
-        for part in &parts {
-            for (&i, v) in part.members.iter().zip(&part.verdicts) {
-                verdicts[i] = Some(*v);
-            }
-        }
+        let mut verdicts = in_order(&parts, charges.len());
 
         // 2. Give back what a slot charged in groups denied after all,
         // each undone charge its cost and what it took beyond it.
