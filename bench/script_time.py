@@ -116,7 +116,9 @@ def cpu_seconds(pid):
 ROWS = []
 
 
-def measure(redis, pid, label, command, args, calls, requests_per_call):
+def measure(redis, pid, label, command, args, calls, requests_per_call, quiet=False):
+    """Script time per call and Redis CPU per call of `calls` calls; printed
+    as a row unless quiet."""
     redis.send("CONFIG", "RESETSTAT")
     cpu0 = cpu_seconds(pid)
     for _ in range(calls):
@@ -126,10 +128,36 @@ def measure(redis, pid, label, command, args, calls, requests_per_call):
     name = command.lower()
     n, usec = s.get(name, (0, 0))
     per_call = usec / max(n, 1)
+    if not quiet:
+        row_of(label, per_call, cpu * 1e6 / calls, requests_per_call)
+    return per_call, cpu * 1e6 / calls
+
+
+def row_of(label, per_call, cpu_per_call, requests_per_call):
     row = (f"| {label} | {per_call:.1f} µs | {per_call / requests_per_call:.1f} µs | "
-           f"{cpu * 1e6 / calls:.1f} µs |")
+           f"{cpu_per_call:.1f} µs |")
     print(row)
     ROWS.append(row)
+
+
+def interleaved(redis, pid, contenders, keys3, calls, rounds):
+    """Each contender (label, function name) as FCALL, A B A B ...: the
+    median of `rounds` runs per shape."""
+    for shape, requests, limits, n in [("1 request × 3 limits", 1, 3, calls),
+                                        ("11 requests × 3 limits", 11, 3, calls // 4)]:
+        results = {label: [] for label, _ in contenders}
+        for _ in range(rounds):
+            for label, function in contenders:
+                redis.send("FLUSHALL")
+                results[label].append(measure(
+                    redis, pid, label, "FCALL",
+                    [function, limits, *keys3[:limits], 0, requests, batch(requests, limits)],
+                    n, requests, quiet=True))
+        for label, _ in contenders:
+            runs = sorted(results[label])
+            per_call, cpu = runs[len(runs) // 2]
+            row_of(f"{label} (FCALL, median of {rounds} interleaved), {shape}", per_call, cpu,
+                   requests)
 
 
 def main():
@@ -137,6 +165,8 @@ def main():
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--compare", metavar="FILE",
                     help="another decide.lua (e.g. an earlier version) measured in the same run")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds of the comparison as functions")
     args = ap.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,6 +228,13 @@ def main():
                         [other, 3, *keys3, 0, 11, batch(11, 3)], args.calls // 4, 11)
                 measure(redis, server.pid, f"{name}, 1 request × 1 limit", "EVALSHA",
                         [other, 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
+                lib = ("#!lua name=tollgate_other\nlocal FUNCTION_NAME = 'tollgate_decide_other'\n"
+                       + open(args.compare).read())
+                redis.send("FUNCTION", "LOAD", "REPLACE", lib)
+                interleaved(redis, server.pid,
+                            [("decide.lua", "tollgate_decide_bench"),
+                             (name, "tollgate_decide_other")],
+                            keys3, args.calls, args.rounds)
             measure(redis, server.pid, "reference chapter's limit.lua, 1 bucket", "EVALSHA",
                     [sha["limit"], 1, "bench:ref", 100, 50, 1], args.calls, 1)
             measure(redis, server.pid, "floor: TIME + MGET 3 + 3 SET PX", "EVALSHA",

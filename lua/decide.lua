@@ -24,22 +24,21 @@
 --                       cluster, another slot denied): give them back
 --          then per limit:
 --          key      I4  index into KEYS
---          kind     B   TOKEN_BUCKET, GCRA  (a = capacity in micro-tokens,
---                                            b = micro-tokens per ms)
---                       FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG
---                                           (a = limit, b = window in ms)
---                       QUOTA               (a = limit, b = 1 for a UTC
---                                            day, 2 for a UTC month)
---          a, b     i8  as above
+--          kind     B   the algorithm (ALGORITHMS below)
+--          a, b     i8  its two parameters, named by the algorithm:
+--                       token_bucket, gcra: capacity in micro-tokens,
+--                         micro-tokens per ms
+--                       fixed_window, sliding_window, sliding_log: limit,
+--                         window in ms
+--                       quota: limit, calendar (1 a UTC day, 2 a UTC month)
 --          cost     i8  whole units
---          flags    B   bit 0: enforced (else shadow); bit 1: the group;
---                       bit 2: a take follows; bit 3: a delay follows;
---                       bit 4: forced
---          take     i8  only with flag bit 2: units to take beyond the cost,
---                       as many as fit, when the charge is spent (a lease)
---          delay    i8  only with flag bit 3: a cost that fits within this
---                       many ms is admitted after that wait, charged now
---                       (a bucket goes into debt, a GCRA's TAT moves ahead)
+--          flags    B   ENFORCED (else shadow), GROUP (the request group,
+--                       else pre-auth), TAKES, DELAYS, FORCED (below)
+--          take     i8  only with TAKES: units to take beyond the cost, as
+--                       many as fit, when the charge is spent (a lease)
+--          delay    i8  only with DELAYS: a cost that fits within this many
+--                       ms is admitted after that wait, charged now (a
+--                       bucket goes into debt, a GCRA's TAT moves ahead)
 --
 -- A forced charge (a cost learnt after the response) is charged whatever
 -- the state, into debt of at most one more capacity or limit, and gates
@@ -47,11 +46,11 @@
 --
 -- Reply: one string of little-endian 64-bit integers (struct.pack '<i8'),
 -- which the gateway reads without a general RESP parser: for each request,
--- for each of its limits, five integers: allowed (1, 0, or 2 when admitted
--- after a delay), remaining (whole units), wait in ms until the cost fits
--- (0 when allowed, -1 when it never can; the delay when allowed is 2), ms
--- until the key is back to its initial state, units taken beyond the cost;
--- then the time used.
+-- for each of its limits, five integers: admitted (1, 0, or 2 when after a
+-- delay), remaining (whole units), wait in ms until the cost fits (0 when
+-- admitted, -1 when it never can; the delay when admitted is 2), ms until
+-- the key is back to its initial state, units taken beyond the cost; then
+-- the time used.
 --
 -- A refund gives each charge's cost back to its state as the in-process
 -- store does (never beyond the initial state; a window that has rolled
@@ -66,11 +65,10 @@
 --
 -- State records what wrote it. A string key is binary: the algorithm (B),
 -- the number that gives the state its meaning (i8: a GCRA's rate, a
--- window's length, 0 for a token bucket), then the state's numbers (i8
--- each): token_bucket balance, at; gcra tat, frac; fixed_window start,
--- count; sliding_window start, curr, prev; quota period start, count. State of another algorithm or
--- meaning, of another length or of an older format is not read: the key
--- starts afresh, as in the in-process store.
+-- window's length, a quota's calendar, 0 for a token bucket), then the
+-- state's numbers (i8 each, named by each algorithm's `fields`). State of
+-- another algorithm or meaning, of another length or of an older format is
+-- not read: the key starts afresh, as in the in-process store.
 --
 -- A sliding_log is a sorted set scored by admission time, each member the
 -- binary (big-endian i8 each, so that members of one instant sort by it)
@@ -85,20 +83,29 @@ local MICRO = 1000000
 local SLACK = 1000
 -- Expired log entries removed per decision, at most.
 local PRUNE = 64
--- Algorithm numbers (kind), as src/limits/redis/codec.rs sends them.
-local TOKEN_BUCKET, GCRA, FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG, QUOTA = 1, 2, 3, 4, 5, 6
--- Binary state: format and length by algorithm.
-local FORMAT = { '<Bi8i8i8', '<Bi8i8i8', '<Bi8i8i8', '<Bi8i8i8i8', nil, '<Bi8i8i8' }
-local LENGTH = { 25, 25, 25, 33, nil, 25 }
 local DAY_MS = 86400000
+local DAY, MONTH = 1, 2
 -- Big-endian, so that entries of one instant sort by running total.
 local ENTRY = '>i8i8i8'
+-- A limit's flags, as src/limits/redis/codec.rs sets them.
+local ENFORCED, GROUP, TAKES, DELAYS, FORCED = 1, 2, 4, 8, 16
+-- Every flags byte decoded once, by name (plain arithmetic: no library
+-- is reachable while a function library loads).
+local FLAGS = {}
+for f = 0, 2 * FORCED - 1 do
+  local function set(bit) return (f - f % bit) / bit % 2 == 1 end
+  FLAGS[f] = {
+    enforced = set(ENFORCED), group = set(GROUP) and 1 or 0,
+    takes = set(TAKES), delays = set(DELAYS), forced = set(FORCED),
+  }
+end
 
 -- Set per call: a function library cannot reach them while it loads.
-local floor, max, min, pack, unpack_, call
+local floor, max, min, ceil, pack, unpack_, call
 
 -- The call's inputs and state, set by `decide` at the start of each call:
--- its keys, its time, the keys' string values, and their loaded state.
+-- its keys, its time, the keys' string values, and their loaded state by
+-- key index.
 local keys, now, raw, S
 
 local function align(t, w) return t - t % w end
@@ -137,26 +144,31 @@ local function civil_from_days(z)
   return y, m
 end
 
--- The start and end (ms) of the calendar period (1 day, 2 month) holding t.
-local function period(t, code)
+-- The start and end (ms) of the calendar period (DAY or MONTH) holding t.
+local function period(t, calendar)
   local day = floor(t / DAY_MS)
-  if code == 1 then return day * DAY_MS, (day + 1) * DAY_MS end
+  if calendar == DAY then return day * DAY_MS, (day + 1) * DAY_MS end
   local y, m = civil_from_days(day)
   local ny, nm = y, m + 1
   if m == 12 then ny, nm = y + 1, 1 end
   return days_from_civil(y, m, 1) * DAY_MS, days_from_civil(ny, nm, 1) * DAY_MS
 end
 
--- The check of a bucket holding `balance`: allowed, remaining, wait.
--- (A balance below zero is a debt: a delayed admission, a forced charge.)
-local function check_bucket(cap, per_ms, balance, cost)
+-- The checks, shared by the algorithms below. Each answers: admitted,
+-- remaining whole units, and the wait in ms until the cost fits (0 when
+-- admitted, -1 when it never can).
+
+-- A bucket of `capacity` micro-tokens holding `balance`. (A balance below
+-- zero is a debt: a delayed admission, a forced charge.)
+local function check_bucket(capacity, per_ms, balance, cost)
   local need = cost * MICRO
   local left = floor(max(0, balance) / MICRO)
-  if need > cap then return false, left, -1 end
+  if need > capacity then return false, left, -1 end
   if balance >= need then return true, floor((balance - need) / MICRO), 0 end
-  return false, left, math.ceil((need - balance) / per_ms)
+  return false, left, ceil((need - balance) / per_ms)
 end
 
+-- A counter of `count` against `limit` that starts over in `until_next` ms.
 local function check_counter(limit, count, cost, until_next)
   local left = max(0, limit - count)
   if cost > limit then return false, left, -1 end
@@ -164,23 +176,232 @@ local function check_counter(limit, count, cost, until_next)
   return false, left, until_next
 end
 
-local function check_sliding(limit, len, curr, prev, cost, elapsed)
-  local used = prev * (len - elapsed) + curr * len
-  local budget = limit * len
-  local left = floor(max(0, budget - used) / len)
+-- Counts over the sliding window's span: in micro-windows, no division
+-- until the answer.
+local function check_sliding(limit, window, count, prev, cost, elapsed)
+  local used = prev * (window - elapsed) + count * window
+  local budget = limit * window
+  local left = floor(max(0, budget - used) / window)
   if cost > limit then return false, left, -1 end
-  if used + cost * len <= budget then
-    return true, floor((budget - used - cost * len) / len), 0
+  if used + cost * window <= budget then
+    return true, floor((budget - used - cost * window) / window), 0
   end
-  local to_roll = len - elapsed
+  local to_roll = window - elapsed
   local wait
-  if curr + cost <= limit then
-    wait = max(0, to_roll - floor((limit - curr - cost) * len / prev))
+  if count + cost <= limit then
+    wait = max(0, to_roll - floor((limit - count - cost) * window / prev))
   else
-    wait = to_roll + max(0, len - floor((limit - cost) * len / curr))
+    wait = to_roll + max(0, window - floor((limit - cost) * window / count))
   end
   return false, left, max(1, wait)
 end
+
+-- The algorithms. Each is a table of the same functions over a key's
+-- state `s`, which holds the parameters of the limit that last used it by
+-- name (`params`: capacity and per_ms, limit and window, or limit and
+-- calendar) beside the numbers of its state:
+--   params(s, a, b)      names the two parameters a limit sent
+--   meaning(s)           the parameter stored beside the state
+--   load(s, ...)         the state from its stored numbers (nil: fresh),
+--                        refreshed to now
+--   fields(s)            the stored numbers, in `format`'s order
+--   check(s, cost)       admitted, remaining, wait
+--   spend(s, cost)       charges an admitted cost
+--   force(s, cost)       charges whatever the state, into debt of at most
+--                        one more capacity; a deeper debt (a delay
+--                        schedules further ahead) is never lifted
+--   refund(s, cost, at)  gives back a cost spent at `at`
+--   reset(s)             ms until the key is back to its initial state
+-- A string state is `format` packed, `length` bytes: the algorithm, the
+-- meaning and the numbers. A sliding log lives in a sorted set and has
+-- `open` and `write` instead of `load` and `fields`.
+
+local function bucket_params(s, a, b) s.capacity, s.per_ms = a, b end
+local function window_params(s, a, b) s.limit, s.window = a, b end
+
+-- token_bucket: balance (micro-tokens), at (ms, when it was refilled to).
+local token_bucket = { kind = 1, format = '<Bi8i8i8', length = 25, params = bucket_params }
+
+function token_bucket.meaning() return 0 end
+
+function token_bucket.load(s, balance, at)
+  if not balance then balance, at = s.capacity, now end
+  local t = max(now, at)
+  s.balance, s.at = min(s.capacity, balance + (t - at) * s.per_ms), t
+end
+
+function token_bucket.fields(s) return s.balance, s.at end
+
+function token_bucket.check(s, cost)
+  return check_bucket(s.capacity, s.per_ms, s.balance, cost)
+end
+
+function token_bucket.spend(s, cost) s.balance = s.balance - cost * MICRO end
+
+function token_bucket.force(s, cost)
+  s.balance = min(s.balance, max(s.balance - cost * MICRO, -s.capacity))
+end
+
+function token_bucket.refund(s, cost)
+  s.balance = min(s.capacity, s.balance + cost * MICRO)
+end
+
+function token_bucket.reset(s) return ceil((s.capacity - s.balance) / s.per_ms) end
+
+-- gcra: tat (ms, the theoretical arrival time), frac (micro-tokens owed
+-- beyond the whole ms of tat).
+local gcra = { kind = 2, format = '<Bi8i8i8', length = 25, params = bucket_params }
+
+function gcra.meaning(s) return s.per_ms end
+
+function gcra.load(s, tat, frac)
+  if not tat or tat < now then tat, frac = now, 0 end
+  s.tat, s.frac = tat, frac
+end
+
+function gcra.fields(s) return s.tat, s.frac end
+
+-- Micro-tokens owed: how far the theoretical arrival time lies ahead.
+local function owed(s) return (s.tat - now) * s.per_ms + s.frac end
+
+-- Sets what is owed, as whole ms of tat and the rest.
+local function owe(s, debt)
+  local whole = floor(debt / s.per_ms)
+  s.tat, s.frac = now + whole, debt - whole * s.per_ms
+end
+
+function gcra.check(s, cost)
+  return check_bucket(s.capacity, s.per_ms, s.capacity - owed(s), cost)
+end
+
+function gcra.spend(s, cost) owe(s, owed(s) + cost * MICRO) end
+
+function gcra.force(s, cost)
+  local debt = owed(s)
+  local charged = min(debt + cost * MICRO, 2 * s.capacity)
+  if charged > debt then owe(s, charged) end
+end
+
+function gcra.refund(s, cost) owe(s, max(0, owed(s) - cost * MICRO)) end
+
+function gcra.reset(s) return ceil(owed(s) / s.per_ms) end
+
+-- Counters (windows and quotas) are spent and forced alike.
+local function spend_count(s, cost) s.count = s.count + cost end
+
+local function force_count(s, cost)
+  s.count = max(s.count, min(s.count + cost, 2 * s.limit))
+end
+
+-- fixed_window: start (ms), count.
+local fixed_window = {
+  kind = 3, format = '<Bi8i8i8', length = 25, params = window_params,
+  spend = spend_count, force = force_count,
+}
+
+function fixed_window.meaning(s) return s.window end
+
+function fixed_window.load(s, start, count)
+  if not start or now >= start + s.window then start, count = align(now, s.window), 0 end
+  s.start, s.count = start, count
+end
+
+function fixed_window.fields(s) return s.start, s.count end
+
+function fixed_window.check(s, cost)
+  return check_counter(s.limit, s.count, cost, s.start + s.window - max(now, s.start))
+end
+
+function fixed_window.refund(s, cost, at)
+  if at >= s.start and at < s.start + s.window then s.count = max(0, s.count - cost) end
+end
+
+function fixed_window.reset(s)
+  if s.count > 0 then return max(0, s.start + s.window - now) end
+  return 0
+end
+
+-- quota: start (ms, of the calendar period), count; the period's end is
+-- kept beside its start, read by every check.
+local quota = {
+  kind = 6, format = '<Bi8i8i8', length = 25, spend = spend_count, force = force_count,
+}
+
+function quota.params(s, a, b) s.limit, s.calendar = a, b end
+
+function quota.meaning(s) return s.calendar end
+
+function quota.load(s, start, count)
+  local finish
+  if start then finish = select(2, period(start, s.calendar)) end
+  if not start or now >= finish then
+    start, finish = period(now, s.calendar)
+    count = 0
+  end
+  s.start, s.count, s.finish = start, count, finish
+end
+
+quota.fields = fixed_window.fields
+
+function quota.check(s, cost)
+  return check_counter(s.limit, s.count, cost, s.finish - max(now, s.start))
+end
+
+function quota.refund(s, cost, at)
+  if at >= s.start and at < s.finish then s.count = max(0, s.count - cost) end
+end
+
+function quota.reset(s)
+  if s.count > 0 then return max(0, s.finish - now) end
+  return 0
+end
+
+-- sliding_window: start (ms, of the current window), count (of the
+-- current window), prev (the previous window's count).
+local sliding_window = {
+  kind = 4, format = '<Bi8i8i8i8', length = 33, params = window_params,
+  spend = spend_count, force = force_count,
+}
+
+function sliding_window.meaning(s) return s.window end
+
+function sliding_window.load(s, start, count, prev)
+  local w = s.window
+  if not start or now >= start + 2 * w then
+    start, count, prev = align(now, w), 0, 0
+  elseif now >= start + w then
+    start, count, prev = start + w, 0, count
+  end
+  s.start, s.count, s.prev = start, count, prev
+end
+
+function sliding_window.fields(s) return s.start, s.count, s.prev end
+
+function sliding_window.check(s, cost)
+  return check_sliding(s.limit, s.window, s.count, s.prev, cost, max(now, s.start) - s.start)
+end
+
+function sliding_window.refund(s, cost, at)
+  if at >= s.start then
+    s.count = max(0, s.count - cost)
+  elseif at + s.window >= s.start then
+    s.prev = max(0, s.prev - cost)
+  end
+end
+
+function sliding_window.reset(s)
+  local windows = 0
+  if s.count > 0 then windows = 2 elseif s.prev > 0 then windows = 1 end
+  return max(0, s.start + windows * s.window - now)
+end
+
+-- sliding_log: a sorted set. Its state: key, t (the instant of this
+-- batch's entries), run (running total, with this batch's entries), base
+-- (running total before the oldest entry inside the window), stored_run
+-- (the newest stored entry's running total), first_rank and last_rank (of
+-- the entries inside the window), newest (the stored newest entry's time)
+-- and added (this batch's entries).
+local sliding_log = { kind = 5, params = window_params }
 
 -- A log entry: running total, cost, window; nil when it is not one.
 local function entry(member)
@@ -206,7 +427,43 @@ local function first_reaching(key, lo, hi, target)
   return found
 end
 
-local function check_log(limit, len, s, cost)
+-- Opens the log of key index k: its newest entry, the oldest inside the
+-- window, and a bounded pruning of expired ones.
+function sliding_log.open(s, k)
+  local key, w = keys[k], s.window
+  -- MGET saw a string here: the limit used another algorithm before.
+  if raw[k] then call('DEL', key) end
+  s.key, s.window, s.t, s.run, s.base, s.stored_run = key, w, now, 0, 0, 0
+  s.first_rank, s.last_rank = 0, -1
+  s.added = {}
+  local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #last == 0 then return end
+  local run, _, window = entry(last[1])
+  if not run or window ~= w then
+    -- Written under another window, or in an older format: afresh.
+    call('DEL', key)
+    return
+  end
+  s.newest = tonumber(last[2])
+  s.t = max(now, s.newest)
+  s.run, s.base, s.stored_run = run, run, run
+  local first = call('ZRANGEBYSCORE', key, '(' .. int(s.t - w), '+inf', 'LIMIT', 0, 1)
+  if #first == 0 then
+    -- Everything expired: the set goes as a whole.
+    call('UNLINK', key)
+    return
+  end
+  local first_run, first_cost = entry(first[1])
+  s.base = first_run - first_cost
+  local rank = call('ZRANK', key, first[1])
+  local removed = min(rank, PRUNE)
+  if removed > 0 then call('ZREMRANGEBYRANK', key, 0, removed - 1) end
+  s.first_rank = rank - removed
+  s.last_rank = call('ZCARD', key) - 1
+end
+
+function sliding_log.check(s, cost)
+  local limit = s.limit
   local total = s.run - s.base
   local left = max(0, limit - total)
   if cost > limit then return false, left, -1 end
@@ -219,180 +476,39 @@ local function check_log(limit, len, s, cost)
   end
   -- Entries of this batch were all admitted at s.t.
   if not at then at = s.t end
-  return false, left, max(1, at + len - s.t)
+  return false, left, max(1, at + s.window - s.t)
 end
 
--- Loads a sliding log: its newest entry, the oldest inside the window, and
--- a bounded pruning of expired ones.
-local function load_log(s, k, b)
-  local key = keys[k]
-  -- MGET saw a string here: the limit used another algorithm before.
-  if raw[k] then call('DEL', key) end
-  s.key, s.len, s.t, s.run, s.base, s.stored_run = key, b, now, 0, 0, 0
-  s.first_rank, s.last_rank = 0, -1
-  s.added = {}
-  local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if #last == 0 then return end
-  local run, _, window = entry(last[1])
-  if not run or window ~= b then
-    -- Written under another window, or in an older format: afresh.
-    call('DEL', key)
-    return
-  end
-  s.newest = tonumber(last[2])
-  s.t = max(now, s.newest)
-  s.run, s.base, s.stored_run = run, run, run
-  local first = call('ZRANGEBYSCORE', key, '(' .. int(s.t - b), '+inf', 'LIMIT', 0, 1)
-  if #first == 0 then
-    -- Everything expired: the set goes as a whole.
-    call('UNLINK', key)
-    return
-  end
-  local frun, fcost = entry(first[1])
-  s.base = frun - fcost
-  local rank = call('ZRANK', key, first[1])
-  local removed = min(rank, PRUNE)
-  if removed > 0 then call('ZREMRANGEBYRANK', key, 0, removed - 1) end
-  s.first_rank = rank - removed
-  s.last_rank = call('ZCARD', key) - 1
+function sliding_log.spend(s, cost)
+  s.run = s.run + cost
+  s.added[#s.added + 1] = pack(ENTRY, s.run, cost, s.window)
 end
 
--- Loads and refreshes the state of key k; every later use in the batch
--- sees the same table (refreshing again at the same instant changes
--- nothing).
-local function state(k, kind, a, b)
-  local s = S[k]
-  if s then return s end
-  s = { kind = kind }
-  S[k] = s
-  if kind == SLIDING_LOG then
-    load_log(s, k, b)
-    return s
-  end
-  local fmt = FORMAT[kind]
-  if not fmt then error('decide.lua: unknown algorithm ' .. tostring(kind)) end
-  local meaning = 0
-  if kind ~= TOKEN_BUCKET then meaning = b end
-  s.meaning = meaning
-  local v, x, y, z = raw[k]
-  if v and #v == LENGTH[kind] then
-    local kk, m
-    kk, m, x, y, z = unpack_(fmt, v)
-    if kk ~= kind or m ~= meaning then x = nil end
-  end
-  if kind == TOKEN_BUCKET then
-    if not x then x, y = a, now end
-    local t = max(now, y)
-    s.x, s.y = min(a, x + (t - y) * b), t
-  elseif kind == GCRA then
-    if not x or x < now then x, y = now, 0 end
-    s.x, s.y = x, y
-  elseif kind == FIXED_WINDOW then
-    if not x or now >= x + b then x, y = align(now, b), 0 end
-    s.x, s.y = x, y
-  elseif kind == QUOTA then
-    -- The period's end is kept beside its start: read by every check.
-    local finish
-    if x then finish = select(2, period(x, b)) end
-    if not x or now >= finish then
-      x, finish = period(now, b)
-      y = 0
-    end
-    s.x, s.y, s.finish = x, y, finish
-  else
-    if not x or now >= x + 2 * b then
-      x, y, z = align(now, b), 0, 0
-    elseif now >= x + b then
-      x, y, z = x + b, 0, y
-    end
-    s.x, s.y, s.z = x, y, z
-  end
-  return s
+function sliding_log.force(s, cost)
+  local room = 2 * s.limit - (s.run - s.base)
+  if room > 0 then sliding_log.spend(s, min(cost, room)) end
 end
 
--- A GCRA state's debt in micro-tokens: how far its theoretical arrival
--- time lies ahead of now.
-local function debt(s, b) return (s.x - now) * b + s.y end
-
-local function check(s, a, b, cost)
-  local k = s.kind
-  if k == TOKEN_BUCKET then return check_bucket(a, b, s.x, cost) end
-  if k == GCRA then return check_bucket(a, b, a - debt(s, b), cost) end
-  if k == FIXED_WINDOW then return check_counter(a, s.y, cost, s.x + b - max(now, s.x)) end
-  if k == QUOTA then return check_counter(a, s.y, cost, s.finish - max(now, s.x)) end
-  if k == SLIDING_WINDOW then
-    return check_sliding(a, b, s.y, s.z, cost, max(now, s.x) - s.x)
-  end
-  return check_log(a, b, s, cost)
-end
-
-local function spend(s, b, cost)
-  local k = s.kind
-  if k == TOKEN_BUCKET then
-    s.x = s.x - cost * MICRO
-  elseif k == GCRA then
-    local owed = s.y + cost * MICRO
-    local whole = floor(owed / b)
-    s.x, s.y = s.x + whole, owed - whole * b
-  elseif k == FIXED_WINDOW or k == SLIDING_WINDOW or k == QUOTA then
-    s.y = s.y + cost
-  else
-    s.run = s.run + cost
-    s.added[#s.added + 1] = pack(ENTRY, s.run, cost, s.len)
-  end
-end
-
--- Charges `cost` whatever the state, into debt of at most one more
--- capacity or limit; a state deeper than that already (a delay schedules
--- further ahead) is left as it is, never lifted.
-local function force(s, a, b, cost)
-  local k = s.kind
-  if k == TOKEN_BUCKET then
-    s.x = min(s.x, max(s.x - cost * MICRO, -a))
-  elseif k == GCRA then
-    local owed = debt(s, b)
-    local charged = min(owed + cost * MICRO, 2 * a)
-    if charged > owed then
-      local whole = floor(charged / b)
-      s.x, s.y = now + whole, charged - whole * b
-    end
-  elseif k == SLIDING_LOG then
-    local room = 2 * a - (s.run - s.base)
-    if room > 0 then spend(s, b, min(cost, room)) end
-  else
-    s.y = max(s.y, min(s.y + cost, 2 * a))
-  end
-end
-
--- Spends up to `want` more units, as many as fit now; returns how many.
-local function take(s, a, b, want)
-  if want <= 0 or s.kind == SLIDING_LOG then return 0 end
-  local _, rem = check(s, a, b, 0)
-  local granted = min(want, rem)
-  if granted > 0 then spend(s, b, granted) end
-  return granted
-end
-
--- Gives back a log entry admitted at `spent_at` for `cost`, the newest
--- such; the running totals after it come down by its cost.
-local function refund_log(s, cost, spent_at)
-  local at = int(spent_at)
+-- Gives back the newest entry admitted at `at` for `cost`; the running
+-- totals after it come down by its cost.
+function sliding_log.refund(s, cost, at)
+  local score = int(at)
   local found, found_run
-  for _, m in ipairs(call('ZRANGEBYSCORE', s.key, at, at)) do
+  for _, m in ipairs(call('ZRANGEBYSCORE', s.key, score, score)) do
     local run, c = entry(m)
     if run and c == cost and run > s.base and (not found_run or run > found_run) then
       found, found_run = m, run
     end
   end
   if not found then return end
-  -- The entries after it: those admitted since spent_at, a handful.
-  local later = call('ZRANGEBYSCORE', s.key, at, '+inf', 'WITHSCORES')
+  -- The entries after it: those admitted since `at`, a handful.
+  local later = call('ZRANGEBYSCORE', s.key, score, '+inf', 'WITHSCORES')
   call('ZREM', s.key, found)
   for i = 1, #later, 2 do
-    local r2, c2, w2 = entry(later[i])
-    if r2 and r2 > found_run then
+    local run, c, w = entry(later[i])
+    if run and run > found_run then
       call('ZREM', s.key, later[i])
-      call('ZADD', s.key, later[i + 1], pack(ENTRY, r2 - cost, c2, w2))
+      call('ZADD', s.key, later[i + 1], pack(ENTRY, run - cost, c, w))
     end
   end
   s.run, s.stored_run, s.last_rank = s.run - cost, s.stored_run - cost, s.last_rank - 1
@@ -400,59 +516,194 @@ local function refund_log(s, cost, spent_at)
   s.newest = tonumber(last[2])
 end
 
-local function refund(s, a, b, cost, spent_at)
-  local k = s.kind
-  if k == TOKEN_BUCKET then
-    s.x = min(a, s.x + cost * MICRO)
-  elseif k == GCRA then
-    local owed = max(0, debt(s, b) - cost * MICRO)
-    local whole = floor(owed / b)
-    s.x, s.y = now + whole, owed - whole * b
-  elseif k == FIXED_WINDOW then
-    if spent_at >= s.x and spent_at < s.x + b then s.y = max(0, s.y - cost) end
-  elseif k == QUOTA then
-    if spent_at >= s.x and spent_at < s.finish then s.y = max(0, s.y - cost) end
-  elseif k == SLIDING_WINDOW then
-    if spent_at >= s.x then
-      s.y = max(0, s.y - cost)
-    elseif spent_at + b >= s.x then
-      s.z = max(0, s.z - cost)
-    end
-  else
-    refund_log(s, cost, spent_at)
-  end
-end
-
--- Milliseconds until the key is back to its initial state.
-local function reset(s, a, b)
-  local k = s.kind
-  if k == TOKEN_BUCKET then return math.ceil((a - s.x) / b) end
-  if k == GCRA then return math.ceil(debt(s, b) / b) end
-  if k == FIXED_WINDOW then
-    if s.y > 0 then return max(0, s.x + b - now) end
-    return 0
-  end
-  if k == QUOTA then
-    if s.y > 0 then return max(0, s.finish - now) end
-    return 0
-  end
-  if k == SLIDING_WINDOW then
-    local windows = 0
-    if s.y > 0 then windows = 2 elseif s.z > 0 then windows = 1 end
-    return max(0, s.x + windows * b - now)
-  end
+function sliding_log.reset(s)
   if s.run > s.base then
     -- The newest entry: of this batch, or the stored newest.
     local newest = s.t
     if #s.added == 0 then newest = s.newest or s.t end
-    return max(0, newest + b - now)
+    return max(0, newest + s.window - now)
   end
   return 0
 end
 
+-- Adds this batch's entries, all at one instant, and keeps the set while
+-- it counts.
+function sliding_log.write(s, ttl)
+  if #s.added > 0 then
+    local args = {}
+    local at = int(s.t)
+    for _, m in ipairs(s.added) do
+      args[#args + 1] = at
+      args[#args + 1] = m
+    end
+    call('ZADD', s.key, unpack(args))
+  end
+  if s.run > s.base then call('PEXPIRE', s.key, ttl) end
+end
+
+-- By the algorithm numbers src/limits/redis/codec.rs sends.
+local ALGORITHMS = { token_bucket, gcra, fixed_window, sliding_window, sliding_log, quota }
+
+-- The request being decided, read from the call's bytes: its gate
+-- (`blocked`), its refund time (0 to decide), its number of limits `n` and
+-- its limits. A limit: its key's index, algorithm, two parameters as sent
+-- (`a`, `b`: the algorithm names them on the key's state), cost, group (0
+-- pre-auth, 1 the request), whether it is enforced or forced, the units
+-- to take and the longest delay; then what it was judged: admitted, the
+-- remaining units, the wait and the delay it is admitted after (0: none).
+-- The records are made once and reused for every request (in a function
+-- library, for every call): deciding allocates no table per limit.
+local R = { limits = {} }
+
+-- The state of limit l's key, loaded and refreshed on first use in the
+-- call; every later use in the call sees the same table (refreshing again
+-- at the same instant changes nothing), named by l's parameters.
+local function state(l)
+  local k = l.key
+  local s = S[k]
+  if s then
+    s.algo.params(s, l.a, l.b)
+    return s
+  end
+  local algo = l.algo
+  s = { algo = algo }
+  S[k] = s
+  algo.params(s, l.a, l.b)
+  if algo.open then
+    algo.open(s, k)
+    return s
+  end
+  local v, x, y, z = raw[k]
+  if v and #v == algo.length then
+    local kind, meaning
+    kind, meaning, x, y, z = unpack_(algo.format, v)
+    if kind ~= algo.kind or meaning ~= algo.meaning(s) then x = nil end
+  end
+  algo.load(s, x, y, z)
+  return s
+end
+
+-- Reads the limit at `pos` of the packed requests into record l.
+local function read_limit(requests, pos, l)
+  local kind, byte
+  l.key, kind, l.a, l.b, l.cost, byte, pos = unpack_('<I4Bi8i8i8B', requests, pos)
+  local algo, flags = ALGORITHMS[kind], FLAGS[byte]
+  if not algo then error('decide.lua: unknown algorithm ' .. tostring(kind)) end
+  if not flags then error('decide.lua: unknown flags ' .. tostring(byte)) end
+  l.algo, l.group, l.enforced, l.forced = algo, flags.group, flags.enforced, flags.forced
+  l.take, l.delay = 0, 0
+  if flags.takes then l.take, pos = unpack_('<i8', requests, pos) end
+  if flags.delays then l.delay, pos = unpack_('<i8', requests, pos) end
+  return pos
+end
+
+-- Reads the request at `pos` into R.
+local function read_request(requests, pos)
+  R.blocked, R.n, R.refund_at, pos = unpack_('<BI2i8', requests, pos)
+  local limits = R.limits
+  for j = 1, R.n do
+    local l = limits[j]
+    if not l then
+      l = {}
+      limits[j] = l
+    end
+    pos = read_limit(requests, pos, l)
+  end
+  return pos
+end
+
+-- A limit's verdict, appended to the reply.
+local function answer(reply, s, admitted, remaining, wait, taken)
+  reply[#reply + 1] = pack('<i8i8i8i8i8', admitted, remaining, wait, s.algo.reset(s), taken)
+end
+
+-- Spends up to `want` more units of a spent limit, as many as fit now;
+-- returns how many.
+local function take(s, want)
+  if want <= 0 or s.algo == sliding_log then return 0 end
+  local _, remaining = s.algo.check(s, 0)
+  local granted = min(want, remaining)
+  if granted > 0 then s.algo.spend(s, granted) end
+  return granted
+end
+
+-- Decides R: every limit is checked, then the groups every enforced limit
+-- admits (below the request's gate) are charged.
+local function decide_request(reply)
+  local limits, stop = R.limits, R.blocked
+  for j = 1, R.n do
+    local l = limits[j]
+    local s = state(l)
+    local ok, remaining, wait = s.algo.check(s, l.cost)
+    -- A forced charge is admitted; a cost that fits within the limit's
+    -- longest delay is admitted after that wait.
+    local delayed = 0
+    if l.forced then
+      ok = true
+    elseif not ok and l.delay > 0 and wait >= 0 and wait <= l.delay then
+      ok, remaining, wait, delayed = true, 0, 0, wait
+    end
+    l.state, l.ok, l.remaining, l.wait, l.delayed = s, ok, remaining, wait, delayed
+    if l.enforced and not ok and l.group < stop then stop = l.group end
+  end
+  for j = 1, R.n do
+    local l = limits[j]
+    local s = l.state
+    local algo = s.algo
+    -- The parameters this limit sent (another limit of the request may
+    -- share its key).
+    algo.params(s, l.a, l.b)
+    local remaining, taken = l.remaining, 0
+    if l.forced then
+      algo.force(s, l.cost)
+      remaining = select(2, algo.check(s, 0))
+    elseif l.ok and l.group < stop then
+      algo.spend(s, l.cost)
+      taken = take(s, l.take)
+      remaining = remaining - taken
+    elseif l.ok and l.delayed == 0 then
+      -- Admitted, but its group is not charged: nothing was spent.
+      remaining = remaining + l.cost
+    end
+    if l.delayed > 0 then
+      answer(reply, s, 2, remaining, l.delayed, taken)
+    elseif l.ok then
+      answer(reply, s, 1, remaining, l.wait, taken)
+    else
+      answer(reply, s, 0, remaining, l.wait, taken)
+    end
+  end
+end
+
+-- Gives back R's charges spent at its refund time, and answers each one's
+-- check after it.
+local function refund_request(reply)
+  local limits = R.limits
+  for j = 1, R.n do
+    local l = limits[j]
+    local s = state(l)
+    s.algo.refund(s, l.cost, R.refund_at)
+    local ok, remaining, wait = s.algo.check(s, l.cost)
+    answer(reply, s, ok and 1 or 0, remaining, wait, 0)
+  end
+end
+
+-- One write per key, with the state the whole call left.
+local function write_back()
+  for k, s in pairs(S) do
+    local algo = s.algo
+    local ttl = int(algo.reset(s) + SLACK)
+    if algo.write then
+      algo.write(s, ttl)
+    else
+      call('SET', keys[k], pack(algo.format, algo.kind, algo.meaning(s), algo.fields(s)), 'PX', ttl)
+    end
+  end
+end
+
 -- Decides a batch: KEYS and ARGV as described at the top.
 local function decide(call_keys, args)
-  floor, max, min = math.floor, math.max, math.min
+  floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
   pack, unpack_, call = struct.pack, struct.unpack, redis.call
   keys, S = call_keys, {}
   now = tonumber(args[1])
@@ -464,90 +715,15 @@ local function decide(call_keys, args)
   raw = #keys > 0 and call('MGET', unpack(keys)) or {}
   local reply = {}
   local requests, pos = args[3], 1
-  -- Per limit of the current request, flat: state, a, b, cost, group, ok,
-  -- remaining, wait, take, mode (no table per limit).
-  local L = {}
   for _ = 1, tonumber(args[2]) do
-    local blocked, n, refunding
-    blocked, n, refunding, pos = unpack_('<BI2i8', requests, pos)
-    local gate = blocked
-    if refunding > 0 then gate = -1 end
-    for j = 0, n - 1 do
-      local k, kind, a, b, cost, flags
-      k, kind, a, b, cost, flags, pos = unpack_('<I4Bi8i8i8B', requests, pos)
-      -- Most limits carry no take, delay or force: one comparison.
-      local want, longest, forced = 0, 0, false
-      if flags >= 4 then
-        if flags >= 16 then forced, flags = true, flags - 16 end
-        local delays = flags >= 8
-        if delays then flags = flags - 8 end
-        if flags >= 4 then
-          want, pos = unpack_('<i8', requests, pos)
-          flags = flags - 4
-        end
-        if delays then longest, pos = unpack_('<i8', requests, pos) end
-      end
-      local s = state(k, kind, a, b)
-      if refunding > 0 then refund(s, a, b, cost, refunding) end
-      local ok, rem, wait = check(s, a, b, cost)
-      -- How it is admitted: 0 as checked, -1 forced, > 0 after that delay.
-      local mode = 0
-      if forced then
-        ok, mode = true, -1
-      elseif not ok and longest > 0 and wait >= 0 and wait <= longest then
-        ok, rem, wait, mode = true, 0, 0, wait
-      end
-      local group = floor(flags / 2)
-      if flags % 2 == 1 and not ok and group < gate then gate = group end
-      local o = j * 10
-      L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 5] = s, a, b, cost, group
-      L[o + 6], L[o + 7], L[o + 8], L[o + 9], L[o + 10] = ok, rem, wait, want, mode
-    end
-    for j = 0, n - 1 do
-      local o = j * 10
-      local s, a, b, cost, ok, rem = L[o + 1], L[o + 2], L[o + 3], L[o + 4], L[o + 6], L[o + 7]
-      local mode = L[o + 10]
-      local spent = ok and L[o + 5] < gate
-      local granted = 0
-      if mode < 0 then
-        force(s, a, b, cost)
-        local _, left = check(s, a, b, 0)
-        rem = left
-      elseif spent then
-        spend(s, b, cost)
-        granted = take(s, a, b, L[o + 9])
-        rem = rem - granted
-      elseif ok and refunding == 0 and mode == 0 then
-        rem = rem + cost
-      end
-      s.a, s.b = a, b
-      local admitted, wait = 0, L[o + 8]
-      if mode > 0 then admitted, wait = 2, mode elseif ok then admitted = 1 end
-      reply[#reply + 1] = pack('<i8i8i8i8i8', admitted, rem, wait, reset(s, a, b), granted)
-    end
-  end
-
-  -- One write per key, with the state the whole batch left.
-  for k, s in pairs(S) do
-    local key = keys[k]
-    local ttl = int(reset(s, s.a, s.b) + SLACK)
-    if s.kind == SLIDING_WINDOW then
-      call('SET', key, pack(FORMAT[SLIDING_WINDOW], s.kind, s.meaning, s.x, s.y, s.z), 'PX', ttl)
-    elseif s.kind ~= SLIDING_LOG then
-      call('SET', key, pack(FORMAT[s.kind], s.kind, s.meaning, s.x, s.y), 'PX', ttl)
+    pos = read_request(requests, pos)
+    if R.refund_at > 0 then
+      refund_request(reply)
     else
-      if #s.added > 0 then
-        local args = {}
-        local at = int(s.t)
-        for _, m in ipairs(s.added) do
-          args[#args + 1] = at
-          args[#args + 1] = m
-        end
-        call('ZADD', key, unpack(args))
-      end
-      if s.run > s.base then call('PEXPIRE', key, ttl) end
+      decide_request(reply)
     end
   end
+  write_back()
   reply[#reply + 1] = pack('<i8', now)
   return table.concat(reply)
 end
