@@ -48,7 +48,7 @@ pub struct Facts {
     /// The matched route's bound on waiting for the upstream's response.
     pub upstream_timeout: Option<std::time::Duration>,
     /// The matched route's place when its pool is full.
-    pub priority: crate::config::schema::Priority,
+    pub priority: crate::config::Priority,
     /// How long the request is held before it goes on (`on_limit: delay`).
     pub delay_ms: u64,
     /// What the request charged, for a route whose cost the response

@@ -25,7 +25,7 @@ use arc_swap::ArcSwap;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use tokio::sync::oneshot;
 
-use crate::config::schema::Priority;
+use crate::config::Priority;
 use crate::config::Upstream;
 use crate::metrics::Metrics;
 

@@ -204,7 +204,7 @@ pub struct Upstream {
     /// HTTPS to the servers, when set.
     pub tls: Option<UpstreamTls>,
     /// The HTTP version spoken to the servers.
-    pub protocol: super::schema::UpstreamProtocol,
+    pub protocol: UpstreamProtocol,
     /// Active health checks; without them every server counts as healthy.
     pub health: Option<HealthCheck>,
     /// Permits only critical routes may take.
@@ -291,7 +291,7 @@ pub struct Route {
     /// The longest wait for the upstream's response; `None`: the pool's.
     pub timeout: Option<Duration>,
     /// Its place when the pool is full.
-    pub priority: super::schema::Priority,
+    pub priority: Priority,
     /// The actual cost, reported by the upstream after the response.
     pub cost_from_response: Option<CostFromResponse>,
 }
@@ -366,4 +366,41 @@ impl Policy {
             self.store.backend,
         )
     }
+}
+
+/// The values of `routes[].priority`: who waits first and is shed last when
+/// a pool is full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// Served first, and alone in the reserved share.
+    Critical,
+    /// The default.
+    #[default]
+    Normal,
+    /// Refused first.
+    Sheddable,
+}
+
+impl Priority {
+    /// The `priority` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Normal => "normal",
+            Priority::Sheddable => "sheddable",
+        }
+    }
+}
+
+/// The HTTP version spoken to a pool's servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 only.
+    Http1,
+    /// HTTP/2 only (gRPC upstreams need it).
+    H2,
+    /// Whatever the server prefers by ALPN, h2 or HTTP/1.1 (TLS only).
+    Auto,
 }

@@ -8,6 +8,8 @@ use std::marker::PhantomData;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use super::policy::{Priority, UpstreamProtocol};
+
 pub use crate::limits::{Mode, OnStoreError};
 
 /// A YAML mapping whose keys must be unique: a repeated name is an error,
@@ -559,31 +561,6 @@ pub struct RawReserve {
     pub critical: f64,
 }
 
-/// The values of `routes[].priority`: who waits first and is shed last when
-/// a pool is full.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    /// Served first, and alone in the reserved share.
-    Critical,
-    /// The default.
-    #[default]
-    Normal,
-    /// Refused first.
-    Sheddable,
-}
-
-impl Priority {
-    /// The `priority` label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Priority::Critical => "critical",
-            Priority::Normal => "normal",
-            Priority::Sheddable => "sheddable",
-        }
-    }
-}
-
 /// The `upstreams.*.tls` section.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -595,18 +572,6 @@ pub struct RawUpstreamTls {
     pub ca_file: Option<String>,
     /// Whether the servers' certificates are verified; default true.
     pub verify: Option<bool>,
-}
-
-/// The HTTP version spoken to a pool's servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UpstreamProtocol {
-    /// HTTP/1.1 only.
-    Http1,
-    /// HTTP/2 only (gRPC upstreams need it).
-    H2,
-    /// Whatever the server prefers by ALPN, h2 or HTTP/1.1 (TLS only).
-    Auto,
 }
 
 /// The `upstreams.*.health_check` section.

@@ -22,10 +22,8 @@ use tokio::time::Instant;
 use super::breaker::{Breaker, Permit};
 use super::lease::{GiveBack, Leases, Spend, Token};
 use super::memory::MemoryStore;
-use super::plan::{in_order, part_gate, settle, Part};
-use super::{
-    gate, undone, Charge, Gate, LimitStore, OnStoreError, Op, Overload, Source, StoreError, Verdict,
-};
+use super::plan::{in_order, part_gate, settle, settlement, Fallback, Part, Split};
+use super::{gate, undone, Charge, Gate, LimitStore, Op, Overload, Source, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
 use crate::logs::STORE as STORE_LOG;
 use crate::metrics::Metrics;
@@ -163,7 +161,8 @@ impl<C: Clock> Limiter<C> {
             .filter(|(_, h)| matches!(h, Some((v, None)) if !v.allowed))
             .map(|(c, _)| c);
         let refused_gate = gate(refused, |_| false, Gate::Open);
-        let local: Vec<&Charge> = charges.iter().filter(|c| c.local).collect();
+        let split = Split::new(charges, |i| held[i].is_some());
+        let local: Vec<&Charge> = split.local.iter().map(|&i| &charges[i]).collect();
         let (local_verdicts, spent_at) = self.local.decide_now(&local, refused_gate);
         let local_gate = gate(
             local.iter().copied(),
@@ -171,9 +170,10 @@ impl<C: Clock> Limiter<C> {
             refused_gate,
         );
         let mut taking = takes.iter().peekable();
-        let remote: Vec<&Charge> = (0..charges.len())
-            .filter(|&i| !charges[i].local && held[i].is_none())
-            .map(|i| match taking.next_if(|(t, ..)| *t == i) {
+        let remote: Vec<&Charge> = split
+            .remote
+            .iter()
+            .map(|&i| match taking.next_if(|(t, ..)| *t == i) {
                 Some((_, take, _)) => take,
                 None => &charges[i],
             })
@@ -209,27 +209,24 @@ impl<C: Clock> Limiter<C> {
         // local limits spent in groups denied after all goes back (the
         // store call was told where to stop, so it spent nothing beyond).
         let all: Vec<&Charge> = charges.iter().collect();
-        let members = |f: &dyn Fn(usize) -> bool| (0..charges.len()).filter(|&i| f(i)).collect();
-        let held_part: Vec<usize> = members(&|i| held[i].is_some());
-        let local_part: Vec<usize> = members(&|i| held[i].is_none() && charges[i].local);
-        let remote_part: Vec<usize> = members(&|i| held[i].is_none() && !charges[i].local);
         let parts = [
             Part {
-                verdicts: held_part
+                verdicts: split
+                    .held
                     .iter()
                     .filter_map(|&i| held[i].map(|(v, _)| v))
                     .collect(),
-                members: held_part,
+                members: split.held,
                 spent_below: Gate::Open,
             },
             Part {
-                members: local_part,
+                members: split.local,
                 verdicts: local_verdicts.clone(),
                 spent_below: local_gate,
             },
             Part {
-                spent_below: part_gate(&all, &remote_part, &remote_verdicts, local_gate),
-                members: remote_part,
+                spent_below: part_gate(&all, &split.remote, &remote_verdicts, local_gate),
+                members: split.remote,
                 verdicts: remote_verdicts,
             },
         ];
@@ -362,19 +359,7 @@ impl<C: Clock> Limiter<C> {
         if delta == 0 || charged.is_empty() {
             return;
         }
-        let amount = delta.unsigned_abs();
-        let settle: Vec<(Charge, u64)> = charged
-            .iter()
-            .map(|(c, at)| {
-                let c = Charge {
-                    cost: amount,
-                    op: if delta > 0 { Op::Force } else { Op::DECIDE },
-                    lease: None,
-                    ..c.clone()
-                };
-                (c, *at)
-            })
-            .collect();
+        let settle = settlement(charged, delta);
         let (local, shared): (Vec<_>, Vec<_>) = settle.iter().partition(|(c, _)| c.local);
         if delta > 0 {
             let local: Vec<&Charge> = local.iter().map(|(c, _)| c).collect();
@@ -506,51 +491,17 @@ impl<C: Clock> Limiter<C> {
 
     /// The store is failing: local limits as usual, leased units already
     /// spent (`held`) stay spent, and each other shared limit follows its
-    /// `on_store_error`.
+    /// `on_store_error` ([`Fallback`]).
     fn degraded(
         &self,
         charges: &[Charge],
         held: &[Option<(Verdict, Option<Token>)>],
         instances: u32,
     ) -> Vec<Verdict> {
-        let mut fixed: Vec<Option<Verdict>> = held.iter().map(|h| h.map(|(v, _)| v)).collect();
-        let mut run = Vec::new();
-        let mut index = Vec::new();
-        // A refusal a lease remembers blocks its group, as a closed limit.
-        let mut blocked = gate(charges, |i| fixed[i].is_none_or(|v| v.allowed), Gate::Open);
-        for (i, c) in charges.iter().enumerate() {
-            if fixed[i].is_some() {
-                continue;
-            }
-            match (c.local, c.on_store_error) {
-                (true, _) => {
-                    run.push(c.clone());
-                    index.push(i);
-                }
-                (false, OnStoreError::Local) => {
-                    let mut fallback = c.clone();
-                    fallback.params = c.params.share(instances);
-                    fallback.key = format!("\u{1e}fallback\u{1f}{}", c.key);
-                    run.push(fallback);
-                    index.push(i);
-                }
-                (false, OnStoreError::Open) => fixed[i] = Some(failed(true, Source::FailOpen)),
-                (false, OnStoreError::Closed) => {
-                    fixed[i] = Some(failed(false, Source::FailClosed));
-                    if c.enforce {
-                        blocked = blocked.min(Gate::At(c.group));
-                    }
-                }
-            }
-        }
-        let (decided, _) = self.local.decide_now(&run, blocked);
-        for (&i, mut v) in index.iter().zip(decided) {
-            if !charges[i].local {
-                v.source = Source::Fallback;
-            }
-            fixed[i] = Some(v);
-        }
-        fixed.into_iter().flatten().collect()
+        let held: Vec<Option<Verdict>> = held.iter().map(|h| h.map(|(v, _)| v)).collect();
+        let plan = Fallback::new(charges, &held, instances);
+        let (decided, _) = self.local.decide_now(&plan.to_run(), plan.blocked);
+        plan.conclude(charges, decided)
     }
 }
 
@@ -603,10 +554,6 @@ impl Shared {
 /// The verdict of a charge whose decision was shed.
 fn shed(why: Overload) -> Verdict {
     Verdict::undecided(false, Source::Shed(why))
-}
-
-fn failed(allowed: bool, source: Source) -> Verdict {
-    Verdict::undecided(allowed, source)
 }
 
 #[cfg(test)]

@@ -9,8 +9,139 @@
 //! stops charging, and what each part spent beyond it and must give back.
 //! The limiter and the Cluster store both settle this way; neither holds
 //! the rule itself.
+//!
+//! The rest of a decision's plan lives here too, so that the limiter only
+//! makes the calls: which part decides each charge ([`Split`]), what a
+//! failing store leaves to each limit's failure mode ([`Fallback`]), and
+//! what settles a cost learnt after the response ([`settlement`]).
 
-use super::{gate, undone, Charge, Gate, Verdict};
+use super::{gate, undone, Charge, Gate, OnStoreError, Op, Source, Verdict};
+
+/// Where each of a decision's charges is decided: spent from (or refused
+/// by) a lease this instance holds, in this process, or in the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Split {
+    /// Charges a lease settled.
+    pub held: Vec<usize>,
+    /// Local charges.
+    pub local: Vec<usize>,
+    /// Shared charges for the store call (a lease short of units joins it
+    /// as a take).
+    pub remote: Vec<usize>,
+}
+
+impl Split {
+    /// Splits `charges`, of which `held(i)` says a lease settled charge i.
+    pub fn new(charges: &[Charge], held: impl Fn(usize) -> bool) -> Self {
+        let mut split = Self::default();
+        for (i, c) in charges.iter().enumerate() {
+            match (held(i), c.local) {
+                (true, _) => split.held.push(i),
+                (false, true) => split.local.push(i),
+                (false, false) => split.remote.push(i),
+            }
+        }
+        split
+    }
+}
+
+/// A decision while the store fails, planned: local limits as usual,
+/// leased units already spent stay spent, and each other shared limit
+/// follows its `on_store_error`.
+#[derive(Debug, Clone)]
+pub struct Fallback {
+    /// Verdicts known already: a lease's, or a limit that fails open or
+    /// closed.
+    pub fixed: Vec<Option<Verdict>>,
+    /// Charges to decide in this process, with their index: local limits
+    /// and the `local` fallbacks, each holding `1/instances` of its
+    /// budget under a key of its own.
+    pub run: Vec<(usize, Charge)>,
+    /// The first group not to charge: a refusal a lease remembers or a
+    /// closed limit blocks its group.
+    pub blocked: Gate,
+}
+
+impl Fallback {
+    /// Plans the decision of `charges` of which `held` are settled by
+    /// leases, for a fleet of `instances`.
+    pub fn new(charges: &[Charge], held: &[Option<Verdict>], instances: u32) -> Self {
+        let mut fixed = held.to_vec();
+        let mut run = Vec::new();
+        let mut blocked = gate(charges, |i| fixed[i].is_none_or(|v| v.allowed), Gate::Open);
+        for (i, c) in charges.iter().enumerate() {
+            if fixed[i].is_some() {
+                continue;
+            }
+            match (c.local, c.on_store_error) {
+                (true, _) => run.push((i, c.clone())),
+                (false, OnStoreError::Local) => {
+                    let fallback = Charge {
+                        params: c.params.share(instances),
+                        key: format!("\u{1e}fallback\u{1f}{}", c.key),
+                        ..c.clone()
+                    };
+                    run.push((i, fallback));
+                }
+                (false, OnStoreError::Open) => {
+                    fixed[i] = Some(Verdict::undecided(true, Source::FailOpen));
+                }
+                (false, OnStoreError::Closed) => {
+                    fixed[i] = Some(Verdict::undecided(false, Source::FailClosed));
+                    if c.enforce {
+                        blocked = blocked.min(Gate::At(c.group));
+                    }
+                }
+            }
+        }
+        Self {
+            fixed,
+            run,
+            blocked,
+        }
+    }
+
+    /// The charges to decide in this process.
+    pub fn to_run(&self) -> Vec<&Charge> {
+        self.run.iter().map(|(_, c)| c).collect()
+    }
+
+    /// The decision, once `decided` holds one verdict per charge of `run`
+    /// (decided below `blocked`): a shared limit's local verdict is marked
+    /// as its fallback's.
+    pub fn conclude(self, charges: &[Charge], decided: Vec<Verdict>) -> Vec<Verdict> {
+        let mut verdicts = self.fixed;
+        for ((i, _), mut v) in self.run.iter().zip(decided) {
+            if !charges[*i].local {
+                v.source = Source::Fallback;
+            }
+            verdicts[*i] = Some(v);
+        }
+        verdicts.into_iter().flatten().collect()
+    }
+}
+
+/// What settles a request's charges (each with the store time it was made
+/// at) once its actual cost is known, `delta` away from what was charged:
+/// `delta` more forced on each, or `-delta` given back. Leases are not
+/// involved: a settlement goes to the limit's own state.
+pub fn settlement(charged: &[(Charge, u64)], delta: i64) -> Vec<(Charge, u64)> {
+    if delta == 0 {
+        return Vec::new();
+    }
+    charged
+        .iter()
+        .map(|(c, at)| {
+            let c = Charge {
+                cost: delta.unsigned_abs(),
+                op: if delta > 0 { Op::Force } else { Op::DECIDE },
+                lease: None,
+                ..c.clone()
+            };
+            (c, *at)
+        })
+        .collect()
+}
 
 /// One part of a decision: which of the request's charges it decided,
 /// what it said of each, and the gate below which it charged.
@@ -200,5 +331,97 @@ mod tests {
         ];
         let s = settle(&c, &denied, Gate::At(Group::Request));
         assert_eq!(s.undo[0], vec![1], "the forced charge is never given back");
+    }
+
+    #[test]
+    fn each_charge_is_decided_by_one_part() {
+        let mut owned = charges();
+        owned[1].local = true;
+        let split = Split::new(&owned, |i| i == 2);
+        assert_eq!(split.held, vec![2]);
+        assert_eq!(split.local, vec![1]);
+        assert_eq!(split.remote, vec![0, 3], "in the charges' order");
+    }
+
+    #[test]
+    fn a_failing_store_leaves_each_limit_to_its_failure_mode() {
+        let mut owned = charges();
+        // ip: local fallback; tenant: open; global: closed; credential:
+        // a local limit.
+        owned[0].on_store_error = OnStoreError::Local;
+        owned[1].on_store_error = OnStoreError::Open;
+        owned[3].local = true;
+        let plan = Fallback::new(&owned, &[None; 4], 4);
+        assert_eq!(
+            plan.fixed[1].map(|v| (v.allowed, v.source)),
+            Some((true, Source::FailOpen))
+        );
+        assert_eq!(
+            plan.fixed[2].map(|v| (v.allowed, v.source)),
+            Some((false, Source::FailClosed))
+        );
+        assert_eq!(
+            plan.blocked,
+            Gate::At(Group::Request),
+            "the closed limit blocks its group"
+        );
+        let run: Vec<usize> = plan.run.iter().map(|(i, _)| *i).collect();
+        assert_eq!(run, vec![0, 3]);
+        let (_, fallback) = &plan.run[0];
+        assert_ne!(
+            fallback.key, owned[0].key,
+            "a fallback counts under a key of its own"
+        );
+        assert_eq!(
+            fallback.params,
+            owned[0].params.share(4),
+            "a quarter of the budget"
+        );
+        assert_eq!(plan.run[1].1.key, owned[3].key, "a local limit is itself");
+
+        let verdicts = plan.conclude(&owned, vec![verdict(true), verdict(true)]);
+        let sources: Vec<Source> = verdicts.iter().map(|v| v.source).collect();
+        assert_eq!(
+            sources,
+            vec![
+                Source::Fallback,
+                Source::FailOpen,
+                Source::FailClosed,
+                Source::Store
+            ],
+            "a shared limit decided here is marked as its fallback"
+        );
+    }
+
+    #[test]
+    fn what_leases_settled_stays_and_a_refusal_blocks_its_group() {
+        let mut owned = charges();
+        owned[0].on_store_error = OnStoreError::Open;
+        let held = [None, None, Some(verdict(false)), Some(verdict(true))];
+        let plan = Fallback::new(&owned, &held, 2);
+        assert_eq!(plan.blocked, Gate::At(Group::Request));
+        assert_eq!(plan.fixed[2].map(|v| v.allowed), Some(false));
+        assert_eq!(plan.fixed[3].map(|v| v.allowed), Some(true));
+        assert!(
+            plan.run.is_empty(),
+            "the undecided charges fail open and closed"
+        );
+    }
+
+    #[test]
+    fn a_cost_learnt_later_is_forced_or_given_back() {
+        let owned = charges();
+        let charged: Vec<(Charge, u64)> = owned.iter().cloned().zip([10, 10, 20, 20]).collect();
+        assert!(settlement(&charged, 0).is_empty());
+        let more = settlement(&charged, 7);
+        assert!(more
+            .iter()
+            .all(|(c, _)| c.cost == 7 && c.op == Op::Force && c.lease.is_none()));
+        assert_eq!(
+            more.iter().map(|(_, at)| *at).collect::<Vec<_>>(),
+            vec![10, 10, 20, 20]
+        );
+        let less = settlement(&charged, -3);
+        assert!(less.iter().all(|(c, _)| c.cost == 3 && c.op == Op::DECIDE));
     }
 }

@@ -17,7 +17,7 @@ fn upstream(servers: &[&str], max_in_flight: u32, max_waiting: u32, wait_ms: u64
         server_names: servers.iter().map(|s| s.to_string()).collect(),
         host_header: crate::config::HostHeader::Preserve,
         tls: None,
-        protocol: crate::config::schema::UpstreamProtocol::Http1,
+        protocol: crate::config::UpstreamProtocol::Http1,
         health: None,
         reserved_critical: 0,
     }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::*;
 use crate::clock::ManualClock;
-use crate::limits::Group;
+use crate::limits::{Group, OnStoreError};
 use crate::testing::{bucket_params, charge, local_charge};
 
 /// One scripted answer of the fake store.
@@ -30,13 +30,22 @@ struct FakeStore {
     answers: Mutex<VecDeque<Answer>>,
     /// For each call: the charges' keys and the gate it was given.
     calls: Mutex<Vec<(Vec<String>, Gate)>>,
+    /// For each call: each charge's cost and operation.
+    ops: Mutex<Vec<Vec<(u64, Op)>>>,
+    /// For each give-back: the keys and costs given back, and when they
+    /// were spent.
+    given_back: Mutex<Vec<GivenBack>>,
 }
+
+/// The keys and costs of one give-back, and the store time they were
+/// spent at.
+type GivenBack = (Vec<(String, u64)>, u64);
 
 impl FakeStore {
     fn answering(answers: impl IntoIterator<Item = Answer>) -> Arc<Self> {
         Arc::new(Self {
             answers: Mutex::new(answers.into_iter().collect()),
-            calls: Mutex::default(),
+            ..Self::default()
         })
     }
 
@@ -67,6 +76,8 @@ impl LimitStore for FakeStore {
     ) -> Result<Vec<Verdict>, StoreError> {
         let keys = charges.iter().map(|c| c.key.clone()).collect();
         self.calls.lock().unwrap().push((keys, blocked_from));
+        let ops = charges.iter().map(|c| (c.cost, c.op)).collect();
+        self.ops.lock().unwrap().push(ops);
         let answer = self.answers.lock().unwrap().pop_front();
         match answer.expect("a scripted answer for every call") {
             Answer::Verdicts(v) => Ok(v.into_iter().map(store_verdict).collect()),
@@ -79,8 +90,10 @@ impl LimitStore for FakeStore {
         }
     }
 
-    async fn give_back(&self, _: &[&Charge], _: u64) -> Result<(), StoreError> {
-        unreachable!("no test of this store holds a lease")
+    async fn give_back(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError> {
+        let back = charges.iter().map(|c| (c.key.clone(), c.cost)).collect();
+        self.given_back.lock().unwrap().push((back, spent_at));
+        Ok(())
     }
 }
 
@@ -323,4 +336,78 @@ async fn the_breaker_opens_then_lets_one_probe_through() {
     assert_eq!(v[0].source, Source::Store, "the probe went through");
     assert_eq!(store.calls().len(), 3);
     assert_eq!(s.metrics.store_circuit_open.get(), 0);
+}
+
+/// What the local bucket of `key` (capacity 4) has left: a decision of
+/// cost 0 reads it.
+fn local_left(limiter: &Limiter<ManualClock>, key: &str) -> u64 {
+    let probe = Charge {
+        cost: 0,
+        ..local(key, Group::Request, 4)
+    };
+    limiter.local.decide_now(&[probe], Gate::Open).0[0].remaining
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_larger_actual_cost_is_forced_on_every_charge() {
+    let store = FakeStore::answering([Answer::Verdicts(vec![true]), Answer::Verdicts(vec![true])]);
+    let setup = limiter(Some(store.clone()));
+    let charges = vec![
+        local("credential", Group::Request, 4),
+        shared("tenant", Group::Request, OnStoreError::Closed),
+    ];
+    let verdicts = setup.limiter.decide(&charges).await;
+    assert_eq!(allowed(&verdicts), vec![true, true]);
+    assert_eq!(local_left(&setup.limiter, "credential"), 3);
+
+    let charged: Vec<(Charge, u64)> = charges.iter().map(|c| (c.clone(), 7)).collect();
+    setup.limiter.reconcile(&charged, 5).await;
+    // Forced into debt: the bucket of 4 holds nothing now, whatever it
+    // held.
+    assert_eq!(local_left(&setup.limiter, "credential"), 0);
+    let ops = store.ops.lock().unwrap().clone();
+    assert_eq!(ops.len(), 2, "one decision, then one settlement call");
+    assert_eq!(
+        ops[1],
+        vec![(5, Op::Force)],
+        "the shared charge, forced by the difference"
+    );
+    assert!(store.given_back.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_smaller_actual_cost_is_given_back_where_it_was_spent() {
+    let store = FakeStore::answering([]);
+    let setup = limiter(Some(store.clone()));
+    let charges = [
+        Charge {
+            cost: 3,
+            ..local("credential", Group::Request, 4)
+        },
+        Charge {
+            cost: 3,
+            ..shared("tenant", Group::Request, OnStoreError::Closed)
+        },
+    ];
+    let (_, spent_at) = setup.limiter.local.decide_now(&charges[..1], Gate::Open);
+    assert_eq!(local_left(&setup.limiter, "credential"), 1);
+    let charged = vec![(charges[0].clone(), spent_at), (charges[1].clone(), 99)];
+    setup.limiter.reconcile(&charged, -2).await;
+    assert_eq!(local_left(&setup.limiter, "credential"), 3, "2 of 3 back");
+    assert_eq!(
+        store.given_back.lock().unwrap().clone(),
+        vec![(vec![("tenant".to_string(), 2)], 99)],
+        "given back at the store time it was spent"
+    );
+    assert!(store.calls().is_empty(), "a give-back decides nothing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_that_was_right_settles_nothing() {
+    let store = FakeStore::answering([]);
+    let setup = limiter(Some(store.clone()));
+    let charged = vec![(shared("tenant", Group::Request, OnStoreError::Closed), 5)];
+    setup.limiter.reconcile(&charged, 0).await;
+    assert!(store.calls().is_empty());
+    assert!(store.given_back.lock().unwrap().is_empty());
 }
