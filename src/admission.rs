@@ -109,7 +109,25 @@ pub struct Plan<'a> {
 /// only in [`conclude`], after the pre-auth limits, so callers observe the
 /// design's order: a request denied by its IP limit gets 429 whatever its
 /// key, and a bad key is charged to its IP before it gets 401.
-pub fn plan<'a>(
+pub fn plan<'a>(rt: &'a Runtime, peer: IpAddr, req: &RequestHeader) -> Planned<'a> {
+    let mut facts = Facts::default();
+    let plan = plan_into(rt, peer, req, &mut facts);
+    Planned { facts, plan }
+}
+
+/// What [`plan`] found: the request's facts as far as the path got (a
+/// refusal is logged with its client IP and route), and the plan or why
+/// the request stops there.
+#[derive(Debug)]
+pub struct Planned<'a> {
+    /// What the path learnt of the request.
+    pub facts: Facts,
+    /// The charges to decide, or the refusal.
+    pub plan: Result<Plan<'a>, Rejection>,
+}
+
+/// [`plan`], noting each fact as soon as it is known.
+fn plan_into<'a>(
     rt: &'a Runtime,
     peer: IpAddr,
     req: &RequestHeader,
@@ -323,7 +341,9 @@ pub async fn admit(
     req: &RequestHeader,
     facts: &mut Facts,
 ) -> Result<Admitted, Rejection> {
-    let plan = plan(rt, peer, req, facts)?;
+    let planned = plan(rt, peer, req);
+    *facts = planned.facts;
+    let plan = planned.plan?;
     let verdicts = if plan.charges.is_empty() {
         Vec::new()
     } else {

@@ -72,11 +72,12 @@ fn planned(
     target: &str,
     headers: &[(&str, &str)],
 ) -> (Result<(String, usize, bool), Rejection>, Facts) {
-    let mut facts = Facts::default();
     let req = request(method, target, headers);
-    let out = plan(rt, PEER.parse().unwrap(), &req, &mut facts)
+    let planned = plan(rt, PEER.parse().unwrap(), &req);
+    let out = planned
+        .plan
         .map(|p| (p.route.name.to_string(), p.charges.len(), p.authenticated));
-    (out, facts)
+    (out, planned.facts)
 }
 
 #[test]
@@ -142,10 +143,14 @@ fn plan_refusals_table() {
 #[test]
 fn denied_addresses_are_refused_before_anything_else() {
     let rt = runtime();
-    let mut facts = Facts::default();
     let req = request("GET", "v1/secret", &[]);
-    let out = plan(&rt, "192.0.2.7".parse().unwrap(), &req, &mut facts);
-    assert_eq!(out.err(), Some(Rejection::Forbidden));
+    let planned = plan(&rt, "192.0.2.7".parse().unwrap(), &req);
+    assert_eq!(planned.plan.err(), Some(Rejection::Forbidden));
+    assert_eq!(
+        planned.facts.client_ip,
+        Some("192.0.2.7".parse().unwrap()),
+        "a refusal keeps what the path learnt"
+    );
 }
 
 #[test]
@@ -171,9 +176,9 @@ fn verdict(allowed: bool) -> Verdict {
 
 fn concluded(headers: &[(&str, &str)], verdicts: &[bool]) -> (Result<Admitted, Rejection>, Facts) {
     let rt = runtime();
-    let mut facts = Facts::default();
     let req = request("POST", "/v1/reports/1", headers);
-    let plan = plan(&rt, PEER.parse().unwrap(), &req, &mut facts).unwrap();
+    let Planned { plan, mut facts } = plan(&rt, PEER.parse().unwrap(), &req);
+    let plan = plan.unwrap();
     let verdicts: Vec<Verdict> = verdicts.iter().map(|&a| verdict(a)).collect();
     (
         conclude(&plan, &verdicts, Conclusion::of(&rt), &mut facts),
@@ -217,9 +222,9 @@ fn conclusion_table() {
 #[test]
 fn respond_routes_answer_directly() {
     let rt = runtime();
-    let mut facts = Facts::default();
     let req = request("GET", "/teapot", &[]);
-    let plan = plan(&rt, PEER.parse().unwrap(), &req, &mut facts).unwrap();
+    let Planned { plan, mut facts } = plan(&rt, PEER.parse().unwrap(), &req);
+    let plan = plan.unwrap();
     assert!(plan.charges.is_empty());
     match conclude(&plan, &[], Conclusion::of(&rt), &mut facts) {
         Ok(Admitted::Respond { status, body, .. }) => {
