@@ -43,8 +43,8 @@ pub struct Facts {
     pub rewritten_target: Option<String>,
     /// The matched route's body bound (→ 413).
     pub max_body_bytes: u64,
-    /// Whether the matched route lets `Upgrade` (WebSocket) requests pass.
-    pub upgrade: bool,
+    /// The protocols the matched route lets an `Upgrade` request name.
+    pub upgrade: Arc<[Box<str>]>,
     /// The matched route's bound on waiting for the upstream's response.
     pub upstream_timeout: Option<std::time::Duration>,
     /// The matched route's place when its pool is full.
@@ -144,12 +144,11 @@ fn plan_into<'a>(
         .get(http::header::HOST)
         .map(http::HeaderValue::as_bytes)
         .or_else(|| req.uri.authority().map(|a| a.as_str().as_bytes()));
-    let target = target::parse(req.raw_path(), host, policy.server.edge.encoded_slash).map_err(
-        |e| match e {
+    let target =
+        target::parse(req.raw_path(), host, policy.server.edge.path).map_err(|e| match e {
             e if e.is_not_found() => Rejection::NotFound,
             e => Rejection::BadRequest { detail: e.detail() },
-        },
-    )?;
+        })?;
     facts.target_ok = true;
     let host = host
         .and_then(|h| std::str::from_utf8(h).ok())
@@ -163,7 +162,7 @@ fn plan_into<'a>(
     facts.route_header = Some(route.class_header.clone());
     facts.cost = route.cost;
     facts.max_body_bytes = route.max_body_bytes;
-    facts.upgrade = route.upgrade;
+    facts.upgrade = route.upgrade.clone();
     facts.upstream_timeout = route.timeout;
     facts.priority = route.priority;
     if target.rewritten {

@@ -273,9 +273,7 @@ impl ProxyHttp for Gateway {
         });
         match prepared {
             Ok(Admitted::Forward(_)) => {
-                if !ctx.facts.upgrade {
-                    headers::refuse_upgrade(session.req_header_mut())?;
-                }
+                headers::limit_upgrade(session.req_header_mut(), &ctx.facts.upgrade)?;
                 Ok(false)
             }
             Ok(Admitted::Respond {

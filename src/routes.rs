@@ -11,6 +11,28 @@
 //! one non-empty segment) or `**` (only last; zero or more segments). A
 //! trailing slash is significant: `/a` matches `/a` only and `/a/` matches
 //! `/a/` only, because the empty final segment is compared literally.
+//! `server.path` relaxes both for upstreams that read paths that way
+//! ([`Matching`]): the path the upstream receives is the same either way.
+
+use crate::edge::target::{Case, PathRules, TrailingSlash};
+
+/// How paths match templates: the matching half of [`PathRules`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Matching {
+    /// Whether a template also matches its path with one trailing `/`.
+    pub trailing_slash: TrailingSlash,
+    /// Whether literal segments ignore ASCII case.
+    pub case: Case,
+}
+
+impl From<PathRules> for Matching {
+    fn from(rules: PathRules) -> Self {
+        Self {
+            trailing_slash: rules.trailing_slash,
+            case: rules.case,
+        }
+    }
+}
 
 /// Index of a route in the policy, in the order routes are listed.
 pub type RouteId = usize;
@@ -87,17 +109,38 @@ impl PathTemplate {
         })
     }
 
-    /// Whether a normalised path (as returned by `normalize_path`) matches.
+    /// Whether a normalised path (as returned by `normalize_path`) matches,
+    /// exactly.
     pub fn matches(&self, path: &str) -> bool {
+        self.matches_as(path, Matching::default())
+    }
+
+    /// Whether a normalised path matches under `how`.
+    pub fn matches_as(&self, path: &str, how: Matching) -> bool {
+        if self.matches_one(path, how.case) {
+            return true;
+        }
+        how.trailing_slash == TrailingSlash::Ignore
+            && path.len() > 1
+            && path
+                .strip_suffix('/')
+                .is_some_and(|p| self.matches_one(p, how.case))
+    }
+
+    fn matches_one(&self, path: &str, case: Case) -> bool {
         let Some(body) = path.strip_prefix('/') else {
             return false;
+        };
+        let same = |lit: &str, part: &str| match case {
+            Case::Sensitive => lit == part,
+            Case::Insensitive => lit.eq_ignore_ascii_case(part),
         };
         // Iterating the split directly keeps the per-request path allocation-free.
         let mut parts = body.split('/');
         for segment in &self.segments {
             let ok = match segment {
                 Segment::Rest => return true,
-                Segment::Literal(lit) => parts.next() == Some(lit.as_str()),
+                Segment::Literal(lit) => parts.next().is_some_and(|p| same(lit, p)),
                 Segment::Param(_) => parts.next().is_some_and(|p| !p.is_empty()),
             };
             if !ok {
@@ -233,13 +276,20 @@ struct Entry<R> {
 #[derive(Debug, Clone)]
 pub struct Router<R> {
     entries: Vec<Entry<R>>,
+    matching: Matching,
 }
 
 impl<R> Router<R> {
-    /// Creates an empty router.
+    /// Creates an empty router that matches paths exactly.
     pub fn new() -> Self {
+        Self::matching(Matching::default())
+    }
+
+    /// Creates an empty router that matches paths as `how` says.
+    pub fn matching(how: Matching) -> Self {
         Router {
             entries: Vec::new(),
+            matching: how,
         }
     }
 
@@ -271,7 +321,7 @@ impl<R> Router<R> {
                 (e.methods.is_empty() || e.methods.iter().any(|m| m == method))
                     && (e.hosts.is_empty()
                         || host.is_some_and(|h| e.hosts.iter().any(|p| p.matches(h))))
-                    && e.template.matches(path)
+                    && e.template.matches_as(path, self.matching)
             })
             .map(|e| &e.route)
     }
@@ -308,6 +358,46 @@ mod tests {
 
     fn err(s: &str) -> String {
         PathTemplate::parse(s).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn matching_can_ignore_a_trailing_slash_and_case() {
+        let loose = Matching {
+            trailing_slash: TrailingSlash::Ignore,
+            case: Case::Insensitive,
+        };
+        let reports = t("/v1/reports/{id}");
+        for (path, strict, relaxed) in [
+            ("/v1/reports/3", true, true),
+            ("/v1/reports/3/", false, true),
+            ("/V1/REPORTS/3", false, true),
+            ("/V1/Reports/3/", false, true),
+            ("/v1/reports/3//", false, false),
+            ("/v1/reports/", false, false),
+            ("/v1/reportsx/3", false, false),
+        ] {
+            assert_eq!(reports.matches(path), strict, "{path}");
+            assert_eq!(reports.matches_as(path, loose), relaxed, "{path}");
+        }
+        assert!(t("/").matches_as("/", loose));
+        assert!(
+            !t("/a").matches_as("/", loose),
+            "the root is not a trailing slash"
+        );
+
+        // First match in file order, now that the specific route also
+        // matches what used to fall through to the catch-all.
+        let mut router = Router::matching(loose);
+        router.push(vec![], vec![], t("/v1/reports/{id}"), "reports");
+        router.push(vec![], vec![], t("/**"), "catch-all");
+        assert_eq!(router.find("GET", None, "/V1/REPORTS/3/"), Some(&"reports"));
+        let mut strict = Router::new();
+        strict.push(vec![], vec![], t("/v1/reports/{id}"), "reports");
+        strict.push(vec![], vec![], t("/**"), "catch-all");
+        assert_eq!(
+            strict.find("GET", None, "/V1/REPORTS/3"),
+            Some(&"catch-all")
+        );
     }
 
     #[test]

@@ -268,11 +268,9 @@ impl Simulation {
         let path = match (&line.path, &line.target) {
             (Some(path), _) => Some(Cow::Borrowed(path.as_str())),
             // A target the edge refuses (400, 404) never reaches a limit.
-            (None, Some(raw)) => {
-                target::parse(raw.as_bytes(), None, self.policy.server.edge.encoded_slash)
-                    .ok()
-                    .map(|t| t.path)
-            }
+            (None, Some(raw)) => target::parse(raw.as_bytes(), None, self.policy.server.edge.path)
+                .ok()
+                .map(|t| t.path),
             (None, None) => None,
         };
         let Some(path) = path else {

@@ -191,6 +191,138 @@ fn upgrades_pass_only_where_the_route_allows_them() {
     assert!(saw(&refused, "upgrade").is_empty(), "{refused}");
     let allowed = send(&gw, &format!("GET /ws HTTP/1.1\r\nhost: t\r\n{up}"));
     assert_eq!(saw(&allowed, "upgrade"), ["websocket"], "{allowed}");
+    // `upgrade: true` is WebSocket only: h2c would open an HTTP/2 tunnel
+    // to every path of an upstream that speaks it.
+    for h2c in ["h2c", "websocket, h2c"] {
+        let tunnel = send(
+            &gw,
+            &format!(
+                "GET /ws HTTP/1.1\r\nhost: t\r\nUpgrade: {h2c}\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+                 HTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA"
+            ),
+        );
+        assert_eq!(status_of(&tunnel), 200, "{tunnel}");
+        assert!(saw(&tunnel, "upgrade").is_empty(), "{h2c}: {tunnel}");
+        assert!(
+            !saw(&tunnel, "connection")
+                .iter()
+                .any(|c| c.to_ascii_lowercase().contains("upgrade")),
+            "{h2c}: {tunnel}"
+        );
+    }
+}
+
+#[test]
+fn path_and_method_overrides_never_reach_the_upstream() {
+    let (gw, _upstream) = start();
+    let overrides = "x-original-url: /admin\r\nX_Rewrite_Url: /admin\r\n\
+                     x-http-method-override: DELETE\r\nx-method-override: DELETE\r\n\
+                     x-http-method: DELETE\r\nx-forwarded-host: evil.test\r\nx-forwarded-port: 8443";
+    for (from, trusted) in [("127.0.0.1", false), ("127.0.0.2", true)] {
+        let mut stream = connect(gw.addr, Some(from.parse().unwrap()));
+        let req = format!(
+            "GET /public/x HTTP/1.1\r\nhost: t\r\n{overrides}\r\nconnection: close\r\n\r\n"
+        );
+        stream.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        stream.read_to_string(&mut out).unwrap();
+        assert_eq!(status_of(&out), 200, "{out}");
+        let headers = echo(&out)["headers"].as_object().unwrap().clone();
+        for gone in [
+            "x-original-url",
+            "x_rewrite_url",
+            "x-http-method-override",
+            "x-method-override",
+            "x-http-method",
+        ] {
+            assert!(
+                !headers.contains_key(gone),
+                "{gone} from {from}: {headers:?}"
+            );
+        }
+        let expected: &[&str] = if trusted { &["evil.test"] } else { &[] };
+        assert_eq!(saw(&out, "x-forwarded-host"), expected, "from {from}");
+        let expected: &[&str] = if trusted { &["8443"] } else { &[] };
+        assert_eq!(saw(&out, "x-forwarded-port"), expected, "from {from}");
+    }
+}
+
+const PATHS: &str = r#"
+version: 1
+server:
+  listen: ["{listen}"]
+  admin_listen: "{admin}"
+  threads: 1
+  path: PATH_RULES
+store: { backend: memory }
+auth:
+  keys:
+    - { id: a1, tenant: acme, sha256: "DIGEST" }
+upstreams:
+  api: { servers: ["{upstream}"] }
+routes:
+  - { name: reports, path: "/v1/reports/{id}", upstream: api }
+  - { name: open, path: "/**", auth: none, upstream: api }
+"#;
+
+#[test]
+fn paths_are_routed_as_the_upstream_will_read_them() {
+    // (rules, path, with the key?) -> (status, route class, forwarded path)
+    type Case<'a> = (&'a str, bool, u16, &'a str, &'a str);
+    let table: [(&str, &[Case]); 3] = [
+        (
+            "{}",
+            &[
+                ("/v1/reports;x/3", true, 400, "", ""),
+                ("/v1/reports%3Bx/3", true, 400, "", ""),
+                ("/v1/reports/3/", false, 200, "open", "/v1/reports/3/"),
+                ("/V1/REPORTS/3", false, 200, "open", "/V1/REPORTS/3"),
+                ("/v1/reports/3", true, 200, "reports", "/v1/reports/3"),
+            ],
+        ),
+        (
+            "{ params: strip, trailing_slash: ignore, case: insensitive }",
+            &[
+                ("/v1/reports;x/3", false, 401, "", ""),
+                ("/v1/reports;x/3", true, 200, "reports", "/v1/reports/3"),
+                (
+                    "/v1/reports%3Bjsessionid=1/3",
+                    true,
+                    200,
+                    "reports",
+                    "/v1/reports/3",
+                ),
+                ("/v1/reports/3/", false, 401, "", ""),
+                ("/v1/reports/3/", true, 200, "reports", "/v1/reports/3/"),
+                ("/V1/REPORTS/3", false, 401, "", ""),
+                ("/V1/REPORTS/3", true, 200, "reports", "/V1/REPORTS/3"),
+            ],
+        ),
+        (
+            "{ params: keep }",
+            &[("/v1/reports;x/3", false, 200, "open", "/v1/reports;x/3")],
+        ),
+    ];
+    let upstream = Upstream::start();
+    for (rules, cases) in table {
+        let policy = PATHS
+            .replace("DIGEST", &digest("key-a1"))
+            .replace("PATH_RULES", rules);
+        let gw = Gateway::start(&policy, Some(&upstream));
+        for &(path, keyed, status, class, forwarded) in cases {
+            let key = if keyed {
+                format!("\r\nauthorization: {KEY}")
+            } else {
+                String::new()
+            };
+            let r = send(&gw, &format!("GET {path} HTTP/1.1\r\nhost: t{key}"));
+            assert_eq!(status_of(&r), status, "{rules} {path}: {r}");
+            if status == 200 {
+                assert_eq!(saw(&r, "x-route-class"), [class], "{rules} {path}");
+                assert_eq!(echo(&r)["path"], forwarded, "{rules} {path}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -286,8 +286,9 @@ pub struct Route {
     pub request: Vec<LimitId>,
     /// The largest request body accepted (→ 413).
     pub max_body_bytes: u64,
-    /// Whether `Upgrade` (WebSocket) requests pass; elsewhere it is removed.
-    pub upgrade: bool,
+    /// The protocols an `Upgrade` request may name (`websocket` for
+    /// `upgrade: true`); otherwise the header is removed. Empty: none.
+    pub upgrade: Arc<[Box<str>]>,
     /// The longest wait for the upstream's response; `None`: the pool's.
     pub timeout: Option<Duration>,
     /// Its place when the pool is full.

@@ -9,6 +9,7 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::policy::{Priority, UpstreamProtocol};
+use crate::edge::target::{Case, PathParams, TrailingSlash};
 
 pub use crate::limits::{Mode, OnStoreError};
 
@@ -108,6 +109,10 @@ pub struct RawServer {
     pub timeouts: Option<RawTimeouts>,
     /// What `%2F` in a request path does: `reject` (400, the default) or `keep`.
     pub encoded_slash: Option<EncodedSlashName>,
+    /// How paths are read for upstreams that read them loosely
+    /// (`server.path`).
+    #[serde(default)]
+    pub path: RawPath,
     /// One JSON line per request (`server.access_log`).
     pub access_log: Option<RawAccessLog>,
     /// TLS listeners (`server.tls`).
@@ -188,6 +193,38 @@ pub struct RawTimeouts {
     pub body_grace_ms: Option<u64>,
     /// Longest time a request body may take in all; default 300000.
     pub body_total_ms: Option<u64>,
+}
+
+/// `routes[].upgrade`: a flag or the protocol tokens.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "true, false or a list of protocol tokens")]
+pub enum RawUpgrade {
+    /// `true` is `[websocket]`; `false` is none.
+    Flag(bool),
+    /// Every token of a request's `Upgrade` must be one of these.
+    Protocols(Vec<String>),
+}
+
+impl Default for RawUpgrade {
+    fn default() -> Self {
+        RawUpgrade::Flag(false)
+    }
+}
+
+/// The `server.path` section: what `;` parameters, a trailing `/` and
+/// ASCII case do to routing.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPath {
+    /// `;` parameters (raw or `%3B`): `reject` (400, the default), `strip`
+    /// (removed before routing and forwarding) or `keep`.
+    pub params: Option<PathParams>,
+    /// `strict` (the default) or `ignore`: a route also matches its path
+    /// with one trailing `/`.
+    pub trailing_slash: Option<TrailingSlash>,
+    /// `sensitive` (the default) or `insensitive`: routes match whatever
+    /// the ASCII case.
+    pub case: Option<Case>,
 }
 
 /// The values of `server.encoded_slash`.
@@ -636,9 +673,11 @@ pub struct RawRoute {
     pub limits: Vec<String>,
     /// Largest request body (→ 413); `server.limits.max_body_bytes` when absent.
     pub max_body_bytes: Option<u64>,
-    /// Whether `Upgrade` (WebSocket) requests pass; removed by default.
+    /// The protocols an `Upgrade` request may name: `true` (WebSocket),
+    /// `false` (the default: the header is removed) or a list of tokens
+    /// such as `[websocket, h2c]`.
     #[serde(default)]
-    pub upgrade: bool,
+    pub upgrade: RawUpgrade,
     /// Host names the route serves (`Host` / `:authority`, port ignored):
     /// exact names, or `*.example.com` for any subdomain; empty = any host.
     #[serde(default)]

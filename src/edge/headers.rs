@@ -18,8 +18,24 @@ const OWNED: [&str; 4] = [
     "x-route-class",
     "x-real-ip",
 ];
+/// Ask frameworks to route on another path or method than the request
+/// line's (IIS URL Rewrite, Symfony, Rails, Express's method-override):
+/// the gateway classified the request line, so these are always dropped,
+/// whoever sent them (a trusted CDN forwards the client's copy unchanged).
+const OVERRIDES: [&str; 5] = [
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+    "x-method-override",
+    "x-http-method",
+];
 /// Kept only when the peer is a trusted proxy.
-const FROM_PROXIES: [&str; 3] = ["forwarded", "x-forwarded-proto", "x-forwarded-host"];
+const FROM_PROXIES: [&str; 4] = [
+    "forwarded",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-forwarded-port",
+];
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
 const X_REAL_IP: &str = "x-real-ip";
 const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
@@ -55,7 +71,7 @@ pub fn rewrite(req: &mut RequestHeader, f: &Forwarding<'_>) -> pingora::Result<(
     let mut forwarded_for = String::new();
     for (name, value) in req.headers.iter() {
         let n = name.as_str();
-        let owned = OWNED.iter().any(|o| folds_to(n, o))
+        let owned = OWNED.iter().chain(&OVERRIDES).any(|o| folds_to(n, o))
             || (!f.peer_trusted && FROM_PROXIES.iter().any(|p| folds_to(n, p)))
             || f.strip_key.is_some_and(|k| folds_to(n, k.as_str()));
         if n == X_FORWARDED_FOR {
@@ -81,6 +97,32 @@ pub fn rewrite(req: &mut RequestHeader, f: &Forwarding<'_>) -> pingora::Result<(
         req.insert_header(X_FORWARDED_PROTO, HeaderValue::from_static(f.scheme))?;
     }
     Ok(())
+}
+
+/// Lets an upgrade request through when its route lists every protocol
+/// its `Upgrade` header names (case-insensitive; `websocket` for
+/// `upgrade: true`), and otherwise makes it an ordinary request: an
+/// `Upgrade: h2c` on a WebSocket route would open an HTTP/2 tunnel to
+/// every path of an upstream that speaks h2c.
+pub fn limit_upgrade(req: &mut RequestHeader, allowed: &[Box<str>]) -> pingora::Result<()> {
+    let mut listed = true;
+    for value in req.headers.get_all(http::header::UPGRADE) {
+        // A value that is not text names no protocol the route lists.
+        let Ok(text) = value.to_str() else {
+            listed = false;
+            break;
+        };
+        listed &= text
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .all(|t| allowed.iter().any(|a| a.eq_ignore_ascii_case(t)));
+    }
+    if listed {
+        Ok(())
+    } else {
+        refuse_upgrade(req)
+    }
 }
 
 /// Removes an upgrade request's `Upgrade` header and the `upgrade` token of
@@ -243,6 +285,67 @@ mod tests {
         rewrite(&mut req, &f).unwrap();
         assert!(values(&req, "x-api-key").is_empty());
         assert!(values(&req, "x_api_key").is_empty());
+    }
+
+    #[test]
+    fn overrides_of_path_and_method_never_pass() {
+        let sent = [
+            ("x-original-url", "/admin"),
+            ("X_Rewrite_URL", "/admin"),
+            ("x-http-method-override", "DELETE"),
+            ("x-method-override", "DELETE"),
+            ("X-HTTP-Method", "DELETE"),
+            ("x-forwarded-port", "8443"),
+        ];
+        for trusted in [false, true] {
+            let mut req = request(&sent);
+            rewrite(&mut req, &forwarding(trusted)).unwrap();
+            let names: Vec<&str> = req.headers.keys().map(HeaderName::as_str).collect();
+            for gone in [
+                "x-original-url",
+                "x_rewrite_url",
+                "x-http-method-override",
+                "x-method-override",
+                "x-http-method",
+            ] {
+                assert!(!names.contains(&gone), "{gone} in {names:?}");
+            }
+            let port = values(&req, "x-forwarded-port");
+            assert_eq!(
+                port.is_empty(),
+                !trusted,
+                "x-forwarded-port from trusted={trusted}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_upgrade_passes_only_when_every_protocol_is_listed() {
+        let websocket: Vec<Box<str>> = vec!["websocket".into()];
+        let upgrade = |value: &str, allowed: &[Box<str>]| {
+            let mut req = request(&[("upgrade", value), ("connection", "upgrade")]);
+            limit_upgrade(&mut req, allowed).unwrap();
+            values(&req, "upgrade")
+        };
+        assert_eq!(upgrade("WebSocket", &websocket), ["WebSocket"]);
+        assert!(
+            upgrade("h2c", &websocket).is_empty(),
+            "h2c on a WebSocket route"
+        );
+        assert!(upgrade("websocket, h2c", &websocket).is_empty());
+        assert!(
+            upgrade("websocket", &[]).is_empty(),
+            "a route without upgrades"
+        );
+        let both: Vec<Box<str>> = vec!["websocket".into(), "h2c".into()];
+        assert_eq!(upgrade("h2c", &both), ["h2c"]);
+        let mut plain = request(&[("connection", "keep-alive")]);
+        limit_upgrade(&mut plain, &websocket).unwrap();
+        assert_eq!(
+            values(&plain, "connection"),
+            ["keep-alive"],
+            "no upgrade: untouched"
+        );
     }
 
     #[test]

@@ -81,7 +81,7 @@ pub mod target;
 
 use std::time::Duration;
 
-pub use target::EncodedSlash;
+pub use target::{EncodedSlash, PathRules};
 
 /// The most header lines a request may have, as in Pingora's parser.
 const MAX_HEADERS: usize = 256;
@@ -111,8 +111,8 @@ pub struct EdgeSettings {
     pub body_grace: Duration,
     /// Longest time a request body may take in all.
     pub body_total: Duration,
-    /// What `%2F` in a request path does.
-    pub encoded_slash: EncodedSlash,
+    /// How request paths are normalized and matched.
+    pub path: PathRules,
     /// HTTP/2: h2 by ALPN on TLS listeners, h2c with prior knowledge on
     /// plain ones (`server.http2`).
     pub http2: bool,
@@ -133,7 +133,7 @@ impl Default for EdgeSettings {
             body_min_rate: 1_024,
             body_grace: Duration::from_secs(5),
             body_total: Duration::from_secs(300),
-            encoded_slash: EncodedSlash::Reject,
+            path: PathRules::default(),
             http2: false,
         }
     }

@@ -24,6 +24,66 @@ pub enum EncodedSlash {
     Keep,
 }
 
+/// What `;` parameters in a path do (`server.path.params`): `/a;v=1/b`,
+/// with `;` raw or written `%3B`. Servlet containers (Tomcat, Jetty,
+/// Spring) drop them before routing, so `/v1/reports;x/3` is
+/// `/v1/reports/3` to them while a gateway that kept them classifies
+/// another path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathParams {
+    /// A 400: no upstream can read the path another way.
+    #[default]
+    Reject,
+    /// Removed from every segment before routing and forwarding, as a
+    /// servlet container would.
+    Strip,
+    /// Kept, matched and forwarded as part of their segment (for upstreams
+    /// that read `;` as an ordinary character).
+    Keep,
+}
+
+/// Whether a route's path template also matches the path with one trailing
+/// `/` (`server.path.trailing_slash`): Express, Rails and older Spring
+/// serve `/a/` as `/a`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrailingSlash {
+    /// `/a` matches `/a` only.
+    #[default]
+    Strict,
+    /// `/a` matches `/a` and `/a/`.
+    Ignore,
+}
+
+/// Whether matching ignores ASCII case (`server.path.case`): IIS and
+/// ASP.NET serve `/V1/REPORTS/3` as `/v1/reports/3`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Case {
+    /// Literal segments match exactly.
+    #[default]
+    Sensitive,
+    /// Literal segments match whatever their ASCII case.
+    Insensitive,
+}
+
+/// How request paths are read: normalized (`server.encoded_slash`,
+/// `server.path.params`), then matched against routes
+/// (`server.path.trailing_slash`, `server.path.case`). Normalization
+/// changes what is forwarded; matching never does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathRules {
+    /// What `%2F` inside a segment does.
+    pub encoded_slash: EncodedSlash,
+    /// What `;` parameters do.
+    pub params: PathParams,
+    /// Whether a template also matches its path with a trailing `/`.
+    pub trailing_slash: TrailingSlash,
+    /// Whether matching ignores ASCII case.
+    pub case: Case,
+}
+
 /// Why a request target was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TargetError {
@@ -48,6 +108,10 @@ pub enum TargetError {
     /// A `.` or `..` segment, literal or encoded.
     #[error("dot-segment in the path")]
     DotSegment,
+    /// A `;` parameter, raw or `%3B`, while `server.path.params` is
+    /// `reject`.
+    #[error("\";\" parameter in the path")]
+    PathParams,
 }
 
 impl TargetError {
@@ -61,6 +125,7 @@ impl TargetError {
             TargetError::Backslash => "The path has a backslash.",
             TargetError::Nul => "The path has a NUL.",
             TargetError::DotSegment => "The path has a dot-segment.",
+            TargetError::PathParams => "The path has a \";\" parameter.",
         }
     }
 
@@ -102,7 +167,7 @@ impl Target<'_> {
 pub fn parse<'a>(
     raw: &'a [u8],
     host: Option<&[u8]>,
-    slash: EncodedSlash,
+    rules: PathRules,
 ) -> Result<Target<'a>, TargetError> {
     let (origin, absolute) = match raw.first() {
         Some(b'/') => (raw, false),
@@ -116,7 +181,13 @@ pub fn parse<'a>(
     let query = query
         .map(|q| std::str::from_utf8(q).map_err(|_| TargetError::BadEncoding))
         .transpose()?;
-    let path = normalize(path, slash)?;
+    let path = normalize(path, rules.encoded_slash)?;
+    let path = match rules.params {
+        PathParams::Keep => path,
+        _ if !has_params(&path) => path,
+        PathParams::Reject => return Err(TargetError::PathParams),
+        PathParams::Strip => Cow::Owned(strip_params(&path)),
+    };
     let rewritten = absolute || matches!(path, Cow::Owned(_));
     Ok(Target {
         path,
@@ -176,6 +247,30 @@ pub fn normalize(raw: &[u8], slash: EncodedSlash) -> Result<Cow<'_, str>, Target
         return Err(TargetError::DotSegment);
     }
     Ok(path)
+}
+
+/// Whether a normalized path has a `;` parameter (normalization writes an
+/// encoded `;` as `%3B`, upper-case).
+fn has_params(path: &str) -> bool {
+    path.contains(';') || path.contains("%3B")
+}
+
+/// A normalized path without its `;` parameters: each segment cut at its
+/// first `;` or `%3B`. A segment that was only parameters goes, as the
+/// `//` it would leave would be merged; a trailing `/` stays.
+fn strip_params(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut segments = path.split('/').skip(1).peekable();
+    while let Some(segment) = segments.next() {
+        let base = segment.split(';').next().unwrap_or_default();
+        let base = base.split("%3B").next().unwrap_or_default();
+        if base.is_empty() && segments.peek().is_some() {
+            continue;
+        }
+        out.push('/');
+        out.push_str(base);
+    }
+    out
 }
 
 /// Whether a normalized segment acts as `.` or `..` for some server: as

@@ -19,11 +19,11 @@ use super::{load_keys_file, ConfigError, Problem};
 use crate::access_log::{AccessLogSettings, Destination};
 use crate::auth::{parse_digest, Credential, KeyTable};
 use crate::client_ip::{ClientIpConfig, ForwardHeader};
-use crate::edge::{EdgeSettings, EncodedSlash};
+use crate::edge::{EdgeSettings, EncodedSlash, PathRules};
 use crate::limits::algorithm::{Bucket, Params, Quota, Window, MICRO};
 use crate::limits::redis::redacted;
 use crate::limits::LeaseTerms;
-use crate::routes::{HostPattern, PathTemplate, Router};
+use crate::routes::{HostPattern, Matching, PathTemplate, Router};
 use crate::tls::{Certificate, TlsSettings};
 
 mod auth;
@@ -168,7 +168,13 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
         plans: &plans,
         pool_ids: &pool_ids,
     };
-    let routes = routes(&mut c, raw.routes, &ctx, server.edge.max_body_bytes);
+    let routes = routes(
+        &mut c,
+        raw.routes,
+        &ctx,
+        server.edge.max_body_bytes,
+        server.edge.path.into(),
+    );
     if !c.problems.is_empty() {
         return Err(ConfigError::Invalid {
             file: file.display().to_string(),

@@ -1,6 +1,7 @@
 //! `routes`: templates, hosts, targets, costs and the limits each route applies.
 
 use super::*;
+use std::sync::Arc;
 
 /// `routes[].cost_from_response`: a header name, a bound no smaller than
 /// the estimate, and limits whose charges can be given back in part.
@@ -57,8 +58,9 @@ pub(super) fn routes(
     raw: Vec<RawRoute>,
     ctx: &RouteContext<'_>,
     max_body_bytes: u64,
+    matching: Matching,
 ) -> Router<Route> {
-    let mut router = Router::new();
+    let mut router = Router::matching(matching);
     let mut names = HashSet::new();
     if raw.is_empty() {
         c.fail("routes", "needs at least one route");
@@ -109,7 +111,7 @@ pub(super) fn routes(
                 pre_auth,
                 request,
                 max_body_bytes,
-                upgrade: r.upgrade,
+                upgrade: upgrade(c, &format!("{path}.upgrade"), r.upgrade),
                 timeout: r.timeout_ms.map(|ms| {
                     Duration::from_millis(c.range(&format!("{path}.timeout_ms"), ms, 1, 3_600_000))
                 }),
@@ -244,4 +246,30 @@ pub(super) fn route_limits(
         }
     }
     (pre, req)
+}
+
+/// `routes[].upgrade`: `true` is WebSocket; a list names HTTP tokens.
+fn upgrade(c: &mut Checker, path: &str, raw: RawUpgrade) -> Arc<[Box<str>]> {
+    match raw {
+        RawUpgrade::Flag(false) => Arc::from([]),
+        RawUpgrade::Flag(true) => Arc::from([Box::from("websocket")]),
+        RawUpgrade::Protocols(tokens) => {
+            if tokens.is_empty() {
+                c.fail(path, "lists no protocol (write false for none)");
+            }
+            for (i, t) in tokens.iter().enumerate() {
+                let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b);
+                if t.is_empty() || !t.bytes().all(tchar) {
+                    c.fail(
+                        format!("{path}[{i}]"),
+                        format!("{t:?} is not a protocol token (e.g. websocket, h2c)"),
+                    );
+                }
+            }
+            tokens
+                .into_iter()
+                .map(|t| t.to_ascii_lowercase().into())
+                .collect()
+        }
+    }
 }

@@ -77,12 +77,16 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
         tls: raw.tls.map(|t| tls(c, t, base)),
         edge: EdgeSettings {
             http2: raw.http2,
-            ..edge(
-                c,
-                limits,
-                raw.timeouts.unwrap_or_default(),
-                raw.encoded_slash,
-            )
+            path: PathRules {
+                encoded_slash: match raw.encoded_slash {
+                    Some(EncodedSlashName::Keep) => EncodedSlash::Keep,
+                    Some(EncodedSlashName::Reject) | None => EncodedSlash::Reject,
+                },
+                params: raw.path.params.unwrap_or_default(),
+                trailing_slash: raw.path.trailing_slash.unwrap_or_default(),
+                case: raw.path.case.unwrap_or_default(),
+            },
+            ..edge(c, limits, raw.timeouts.unwrap_or_default())
         },
     }
 }
@@ -129,13 +133,11 @@ pub(super) fn access_log(c: &mut Checker, raw: RawAccessLog) -> AccessLogSetting
     }
 }
 
-/// `server.limits`, `server.timeouts` and `server.encoded_slash`, with the
-/// defaults of DESIGN §11.
+/// `server.limits` and `server.timeouts`, with the defaults of DESIGN §11.
 pub(super) fn edge(
     c: &mut Checker,
     limits: RawServerLimits,
     timeouts: RawTimeouts,
-    slash: Option<EncodedSlashName>,
 ) -> EdgeSettings {
     let d = EdgeSettings::default();
     let ms = |c: &mut Checker, name: &str, value: Option<u64>, default: Duration| {
@@ -190,10 +192,7 @@ pub(super) fn edge(
         ),
         body_grace: ms(c, "body_grace_ms", timeouts.body_grace_ms, d.body_grace),
         body_total: ms(c, "body_total_ms", timeouts.body_total_ms, d.body_total),
-        encoded_slash: match slash {
-            Some(EncodedSlashName::Keep) => EncodedSlash::Keep,
-            Some(EncodedSlashName::Reject) | None => EncodedSlash::Reject,
-        },
+        path: PathRules::default(),
         http2: false,
     }
 }

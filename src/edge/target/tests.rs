@@ -111,7 +111,7 @@ fn target(raw: &str, host: Option<&str>) -> Result<(String, Option<String>, bool
     parse(
         raw.as_bytes(),
         host.map(str::as_bytes),
-        EncodedSlash::Reject,
+        PathRules::default(),
     )
     .map(|t| (t.path.into_owned(), t.query.map(str::to_owned), t.rewritten))
 }
@@ -171,7 +171,7 @@ fn the_query_is_kept_as_sent() {
         Ok(("/a".into(), Some("".into()), false))
     );
     assert_eq!(target("/a", None), Ok(("/a".into(), None, false)));
-    let t = parse(b"/a%62?q", None, EncodedSlash::Reject).unwrap();
+    let t = parse(b"/a%62?q", None, PathRules::default()).unwrap();
     assert_eq!(t.origin_form(), "/ab?q");
 }
 
@@ -219,6 +219,64 @@ proptest! {
             prop_assert_eq!(&twice, &once);
             prop_assert!(twice.is_ascii());
         }
-        let _ = parse(&raw[1..], Some(b"h"), EncodedSlash::Keep);
+        let keep = PathRules {
+            encoded_slash: EncodedSlash::Keep,
+            params: PathParams::Keep,
+            ..PathRules::default()
+        };
+        let _ = parse(&raw[1..], Some(b"h"), keep);
     }
+}
+
+fn with_params(raw: &str, params: PathParams) -> Result<(String, bool), TargetError> {
+    let rules = PathRules {
+        params,
+        ..PathRules::default()
+    };
+    parse(raw.as_bytes(), None, rules).map(|t| (t.origin_form(), t.rewritten))
+}
+
+#[test]
+fn path_parameters_are_refused_stripped_or_kept() {
+    for raw in [
+        "/v1/reports;x/3",
+        "/v1/reports%3Bx/3",
+        "/v1/reports%3bx/3",
+        "/a;",
+    ] {
+        assert_eq!(
+            with_params(raw, PathParams::Reject),
+            Err(TargetError::PathParams),
+            "{raw}"
+        );
+    }
+    // A query may hold `;`: it is not the path.
+    assert_eq!(
+        with_params("/a?x=1;y=2", PathParams::Reject),
+        Ok(("/a?x=1;y=2".into(), false))
+    );
+    for (raw, stripped) in [
+        ("/v1/reports;x/3", "/v1/reports/3"),
+        ("/v1/reports%3Bx=1/3?q=;", "/v1/reports/3?q=;"),
+        ("/v1/reports;jsessionid=1", "/v1/reports"),
+        ("/a/;x/b", "/a/b"),
+        ("/a/b/;x", "/a/b/"),
+        ("/;x", "/"),
+        ("/a;x/", "/a/"),
+    ] {
+        assert_eq!(
+            with_params(raw, PathParams::Strip),
+            Ok((stripped.to_string(), true)),
+            "{raw}"
+        );
+    }
+    assert_eq!(
+        with_params("/v1/reports;x/3", PathParams::Keep),
+        Ok(("/v1/reports;x/3".into(), false))
+    );
+    assert_eq!(
+        with_params("/v1/..;x/admin", PathParams::Strip),
+        Err(TargetError::DotSegment),
+        "a dot-segment behind a parameter is still one"
+    );
 }
