@@ -39,17 +39,19 @@
 --          delay    i8  only with DELAYS: a cost that fits within this many
 --                       ms is admitted after that wait, charged now (a
 --                       bucket goes into debt, a GCRA's TAT moves ahead)
+--          debt     i8  only with FORCED: the deepest debt, in units
 --
 -- A forced charge (a cost learnt after the response) is charged whatever
--- the state, into debt of at most one more capacity or limit, and gates
--- nothing.
+-- the state, into debt of at most `debt` units (a balance that far below
+-- empty, a count that far above its limit), and gates nothing; what would
+-- go deeper is not charged, and its reply's fifth number says how much.
 --
 -- Reply: one string of little-endian 64-bit integers (struct.pack '<i8'),
 -- which the gateway reads without a general RESP parser: for each request,
 -- for each of its limits, five integers: admitted (1, 0, or 2 when after a
 -- delay), remaining (whole units), wait in ms until the cost fits (0 when
 -- admitted, -1 when it never can; the delay when admitted is 2), ms until
--- the key is back to its initial state, units taken beyond the cost; then
+-- the key is back to its initial state, units taken beyond the cost (for a forced charge, units not charged); then
 -- the time used.
 --
 -- A refund gives each charge's cost back to its state as the in-process
@@ -207,9 +209,10 @@ end
 --   fields(s)            the stored numbers, in `format`'s order
 --   check(s, cost)       admitted, remaining, wait
 --   spend(s, cost)       charges an admitted cost
---   force(s, cost)       charges whatever the state, into debt of at most
---                        one more capacity; a deeper debt (a delay
---                        schedules further ahead) is never lifted
+--   force(s, cost, debt) charges whatever the state, into debt of at most
+--                        `debt` units; a deeper debt (a delay schedules
+--                        further ahead) is never lifted. Returns the units
+--                        not charged
 --   refund(s, cost, at)  gives back a cost spent at `at`
 --   reset(s)             ms until the key is back to its initial state
 -- A string state is `format` packed, `length` bytes: the algorithm, the
@@ -238,8 +241,14 @@ end
 
 function token_bucket.spend(s, cost) s.balance = s.balance - cost * MICRO end
 
-function token_bucket.force(s, cost)
-  s.balance = min(s.balance, max(s.balance - cost * MICRO, -s.capacity))
+-- Whole units of a forced cost not charged when `charged` micro-units
+-- were (a part of a unit counts as one).
+local function uncharged(cost, charged) return ceil(max(0, cost * MICRO - charged) / MICRO) end
+
+function token_bucket.force(s, cost, debt)
+  local before = s.balance
+  s.balance = min(before, max(before - cost * MICRO, -debt * MICRO))
+  return uncharged(cost, before - s.balance)
 end
 
 function token_bucket.refund(s, cost)
@@ -276,10 +285,11 @@ end
 
 function gcra.spend(s, cost) owe(s, owed(s) + cost * MICRO) end
 
-function gcra.force(s, cost)
-  local debt = owed(s)
-  local charged = min(debt + cost * MICRO, 2 * s.capacity)
-  if charged > debt then owe(s, charged) end
+function gcra.force(s, cost, debt)
+  local before = owed(s)
+  local after = min(before + cost * MICRO, s.capacity + debt * MICRO)
+  if after > before then owe(s, after) end
+  return uncharged(cost, max(0, after - before))
 end
 
 function gcra.refund(s, cost) owe(s, max(0, owed(s) - cost * MICRO)) end
@@ -289,8 +299,10 @@ function gcra.reset(s) return ceil(owed(s) / s.per_ms) end
 -- Counters (windows and quotas) are spent and forced alike.
 local function spend_count(s, cost) s.count = s.count + cost end
 
-local function force_count(s, cost)
-  s.count = max(s.count, min(s.count + cost, 2 * s.limit))
+local function force_count(s, cost, debt)
+  local before = s.count
+  s.count = max(before, min(before + cost, s.limit + debt))
+  return cost - (s.count - before)
 end
 
 -- fixed_window: start (ms), count.
@@ -484,9 +496,10 @@ function sliding_log.spend(s, cost)
   s.added[#s.added + 1] = pack(ENTRY, s.run, cost, s.window)
 end
 
-function sliding_log.force(s, cost)
-  local room = 2 * s.limit - (s.run - s.base)
-  if room > 0 then sliding_log.spend(s, min(cost, room)) end
+function sliding_log.force(s, cost, debt)
+  local room = min(cost, max(0, s.limit + debt - (s.run - s.base)))
+  if room > 0 then sliding_log.spend(s, room) end
+  return cost - room
 end
 
 -- Gives back the newest entry admitted at `at` for `cost`; the running
@@ -591,9 +604,10 @@ local function read_limit(requests, pos, l)
   if not algo then error('decide.lua: unknown algorithm ' .. tostring(kind)) end
   if not flags then error('decide.lua: unknown flags ' .. tostring(byte)) end
   l.algo, l.group, l.enforced, l.forced = algo, flags.group, flags.enforced, flags.forced
-  l.take, l.delay = 0, 0
+  l.take, l.delay, l.debt = 0, 0, 0
   if flags.takes then l.take, pos = unpack_('<i8', requests, pos) end
   if flags.delays then l.delay, pos = unpack_('<i8', requests, pos) end
+  if flags.forced then l.debt, pos = unpack_('<i8', requests, pos) end
   return pos
 end
 
@@ -655,7 +669,8 @@ local function decide_request(reply)
     algo.params(s, l.a, l.b)
     local remaining, taken = l.remaining, 0
     if l.forced then
-      algo.force(s, l.cost)
+      -- The fifth number of a forced charge's reply: units not charged.
+      taken = algo.force(s, l.cost, l.debt)
       remaining = select(2, algo.check(s, 0))
     elseif l.ok and l.group < stop then
       algo.spend(s, l.cost)

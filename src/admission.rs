@@ -10,7 +10,7 @@ use pingora::http::RequestHeader;
 
 use crate::auth::{self, Credential};
 use crate::client_ip;
-use crate::config::{LimitId, Mode, PlanId, Policy, PoolId, Route, RouteId, Target};
+use crate::config::{LimitId, Mode, OnAbandon, PlanId, Policy, PoolId, Route, RouteId, Target};
 use crate::edge::target;
 use crate::limits::{combine, Charge, Decision, Group, Identity, Op, Source, Verdict};
 use crate::metrics::DecisionOutcome;
@@ -211,7 +211,7 @@ pub fn charges(
         &route.pre_auth,
         &who,
         None,
-        route.cost,
+        route.admission_cost(),
         Group::PreAuth,
     );
     if authenticated {
@@ -220,7 +220,7 @@ pub fn charges(
             &route.request,
             &who,
             plan,
-            route.cost,
+            route.admission_cost(),
             Group::Request,
         ));
     }
@@ -272,6 +272,7 @@ pub fn conclude(
         facts.reconcile = Some(Reconcile {
             spec: spec.clone(),
             estimate: plan.route.cost,
+            reserved: plan.route.admission_cost(),
             route: plan.route.name.clone(),
             charged: plan
                 .charges
@@ -311,8 +312,10 @@ pub fn conclude(
 pub struct Reconcile {
     /// Where the actual cost is read, and its bound.
     pub spec: crate::config::CostFromResponse,
-    /// The route's cost, charged at admission.
+    /// The route's cost.
     pub estimate: u64,
+    /// What admission charged: the estimate, or `max` (`reserve: max`).
+    pub reserved: u64,
     /// The route class, for the metric.
     pub route: Arc<str>,
     /// The charges made, with their store times.
@@ -330,6 +333,33 @@ impl Reconcile {
             .ok()
             .map(|n| n.min(self.spec.max))
     }
+
+    /// What a response that ended without reporting its cost is settled
+    /// at.
+    pub fn unreported(&self, end: Unreported) -> u64 {
+        match (end, self.spec.on_abandon) {
+            (Unreported::Abandoned, OnAbandon::Max) => self.spec.max,
+            _ => self.estimate,
+        }
+    }
+
+    /// The settlement of a response that cost `settled`: the difference
+    /// from what admission charged.
+    pub fn delta(&self, settled: u64) -> i64 {
+        settled as i64 - self.reserved as i64
+    }
+}
+
+/// How a response whose cost the upstream reports ended without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreported {
+    /// The client went away (connection closed, stream reset) first.
+    Abandoned,
+    /// The response completed without the header, or the upstream broke
+    /// it after its headers: counted as `missing`.
+    Missing,
+    /// The upstream never answered (the request failed before a response).
+    Unanswered,
 }
 
 /// The whole request path up to pool admission: [`plan`], the one store

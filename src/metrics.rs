@@ -52,8 +52,13 @@ pub struct Metrics {
     /// the writer was behind.
     pub access_log_dropped: IntCounter,
     /// `tollgate_cost_reconciled_total{route,direction}`: costs settled after
-    /// the response (`charged` more, or `refunded`).
+    /// the response (`charged` more, or `refunded`), and responses that
+    /// reported no cost (`missing`: settled at the estimate).
     pub cost_reconciled: IntCounterVec,
+    /// `tollgate_cost_uncharged_total{route}`: units of settlements that a
+    /// limit did not charge because it was at its deepest debt
+    /// (`max_debt`), or that a failing store did not take.
+    pub cost_uncharged: IntCounterVec,
     /// `tollgate_lease_units{limit}`: units this instance holds under
     /// `sync: lease`.
     pub lease_units: IntGaugeVec,
@@ -177,8 +182,14 @@ impl Metrics {
             cost_reconciled: counter(
                 &r,
                 "tollgate_cost_reconciled_total",
-                "Costs settled after the response, by route and direction (charged, refunded).",
+                "Costs settled after the response, by route and direction (charged, refunded, missing).",
                 &["route", "direction"],
+            ),
+            cost_uncharged: counter(
+                &r,
+                "tollgate_cost_uncharged_total",
+                "Units of settled costs not charged: beyond a limit's max_debt, or lost to a failing store.",
+                &["route"],
             ),
             lease_units: gauge(
                 &r,

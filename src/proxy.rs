@@ -63,6 +63,8 @@ pub struct RequestCtx {
     retries: u32,
     /// The share of `buffered_bytes_total` a body read whole holds.
     body_buffer: Option<BodyReservation>,
+    /// The upstream's response head arrived.
+    answered: bool,
 }
 
 /// The gateway: the live policy, swapped atomically on reload.
@@ -176,31 +178,72 @@ async fn read_small_body(
 }
 
 /// For a route whose cost the response reports: reads it from `headers`
-/// (the response's, or its trailers) and charges or gives back the
-/// difference from the estimate, off the request path, once per request
-/// (the first place that carries it). Returns the header to remove before
-/// the client sees it, unless the route exposes it.
+/// (the response's, or its trailers) and settles it, once per request (the
+/// first place that carries it). Returns the header to remove before the
+/// client sees it, unless the route exposes it.
 fn settle(ctx: &mut RequestCtx, headers: &http::HeaderMap) -> Option<http::HeaderName> {
     let hidden = ctx.facts.hidden_cost_header.clone();
-    let Some(reconcile) = ctx.facts.reconcile.as_ref() else {
-        return hidden;
-    };
-    if let (Some(actual), Some(rt)) = (reconcile.actual(headers), &ctx.runtime) {
-        let delta = actual as i64 - reconcile.estimate as i64;
-        let reconcile = std::mem::take(&mut ctx.facts.reconcile)?;
-        let (limiter, metrics) = (rt.services.limiter.clone(), rt.services.metrics.clone());
-        if delta != 0 {
-            tokio::spawn(async move {
-                limiter.reconcile(&reconcile.charged, delta).await;
-                let direction = if delta > 0 { "charged" } else { "refunded" };
-                metrics
-                    .cost_reconciled
-                    .with_label_values(&[&reconcile.route, direction])
-                    .inc();
-            });
-        }
+    let actual = ctx.facts.reconcile.as_ref()?.actual(headers);
+    if let (Some(actual), Some(rt)) = (actual, &ctx.runtime) {
+        let reconcile = ctx.facts.reconcile.take()?;
+        spawn_settlement(rt, reconcile, actual, false);
     }
     hidden
+}
+
+/// Settles a response that ended without reporting its cost: at `max` when
+/// its client abandoned it (unless `on_abandon: estimate`), otherwise at
+/// the estimate, counted as `missing` when the upstream had answered.
+fn settle_unreported(ctx: &mut RequestCtx, e: Option<&Error>) {
+    let (Some(reconcile), Some(rt)) = (ctx.facts.reconcile.take(), &ctx.runtime) else {
+        return;
+    };
+    let end = if !ctx.answered {
+        admission::Unreported::Unanswered
+    } else if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
+        admission::Unreported::Abandoned
+    } else {
+        admission::Unreported::Missing
+    };
+    let settled = reconcile.unreported(end);
+    spawn_settlement(
+        rt,
+        reconcile,
+        settled,
+        end == admission::Unreported::Missing,
+    );
+}
+
+/// Charges or gives back the difference between `settled` and what
+/// admission charged, off the request path, and counts it.
+fn spawn_settlement(rt: &Runtime, reconcile: admission::Reconcile, settled: u64, missing: bool) {
+    let delta = reconcile.delta(settled);
+    let (limiter, metrics) = (rt.services.limiter.clone(), rt.services.metrics.clone());
+    if missing {
+        metrics
+            .cost_reconciled
+            .with_label_values(&[&reconcile.route, "missing"])
+            .inc();
+    }
+    if delta == 0 {
+        return;
+    }
+    tokio::spawn(async move {
+        let uncharged = limiter
+            .reconcile(&reconcile.charged, delta, reconcile.spec.max_debt)
+            .await;
+        let direction = if delta > 0 { "charged" } else { "refunded" };
+        metrics
+            .cost_reconciled
+            .with_label_values(&[&reconcile.route, direction])
+            .inc();
+        if uncharged > 0 {
+            metrics
+                .cost_uncharged
+                .with_label_values(&[&reconcile.route])
+                .inc_by(uncharged);
+        }
+    });
 }
 
 fn peer_ip(addr: Option<&PeerAddr>) -> IpAddr {
@@ -456,6 +499,16 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        _response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.answered = true;
+        Ok(())
+    }
+
     async fn response_trailer_filter(
         &self,
         _session: &mut Session,
@@ -520,6 +573,7 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // The pool slot is free as soon as the response is over.
         ctx.permit = None;
+        settle_unreported(ctx, e);
         let Some(rt) = ctx.runtime.clone() else {
             return;
         };

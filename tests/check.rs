@@ -126,6 +126,70 @@ routes:
 }
 
 #[test]
+fn a_reported_cost_that_may_exceed_a_budget_is_warned_about_and_new_keys_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    let write = |extra: &str, path: &str| {
+        std::fs::write(
+            &file,
+            format!(
+                r#"
+version: 1
+server: {{ path: {path} }}
+limits:
+  tokens: {{ key: [ip], capacity: 1000, refill_per_second: 1 }}
+upstreams:
+  llm: {{ servers: ["127.0.0.1:9"] }}
+routes:
+  - name: chat
+    path: /chat
+    upstream: llm
+    cost: 100
+    upgrade: [websocket, h2c]
+    cost_from_response: {{ header: x-usage-tokens, max: 5000{extra} }}
+    limits: [tokens]
+"#
+            ),
+        )
+        .unwrap();
+    };
+    write(
+        ", on_abandon: estimate, max_debt: 20000",
+        "{ params: strip, trailing_slash: ignore, case: insensitive }",
+    );
+    let (code, _, stderr) = check(file.to_str().unwrap());
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "{}: warning: route \"chat\": cost_from_response.max - cost (4900) exceeds the capacity (1000) \
+             of limit \"tokens\": one response may cost more than a full budget, and callers go into debt",
+            file.display()
+        )
+    );
+    // `reserve: max` charges the max at admission: it must fit the budget.
+    write(", reserve: max", "{}");
+    let (code, _, stderr) = check(file.to_str().unwrap());
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("route cost 5000 exceeds the capacity 1000"),
+        "{stderr}"
+    );
+    for (extra, path, expected) in [
+        (", on_abandon: never", "{}", "on_abandon"),
+        (", max_debt: -1", "{}", "max_debt"),
+        ("", "{ params: drop }", "params"),
+        ("", "{ case: upper }", "case"),
+        ("", "{ slash: keep }", "unknown field `slash`"),
+    ] {
+        write(extra, path);
+        let (code, _, stderr) = check(file.to_str().unwrap());
+        assert_eq!(code, 1, "{extra} {path}: {stderr}");
+        assert!(stderr.contains(expected), "{extra} {path}: {stderr}");
+    }
+}
+
+#[test]
 fn hash_key_prints_the_sha256_of_stdin() {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))

@@ -294,6 +294,12 @@ routes:
     cost: 100
     cost_from_response: {{ header: x-usage-tokens, max: 10000 }}
     limits: [tokens]
+  - name: chat-big
+    path: "/v1/chat/big"
+    upstream: llm
+    cost: 100
+    cost_from_response: {{ header: x-usage-tokens, max: 10000 }}
+    limits: [tokens]
   - name: chat-visible
     path: "/v1/chat-visible"
     upstream: llm
@@ -346,14 +352,15 @@ fn assert_costs_settled(gw: &Gateway) {
     assert_eq!(r.header("x-usage-tokens"), None, "not exposed");
     assert_rate(&r, 900, 100_000);
     settled("charged", 1.0);
-    // 2000 reported against the 100 left: the balance goes into debt, down
-    // to one capacity (-1000), and later requests wait for it.
+    // 2000 reported against the 100 left: the balance goes into debt, all
+    // of it (-1900: the default bound is 10 x (max - cost)), and later
+    // requests wait for it.
     assert_eq!(chat(gw, "key-c1", 2000).status, 200);
     settled("charged", 2.0);
     let refused = chat(gw, "key-c1", 100);
     assert_eq!(refused.status, 429);
-    // 1100 tokens short (the debt and the cost) at 0.001 a second.
-    assert_eq!(refused.header("retry-after"), Some("1100000"));
+    // 2000 tokens short (the debt and the cost) at 0.001 a second.
+    assert_eq!(refused.header("retry-after"), Some("2000000"));
 
     // Far below the estimate: 90 of the 100 come back.
     assert_eq!(chat(gw, "key-c2", 10).status, 200);
@@ -373,6 +380,49 @@ fn costs_reported_by_the_response_are_settled_in_memory() {
     let upstream = Upstream::start();
     let gw = Gateway::start(&usage_policy("{ backend: memory }"), Some(&upstream));
     assert_costs_settled(&gw);
+}
+
+#[test]
+fn a_response_abandoned_or_unreported_is_settled_at_max_or_the_estimate() {
+    use std::io::{Read, Write};
+    let upstream = Upstream::start();
+    let gw = Gateway::start(&usage_policy("{ backend: memory }"), Some(&upstream));
+    let series = |route: &str, direction: &str| {
+        format!("tollgate_cost_reconciled_total{{direction=\"{direction}\",route=\"{route}\"}}")
+    };
+    // Completed without the header: the estimate stands, counted missing.
+    let r = gw.get("/v1/chat", &[("authorization", "Bearer key-c2")]);
+    assert_eq!(r.status, 200);
+    assert!(support::eventually(Duration::from_secs(5), || {
+        gw.metric(&series("chat", "missing")) == 1.0
+    }));
+    assert_rate(
+        &gw.get("/v1/chat", &[("authorization", "Bearer key-c2")]),
+        800,
+        200_000,
+    );
+
+    // A client that reads part of a long answer (64 MiB, its cost never
+    // reported in time) and hangs up pays the max: 9900 more.
+    let mut stream = support::connect(gw.addr, None);
+    stream
+        .write_all(b"GET /v1/chat/big HTTP/1.1\r\nhost: t\r\nauthorization: Bearer key-c1\r\n\r\n")
+        .unwrap();
+    let mut part = vec![0; 256 * 1024];
+    stream.read_exact(&mut part).unwrap();
+    assert!(part.starts_with(b"HTTP/1.1 200"));
+    drop(stream);
+    assert!(
+        support::eventually(Duration::from_secs(10), || {
+            gw.metric(&series("chat-big", "charged")) == 1.0
+        }),
+        "the abandoned answer was settled"
+    );
+    assert_eq!(gw.metric(&series("chat-big", "missing")), 0.0);
+    let refused = chat(&gw, "key-c1", 100);
+    assert_eq!(refused.status, 429);
+    // 1000 - 100 - 9900 = -9000: 9100 short at 0.001 a second.
+    assert_eq!(refused.header("retry-after"), Some("9100000"));
 }
 
 #[test]

@@ -25,15 +25,30 @@ fn frame(message: &[u8]) -> Bytes {
 /// An HTTP/2 (h2c) server answering every call with its message reversed
 /// and `grpc-status: 0` in trailers, with `x-usage-tokens: 7`.
 async fn start_upstream() -> SocketAddr {
+    start_upstream_with(|_| async {}).await
+}
+
+/// The same server, which awaits `before_trailers(n)` for its `n`th call
+/// between the message and the trailers (a stream that reports its usage
+/// only at its end).
+async fn start_upstream_with<F, Fut>(before_trailers: F) -> SocketAddr
+where
+    F: Fn(usize) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((socket, _)) = listener.accept().await {
+            let (before_trailers, calls) = (before_trailers.clone(), calls.clone());
             tokio::spawn(async move {
                 let Ok(mut conn) = h2::server::handshake(socket).await else {
                     return;
                 };
                 while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    let before_trailers = before_trailers.clone();
+                    let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     tokio::spawn(async move {
                         let mut body = request.into_body();
                         let mut received = BytesMut::new();
@@ -51,12 +66,14 @@ async fn start_upstream() -> SocketAddr {
                             .unwrap();
                         let mut send = respond.send_response(response, false).unwrap();
                         send.send_data(frame(&reply), false).unwrap();
+                        before_trailers(n).await;
                         let mut trailers = http::HeaderMap::new();
                         trailers.insert("grpc-status", "0".parse().unwrap());
                         trailers.insert("grpc-message", "done".parse().unwrap());
                         // The usage of the call, known only at its end.
                         trailers.insert("x-usage-tokens", "7".parse().unwrap());
-                        send.send_trailers(trailers).unwrap();
+                        // The client may have gone meanwhile.
+                        let _ = send.send_trailers(trailers);
                     });
                 }
             });
@@ -171,6 +188,74 @@ async fn a_usage_reported_in_trailers_is_settled_after_the_call() {
         assert!(settled, "call {n} settled");
     }
     assert_eq!(call(gw.addr, "key-g1").await.0, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_resets_before_the_usage_arrives_pays_the_max() {
+    // The first call's trailers wait until the client has reset its
+    // stream; the others come at once.
+    let reset = std::sync::Arc::new(tokio::sync::Notify::new());
+    let gone = reset.clone();
+    let upstream = start_upstream_with(move |n| {
+        let gone = gone.clone();
+        async move {
+            if n == 0 {
+                gone.notified().await;
+            }
+        }
+    })
+    .await;
+    // Cost 10 at admission, up to 100 reported: 105 fits one abandoned
+    // call (settled at 100) and nothing more, or ten honest ones.
+    let policy = policy(upstream).replace(
+        "calls: { key: [credential], capacity: 2, refill_per_second: 0.001 }",
+        "calls: { key: [credential], capacity: 105, refill_per_second: 0.001 }",
+    ).replace(
+        "upstream: grpc, limits: [calls] }",
+        "upstream: grpc, limits: [calls], cost: 10, cost_from_response: { header: x-usage-tokens, max: 100 } }",
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::start(&policy, None))
+        .await
+        .unwrap();
+
+    let tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post(format!("http://{}/echo.Echo/Reverse", gw.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", "Bearer key-g1")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    send.send_data(frame(b"hello"), true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = body.data().await.expect("the message").unwrap();
+    assert!(!first.is_empty());
+    // Gone before the usage: the stream is reset, the connection stays.
+    send.send_reset(h2::Reason::CANCEL);
+    drop(body);
+
+    let series = "tollgate_cost_reconciled_total{direction=\"charged\",route=\"echo\"}";
+    let gw = &gw;
+    let settled = tokio::task::block_in_place(|| {
+        support::eventually(std::time::Duration::from_secs(10), || {
+            gw.metric(series) == 1.0
+        })
+    });
+    assert!(settled, "the abandoned call was settled at its max");
+    reset.notify_one();
+    // 100 of 105 spent: the next call (10) does not fit.
+    assert_eq!(call(gw.addr, "key-g1").await.0, 429);
+    let missing = "tollgate_cost_reconciled_total{direction=\"missing\",route=\"echo\"}";
+    assert_eq!(
+        gw.metric(missing),
+        0.0,
+        "an abandoned call is not a missing report"
+    );
 }
 
 /// Debian's interpreter, which `make test` gives `python3-grpcio`.

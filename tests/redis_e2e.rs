@@ -553,3 +553,112 @@ routes:
         );
     }
 }
+
+/// A chat route charged 100 at admission and then the 1000 its slow
+/// upstream reports, against a daily window of 1000 per tenant in `redis`.
+fn under_estimated_policy(redis: &RedisServer, route_extra: &str) -> String {
+    format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 2 }}
+store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  tokens: {{ algorithm: fixed_window, key: [tenant], limit: 1000, window_seconds: 86400 }}
+upstreams:
+  llm: {{ servers: ["{{upstream}}"] }}
+routes:
+  - name: chat
+    path: "/slow/chat"
+    upstream: llm
+    cost: 100
+    cost_from_response: {{ header: x-usage-tokens, max: 1000{route_extra} }}
+    limits: [tokens]
+"#,
+        redis.url(),
+        digest("key-c1")
+    )
+}
+
+/// The count of the one fixed window in `redis`: its state is the
+/// algorithm (1 byte), its window (8), its start (8) and its count (8).
+fn window_count(redis: &RedisServer) -> u64 {
+    let keys = redis.keys();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let state: Vec<u8> = redis.cmd(&["GET", &keys[0]]).expect("GET");
+    assert_eq!(state.len(), 25, "{state:?}");
+    u64::from_le_bytes(state[17..25].try_into().unwrap())
+}
+
+/// Sends `n` chat requests at once, each reporting `usage`; returns how
+/// many were admitted.
+fn concurrent_chats(gw: &Gateway, n: usize, usage: &str) -> usize {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (addr, usage) = (gw.addr, usage.to_string());
+            thread::spawn(move || {
+                let headers = [
+                    ("authorization", "Bearer key-c1"),
+                    ("x-reply-usage", usage.as_str()),
+                ];
+                get(addr, "/slow/chat", &headers).status
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(
+        statuses.iter().all(|s| [200, 429].contains(s)),
+        "{statuses:?}"
+    );
+    statuses.iter().filter(|&&s| s == 200).count()
+}
+
+#[test]
+fn concurrent_under_estimates_are_charged_in_full() {
+    let redis = RedisServer::start();
+    // Slow enough that every request is decided before any settles.
+    let upstream = support::Upstream::slow(Duration::from_millis(300));
+    let gw = Gateway::start_with_env(
+        &under_estimated_policy(&redis, ""),
+        Some(&upstream),
+        &[SECRET],
+    );
+    let admitted = concurrent_chats(&gw, 15, "1000");
+    assert_eq!(admitted, 10, "ten estimates of 100 fit a budget of 1000");
+    let series = "tollgate_cost_reconciled_total{direction=\"charged\",route=\"chat\"}";
+    assert!(eventually(Duration::from_secs(10), || gw.metric(series) == 10.0));
+    // Every response's 1000, to the unit: the default debt bound (10 x
+    // (max - cost) = 9000 beyond the limit) holds all of them.
+    assert_eq!(window_count(&redis), 10_000);
+    assert_eq!(
+        gw.metric("tollgate_cost_uncharged_total{route=\"chat\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn what_goes_beyond_max_debt_is_counted_and_reserve_max_never_overspends() {
+    let redis = RedisServer::start();
+    let upstream = support::Upstream::slow(Duration::from_millis(300));
+    // A debt bound of 2000 beyond the limit: 3000 of the 10 000 are charged.
+    let policy = under_estimated_policy(&redis, ", max_debt: 2000");
+    let gw = Gateway::start_with_env(&policy, Some(&upstream), &[SECRET]);
+    assert_eq!(concurrent_chats(&gw, 15, "1000"), 10);
+    let uncharged = "tollgate_cost_uncharged_total{route=\"chat\"}";
+    // Ten settlements of 900: the first two fit (2000 of debt room), then
+    // nothing: 7 x 900 uncharged in whole and 200 of the third.
+    assert!(eventually(Duration::from_secs(10), || gw.metric(uncharged)
+        == 7.0 * 900.0 + 700.0));
+    assert_eq!(window_count(&redis), 3_000);
+    drop(gw);
+
+    // reserve: max charges the max at admission and gives back the rest.
+    let redis = RedisServer::start();
+    let policy = under_estimated_policy(&redis, ", reserve: max");
+    let gw = Gateway::start_with_env(&policy, Some(&upstream), &[SECRET]);
+    assert_eq!(concurrent_chats(&gw, 15, "400"), 1, "one max of 1000 fits");
+    let series = "tollgate_cost_reconciled_total{direction=\"refunded\",route=\"chat\"}";
+    assert!(eventually(Duration::from_secs(10), || gw.metric(series) == 1.0));
+    assert_eq!(window_count(&redis), 400);
+}

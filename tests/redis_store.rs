@@ -482,8 +482,9 @@ fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
                     3 => (1u64..40).prop_map(|units| Op::Take { units }),
                     // `on_limit: delay`: the longest wait.
                     3 => (1u64..3_000).prop_map(|max_delay_ms| Op::Decide { max_delay_ms }),
-                    // A cost learnt after the response.
-                    1 => Just(Op::Force),
+                    // A cost learnt after the response, into a debt
+                    // bound of its own.
+                    1 => (0u64..30).prop_map(|max_debt| Op::Force { max_debt }),
                 ],
             ),
             1..=limits,
@@ -765,6 +766,7 @@ fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
             take: 0,
             max_delay_ms: 0,
             force: false,
+            max_debt: 0,
         }],
         blocked_from: Gate::Open.wire(),
         refund_at: 0,
@@ -855,14 +857,26 @@ fn forced_charges_and_delays_agree_in_lua_and_rust() {
             assert_eq!(got, want, "{p:?} {c:?}");
             got[0]
         };
-        // Forced far beyond the budget: the debt stops at one more budget.
+        // Forced far beyond the budget, with a debt bound of one more
+        // budget: 20 of the first 25 fit, none of the next; with a bound of
+        // four budgets, both fit whole.
+        for (debt, uncharged) in [(40, [0, 0]), (10, [5, 25])] {
+            let forced = Charge {
+                op: Op::Force { max_debt: debt },
+                ..charge("f", &format!("forced-{i}-{debt}"), p, 25)
+            };
+            for expected in uncharged {
+                let v = both(&forced);
+                assert!(v.allowed && v.remaining == 0, "{p:?} {v:?}");
+                assert_eq!(v.uncharged, expected, "{p:?} debt {debt}");
+            }
+        }
         let forced = Charge {
-            op: Op::Force,
+            op: Op::Force { max_debt: 10 },
             ..charge("f", &format!("forced-{i}"), p, 25)
         };
         for _ in 0..2 {
-            let v = both(&forced);
-            assert!(v.allowed && v.remaining == 0, "{p:?} {v:?}");
+            both(&forced);
         }
         let after = both(&charge("f", &format!("forced-{i}"), p, 1));
         assert!(!after.allowed, "{p:?}");
@@ -926,7 +940,7 @@ fn a_forced_charge_never_lifts_a_deeper_debt() {
         let probe = charge("d", &key, p, 1);
         let before = both(&probe).wait_ms.unwrap();
         let forced = Charge {
-            op: Op::Force,
+            op: Op::Force { max_debt: 5 },
             ..charge("d", &key, p, 1)
         };
         both(&forced);

@@ -171,6 +171,7 @@ fn verdict(allowed: bool) -> Verdict {
         granted: 0,
         at: 0,
         delay_ms: 0,
+        uncharged: 0,
     }
 }
 

@@ -15,6 +15,7 @@ use crate::auth::KeyTable;
 use crate::client_ip::ClientIpConfig;
 use crate::edge::EdgeSettings;
 use crate::limits::algorithm::Params;
+pub use crate::limits::plan::DebtBound;
 pub use crate::limits::{KeyDims, LimitId, Mode, OnStoreError, PlanId};
 pub use crate::routes::RouteId;
 use crate::routes::Router;
@@ -297,6 +298,16 @@ pub struct Route {
     pub cost_from_response: Option<CostFromResponse>,
 }
 
+impl Route {
+    /// What admission charges: the route's cost, or `max` when the cost
+    /// comes from the response and `reserve: max`.
+    pub fn admission_cost(&self) -> u64 {
+        self.cost_from_response
+            .as_ref()
+            .map_or(self.cost, |f| f.admission_cost(self.cost))
+    }
+}
+
 /// `routes[].cost_from_response`, validated.
 #[derive(Debug, Clone)]
 pub struct CostFromResponse {
@@ -306,6 +317,49 @@ pub struct CostFromResponse {
     pub max: u64,
     /// Whether the client sees the header.
     pub expose: bool,
+    /// What a response abandoned by its client is settled at.
+    pub on_abandon: OnAbandon,
+    /// What admission charges.
+    pub reserve: Reserve,
+    /// How deep into debt a settlement may push each limit.
+    pub max_debt: DebtBound,
+}
+
+/// `cost_from_response.on_abandon`: what a response is settled at when its
+/// client went away (connection closed, stream reset) before its cost
+/// arrived. Hanging up just before the end of every answer must not make
+/// a client pay only estimates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnAbandon {
+    /// At `max`.
+    #[default]
+    Max,
+    /// At the estimate (the route's cost).
+    Estimate,
+}
+
+/// `cost_from_response.reserve`: what admission charges before the actual
+/// cost is known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reserve {
+    /// The estimate (the route's cost); the settlement charges the rest.
+    #[default]
+    Estimate,
+    /// `max`; the settlement gives back what the response did not cost,
+    /// so a tenant can never overspend.
+    Max,
+}
+
+impl CostFromResponse {
+    /// What admission charges on a route of cost `estimate`.
+    pub fn admission_cost(&self, estimate: u64) -> u64 {
+        match self.reserve {
+            Reserve::Estimate => estimate,
+            Reserve::Max => self.max,
+        }
+    }
 }
 
 impl Policy {
@@ -333,6 +387,19 @@ impl Policy {
         for route in self.routes.iter() {
             for &id in route.pre_auth.iter().chain(&route.request) {
                 let limit = &self.limits[id];
+                if let Some(spec) = &route.cost_from_response {
+                    let capacity = limit.params.quota();
+                    if spec.max - route.cost > capacity {
+                        out.push(format!(
+                            "route {:?}: cost_from_response.max - cost ({}) exceeds the capacity \
+                             ({capacity}) of limit {:?}: one response may cost more than a full \
+                             budget, and callers go into debt",
+                            route.name,
+                            spec.max - route.cost,
+                            limit.name
+                        ));
+                    }
+                }
                 if limit.local || limit.on_store_error != OnStoreError::Local {
                     continue;
                 }

@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::policy::{Priority, UpstreamProtocol};
+use super::policy::{OnAbandon, Priority, Reserve, UpstreamProtocol};
 use crate::edge::target::{Case, PathParams, TrailingSlash};
 
 pub use crate::limits::{Mode, OnStoreError};
@@ -587,6 +587,15 @@ pub struct RawCostFromResponse {
     /// Whether the client sees the header; `false` when absent.
     #[serde(default)]
     pub expose: bool,
+    /// What a response the client abandoned before its cost arrived is
+    /// charged: `max` (the default) or `estimate`.
+    pub on_abandon: Option<OnAbandon>,
+    /// What admission charges: `estimate` (the route's cost, the default)
+    /// or `max` (the settlement gives back the difference).
+    pub reserve: Option<Reserve>,
+    /// How deep into debt settlements may push a limit, in units; default
+    /// 10 × (`max` − cost), at least the limit's capacity.
+    pub max_debt: Option<f64>,
 }
 
 /// The `upstreams.*.reserve` section.

@@ -458,38 +458,45 @@ impl Params {
         }
     }
 
-    /// Charges `cost` whatever the state, into debt of at most one more
-    /// capacity (limit): a cost learnt after the response, which later
-    /// requests then wait for.
-    pub fn force(&self, state: &mut State, cost: u64, now: u64) {
+    /// Charges `cost` whatever the state, into debt of at most `max_debt`
+    /// units (a balance that far below empty, a count that far above its
+    /// limit): a cost learnt after the response, which later requests then
+    /// wait for. Returns the units that did not fit above that floor,
+    /// which are not charged.
+    pub fn force(&self, state: &mut State, cost: u64, max_debt: u64, now: u64) -> u64 {
         if let (Params::SlidingLog(w), State::Log { total, .. }) = (self, &*state) {
-            let room = (2 * w.limit).saturating_sub(*total);
+            let room = (w.limit + max_debt).saturating_sub(*total).min(cost);
             if room > 0 {
-                self.spend(state, cost.min(room), now);
+                self.spend(state, room, now);
             }
-            return;
+            return cost - room;
         }
         match (self, state) {
-            // Deeper than the bound already (a delay schedules further
+            // Deeper than the floor already (a delay schedules further
             // ahead): left as it is, never lifted.
-            (Params::TokenBucket(b), State::Bucket { balance, .. }) => {
-                let charged = (*balance - (cost * MICRO) as i64).max(-(b.capacity as i64));
-                *balance = (*balance).min(charged);
+            (Params::TokenBucket(_), State::Bucket { balance, .. }) => {
+                let floor = -((max_debt * MICRO) as i64);
+                let before = *balance;
+                *balance = before.min((before - (cost * MICRO) as i64).max(floor));
+                uncharged_micro(cost, (before - *balance) as u64)
             }
             (Params::Gcra(b), State::Gcra { tat, frac }) => {
-                let debt = gcra_debt(b, *tat, *frac, now);
-                let charged = (debt + cost * MICRO).min(2 * b.capacity);
-                if charged > debt {
+                let owed = gcra_debt(b, *tat, *frac, now);
+                let charged = (owed + cost * MICRO).min(b.capacity + max_debt * MICRO);
+                if charged > owed {
                     *tat = now + charged / b.per_ms;
                     *frac = charged % b.per_ms;
                 }
+                uncharged_micro(cost, charged.saturating_sub(owed))
             }
             (Params::FixedWindow(Window { limit, .. }), State::Window { count, .. })
             | (Params::Quota(Quota { limit, .. }), State::Window { count, .. })
             | (Params::SlidingWindow(Window { limit, .. }), State::Sliding { curr: count, .. }) => {
-                *count = (*count).max((*count + cost).min(2 * limit));
+                let before = *count;
+                *count = before.max((before + cost).min(limit + max_debt));
+                cost - (*count - before)
             }
-            _ => {}
+            _ => cost,
         }
     }
 
@@ -593,6 +600,12 @@ fn check_bucket(b: &Bucket, balance: i64, cost: u64) -> Check {
         };
     }
     Check::deny(left, Some(ceil_div((need - balance) as u64, b.per_ms)))
+}
+
+/// Whole units of a forced `cost` not charged when `charged` micro-units
+/// were (a part of a unit not charged counts as one).
+fn uncharged_micro(cost: u64, charged: u64) -> u64 {
+    (cost * MICRO).saturating_sub(charged).div_ceil(MICRO)
 }
 
 /// How far a GCRA schedule runs ahead of `now`, in micro-tokens.

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use super::breaker::{Breaker, Permit};
 use super::lease::{GiveBack, Leases, Spend, Token};
 use super::memory::MemoryStore;
-use super::plan::{in_order, part_gate, settle, settlement, Fallback, Part, Split};
+use super::plan::{in_order, part_gate, settle, settlement, DebtBound, Fallback, Part, Split};
 use super::{gate, undone, Charge, Gate, LimitStore, Op, Overload, Source, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
 use crate::logs::STORE as STORE_LOG;
@@ -352,25 +352,32 @@ impl<C: Clock> Limiter<C> {
 
     /// Settles a request's charges (with the store times they were made
     /// at) once its actual cost is known: `delta` more is charged to each,
-    /// whatever the state, into debt of at most one more capacity, or
-    /// `-delta` given back; in this process for local limits, in one store
-    /// call for the shared ones. Off the request path.
-    pub async fn reconcile(&self, charged: &[(Charge, u64)], delta: i64) {
+    /// whatever the state, into debt of at most `debt`, or `-delta` given
+    /// back; in this process for local limits, in one store call for the
+    /// shared ones. Off the request path. Returns the most units a limit
+    /// left uncharged because it was at its deepest debt.
+    pub async fn reconcile(&self, charged: &[(Charge, u64)], delta: i64, debt: DebtBound) -> u64 {
         if delta == 0 || charged.is_empty() {
-            return;
+            return 0;
         }
-        let settle = settlement(charged, delta);
+        let settle = settlement(charged, delta, debt);
         let (local, shared): (Vec<_>, Vec<_>) = settle.iter().partition(|(c, _)| c.local);
         if delta > 0 {
+            let mut verdicts = Vec::new();
             let local: Vec<&Charge> = local.iter().map(|(c, _)| c).collect();
             if !local.is_empty() {
-                self.local.decide_now(&local, Gate::Open);
+                verdicts.extend(self.local.decide_now(&local, Gate::Open).0);
             }
             let shared: Vec<&Charge> = shared.iter().map(|(c, _)| c).collect();
             if let (Some(store), false) = (&self.shared, shared.is_empty()) {
-                let _ = self.call(store, &shared, Gate::Open).await;
+                // A failed settlement leaves the estimate charged: counted
+                // as a store error, and its cost as uncharged.
+                match self.call(store, &shared, Gate::Open).await {
+                    Ok(v) => verdicts.extend(v),
+                    Err(_) => return delta.unsigned_abs(),
+                }
             }
-            return;
+            return verdicts.iter().map(|v| v.uncharged).max().unwrap_or(0);
         }
         for (c, at) in &local {
             self.local.refund(&[c], *at);
@@ -385,6 +392,7 @@ impl<C: Clock> Limiter<C> {
                 .collect();
             self.give_back(store, back).await;
         }
+        0
     }
 
     /// Gives back every lease now (the policy reloaded): the next requests

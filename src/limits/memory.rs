@@ -102,9 +102,11 @@ impl<C: Clock> MemoryStore<C> {
                 .get_mut(&c.key)
                 .expect("the first pass made a slot for every charge");
             let spend = check.allowed && gate.admits(c.group);
-            let mut granted = 0;
+            let (mut granted, mut uncharged) = (0, 0);
             if c.op.is_force() {
-                c.params.force(&mut slot.state, c.cost, now);
+                uncharged = c
+                    .params
+                    .force(&mut slot.state, c.cost, c.op.max_debt(), now);
             } else if spend {
                 c.params.spend(&mut slot.state, c.cost, now);
                 granted = c.params.take(&mut slot.state, c.op.units(), now);
@@ -122,7 +124,8 @@ impl<C: Clock> MemoryStore<C> {
             verdicts.push(
                 Verdict::decided(check.allowed, remaining, check.wait_ms, reset_ms, now)
                     .with_granted(granted)
-                    .with_delay(delay_ms),
+                    .with_delay(delay_ms)
+                    .with_uncharged(uncharged),
             );
         }
         for (_, guard) in guards.iter_mut() {

@@ -160,9 +160,15 @@ pub enum Op {
         /// Units wanted beyond the cost.
         units: u64,
     },
-    /// Charged whatever the state, into bounded debt, never gating the
-    /// others: a cost learnt after the response.
-    Force,
+    /// Charged whatever the state, never gating the others: a cost learnt
+    /// after the response. The limit goes into debt of at most
+    /// `max_debt` units (its balance at most that far below empty, its
+    /// count that far above its limit); what would go deeper is not
+    /// charged, and the verdict says how much (`uncharged`).
+    Force {
+        /// The deepest debt the charge may leave, in whole units.
+        max_debt: u64,
+    },
 }
 
 impl Op {
@@ -188,7 +194,16 @@ impl Op {
 
     /// Whether the charge is forced.
     pub fn is_force(self) -> bool {
-        self == Op::Force
+        matches!(self, Op::Force { .. })
+    }
+
+    /// The deepest debt a forced charge may leave (0 but for
+    /// [`Op::Force`]).
+    pub fn max_debt(self) -> u64 {
+        match self {
+            Op::Force { max_debt } => max_debt,
+            _ => 0,
+        }
     }
 
     /// The same charge without what it takes beyond its cost: what giving
@@ -268,6 +283,9 @@ pub struct Verdict {
     pub at: u64,
     /// Admitted after this many ms (`on_limit: delay`); 0 for now.
     pub delay_ms: u64,
+    /// Units of a forced charge that were not charged because the limit
+    /// was at its deepest debt (see [`Op::Force`]).
+    pub uncharged: u64,
 }
 
 impl Verdict {
@@ -291,6 +309,7 @@ impl Verdict {
             granted: 0,
             at,
             delay_ms: 0,
+            uncharged: 0,
         }
     }
 
@@ -317,6 +336,15 @@ impl Verdict {
     pub fn with_delay(self, ms: u64) -> Self {
         Self {
             delay_ms: ms,
+            ..self
+        }
+    }
+
+    /// With `units` of a forced charge left uncharged.
+    #[must_use]
+    pub fn with_uncharged(self, units: u64) -> Self {
+        Self {
+            uncharged: units,
             ..self
         }
     }

@@ -15,6 +15,7 @@
 //! failing store leaves to each limit's failure mode ([`Fallback`]), and
 //! what settles a cost learnt after the response ([`settlement`]).
 
+use super::algorithm::Params;
 use super::{gate, undone, Charge, Gate, OnStoreError, Op, Source, Verdict};
 
 /// Where each of a decision's charges is decided: spent from (or refused
@@ -121,11 +122,31 @@ impl Fallback {
     }
 }
 
+/// How deep into debt a settlement may push each limit
+/// (`cost_from_response.max_debt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DebtBound {
+    /// The bound the route sets, in units, for every limit.
+    pub explicit: Option<u64>,
+    /// Otherwise this many units (10 × (`max` − the estimate)), or the
+    /// limit's capacity when that is more.
+    pub default: u64,
+}
+
+impl DebtBound {
+    /// The deepest debt a settlement may leave under a limit of `params`.
+    pub fn of(self, params: &Params) -> u64 {
+        self.explicit
+            .unwrap_or_else(|| self.default.max(params.quota()))
+    }
+}
+
 /// What settles a request's charges (each with the store time it was made
 /// at) once its actual cost is known, `delta` away from what was charged:
-/// `delta` more forced on each, or `-delta` given back. Leases are not
-/// involved: a settlement goes to the limit's own state.
-pub fn settlement(charged: &[(Charge, u64)], delta: i64) -> Vec<(Charge, u64)> {
+/// `delta` more forced on each, into debt of at most `debt`, or `-delta`
+/// given back. Leases are not involved: a settlement goes to the limit's
+/// own state.
+pub fn settlement(charged: &[(Charge, u64)], delta: i64, debt: DebtBound) -> Vec<(Charge, u64)> {
     if delta == 0 {
         return Vec::new();
     }
@@ -134,7 +155,13 @@ pub fn settlement(charged: &[(Charge, u64)], delta: i64) -> Vec<(Charge, u64)> {
         .map(|(c, at)| {
             let c = Charge {
                 cost: delta.unsigned_abs(),
-                op: if delta > 0 { Op::Force } else { Op::DECIDE },
+                op: if delta > 0 {
+                    Op::Force {
+                        max_debt: debt.of(&c.params),
+                    }
+                } else {
+                    Op::DECIDE
+                },
                 lease: None,
                 ..c.clone()
             };
@@ -231,6 +258,7 @@ mod tests {
             granted: 0,
             at: 0,
             delay_ms: 0,
+            uncharged: 0,
         }
     }
 
@@ -317,7 +345,7 @@ mod tests {
     fn shadow_limits_gate_nothing_and_forced_charges_stay() {
         let mut owned = charges();
         owned[2].enforce = false;
-        owned[3].op = crate::limits::Op::Force;
+        owned[3].op = crate::limits::Op::Force { max_debt: 1 };
         let c: Vec<&Charge> = owned.iter().collect();
         let parts = [
             part(&[0, 1, 3], &[true, true, true], &c, Gate::Open),
@@ -412,16 +440,34 @@ mod tests {
     fn a_cost_learnt_later_is_forced_or_given_back() {
         let owned = charges();
         let charged: Vec<(Charge, u64)> = owned.iter().cloned().zip([10, 10, 20, 20]).collect();
-        assert!(settlement(&charged, 0).is_empty());
-        let more = settlement(&charged, 7);
+        let debt = DebtBound {
+            explicit: None,
+            default: 0,
+        };
+        assert!(settlement(&charged, 0, debt).is_empty());
+        let more = settlement(&charged, 7, debt);
+        // Capacity 1 each: the default bound is at least the capacity.
+        let forced = Op::Force { max_debt: 1 };
         assert!(more
             .iter()
-            .all(|(c, _)| c.cost == 7 && c.op == Op::Force && c.lease.is_none()));
+            .all(|(c, _)| c.cost == 7 && c.op == forced && c.lease.is_none()));
+        let deep = DebtBound {
+            explicit: None,
+            default: 90,
+        };
+        let more = settlement(&charged, 7, deep);
+        assert!(more.iter().all(|(c, _)| c.op == Op::Force { max_debt: 90 }));
+        let set = DebtBound {
+            explicit: Some(0),
+            default: 90,
+        };
+        let more = settlement(&charged, 7, set);
+        assert!(more.iter().all(|(c, _)| c.op == Op::Force { max_debt: 0 }));
         assert_eq!(
             more.iter().map(|(_, at)| *at).collect::<Vec<_>>(),
             vec![10, 10, 20, 20]
         );
-        let less = settlement(&charged, -3);
+        let less = settlement(&charged, -3, debt);
         assert!(less.iter().all(|(c, _)| c.cost == 3 && c.op == Op::DECIDE));
     }
 }

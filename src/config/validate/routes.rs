@@ -39,10 +39,20 @@ pub(super) fn cost_from_response<'a>(
             );
         }
     }
+    let explicit = raw
+        .max_debt
+        .map(|d| c.whole(&format!("{path}.max_debt"), d, MAX_AMOUNT));
+    let max = max?;
     Some(CostFromResponse {
         header: header?,
-        max: max?,
+        max,
         expose: raw.expose,
+        on_abandon: raw.on_abandon.unwrap_or_default(),
+        reserve: raw.reserve.unwrap_or_default(),
+        max_debt: DebtBound {
+            explicit: explicit.map(|d| d.unwrap_or_default()),
+            default: max.saturating_sub(estimate).saturating_mul(10),
+        },
     })
 }
 
@@ -85,7 +95,15 @@ pub(super) fn routes(
             None => 1,
         };
         let auth_required = r.auth == AuthMode::Required;
-        let (pre_auth, request) = route_limits(c, &path, &r.limits, cost, auth_required, ctx);
+        // With `reserve: max` admission charges `max`, which every limit
+        // must be able to admit (`max` itself is checked below).
+        let admitted_cost = r
+            .cost_from_response
+            .as_ref()
+            .filter(|f| f.reserve == Some(Reserve::Max) && f.max.fract() == 0.0 && f.max >= 0.0)
+            .map_or(cost, |f| f.max as u64);
+        let (pre_auth, request) =
+            route_limits(c, &path, &r.limits, admitted_cost, auth_required, ctx);
         let cost_from_response = r.cost_from_response.and_then(|raw| {
             let limits = pre_auth.iter().chain(&request).map(|&id| &ctx.limits[id]);
             cost_from_response(c, &path, raw, cost, limits)

@@ -64,6 +64,7 @@ fn store_verdict(allowed: bool) -> Verdict {
         granted: 0,
         at: 0,
         delay_ms: 0,
+        uncharged: 0,
     }
 }
 
@@ -338,6 +339,13 @@ async fn the_breaker_opens_then_lets_one_probe_through() {
     assert_eq!(s.metrics.store_circuit_open.get(), 0);
 }
 
+/// The default debt bound of a route whose `max` is its estimate: each
+/// limit's capacity.
+const DEBT: DebtBound = DebtBound {
+    explicit: None,
+    default: 0,
+};
+
 /// What the local bucket of `key` (capacity 4) has left: a decision of
 /// cost 0 reads it.
 fn local_left(limiter: &Limiter<ManualClock>, key: &str) -> u64 {
@@ -361,7 +369,8 @@ async fn a_larger_actual_cost_is_forced_on_every_charge() {
     assert_eq!(local_left(&setup.limiter, "credential"), 3);
 
     let charged: Vec<(Charge, u64)> = charges.iter().map(|c| (c.clone(), 7)).collect();
-    setup.limiter.reconcile(&charged, 5).await;
+    let uncharged = setup.limiter.reconcile(&charged, 5, DEBT).await;
+    assert_eq!(uncharged, 0, "a bucket of 4 takes a debt of 4");
     // Forced into debt: the bucket of 4 holds nothing now, whatever it
     // held.
     assert_eq!(local_left(&setup.limiter, "credential"), 0);
@@ -369,7 +378,7 @@ async fn a_larger_actual_cost_is_forced_on_every_charge() {
     assert_eq!(ops.len(), 2, "one decision, then one settlement call");
     assert_eq!(
         ops[1],
-        vec![(5, Op::Force)],
+        vec![(5, Op::Force { max_debt: 4 })],
         "the shared charge, forced by the difference"
     );
     assert!(store.given_back.lock().unwrap().is_empty());
@@ -392,7 +401,7 @@ async fn a_smaller_actual_cost_is_given_back_where_it_was_spent() {
     let (_, spent_at) = setup.limiter.local.decide_now(&charges[..1], Gate::Open);
     assert_eq!(local_left(&setup.limiter, "credential"), 1);
     let charged = vec![(charges[0].clone(), spent_at), (charges[1].clone(), 99)];
-    setup.limiter.reconcile(&charged, -2).await;
+    setup.limiter.reconcile(&charged, -2, DEBT).await;
     assert_eq!(local_left(&setup.limiter, "credential"), 3, "2 of 3 back");
     assert_eq!(
         store.given_back.lock().unwrap().clone(),
@@ -407,7 +416,7 @@ async fn a_cost_that_was_right_settles_nothing() {
     let store = FakeStore::answering([]);
     let setup = limiter(Some(store.clone()));
     let charged = vec![(shared("tenant", Group::Request, OnStoreError::Closed), 5)];
-    setup.limiter.reconcile(&charged, 0).await;
+    setup.limiter.reconcile(&charged, 0, DEBT).await;
     assert!(store.calls().is_empty());
     assert!(store.given_back.lock().unwrap().is_empty());
 }

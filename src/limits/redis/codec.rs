@@ -9,11 +9,12 @@
 //! the algorithm (1 byte), its two parameters and the cost (8 bytes each),
 //! its flags (1 byte: bit 0 enforced, bit 1 the group, bit 2 a take
 //! follows, bit 3 a longest delay follows, bit 4 forced) and then, as the
-//! flags say, the units to take beyond the cost and the longest delay in
-//! ms (8 bytes each). All numbers are little-endian. The reply is one
-//! binary string: five `i64`s per limit (admitted: 1, 0, or 2 when after a
-//! delay; remaining; wait or -1, or the delay when 2; reset; units taken),
-//! then the store time of the decision.
+//! flags say, the units to take beyond the cost, the longest delay in ms
+//! and a forced charge's deepest debt in units (8 bytes each). All numbers
+//! are little-endian. The reply is one binary string: five `i64`s per
+//! limit (admitted: 1, 0, or 2 when after a delay; remaining; wait or -1,
+//! or the delay when 2; reset; units taken, or for a forced charge the
+//! units left uncharged), then the store time of the decision.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -74,6 +75,8 @@ pub struct Spec {
     pub max_delay_ms: u64,
     /// Charged whatever the state, gating nothing.
     pub force: bool,
+    /// A forced charge's deepest debt, in units.
+    pub max_debt: u64,
 }
 
 impl Spec {
@@ -96,6 +99,7 @@ impl Spec {
             take: charge.op.units(),
             max_delay_ms: charge.op.max_delay_ms(),
             force: charge.op.is_force(),
+            max_debt: charge.op.max_debt(),
         }
     }
 }
@@ -187,6 +191,9 @@ pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'
             if l.max_delay_ms > 0 {
                 bytes.extend_from_slice(&l.max_delay_ms.to_le_bytes());
             }
+            if l.force {
+                bytes.extend_from_slice(&l.max_debt.to_le_bytes());
+            }
         }
     }
     Call {
@@ -216,8 +223,22 @@ pub fn split(reply: &[u8], batch: &[&Request]) -> Result<Vec<Decided>, StoreErro
     let mut verdicts = verdicts.into_iter();
     Ok(batch
         .iter()
-        .map(|r| (verdicts.by_ref().take(r.limits.len()).collect(), at))
+        .map(|r| {
+            let verdicts = r
+                .limits
+                .iter()
+                .zip(verdicts.by_ref())
+                .map(|(l, v)| if l.force { forced(v) } else { v })
+                .collect();
+            (verdicts, at)
+        })
         .collect())
+}
+
+/// A forced charge's verdict: its fifth number is the units it left
+/// uncharged, not units taken.
+fn forced(v: Verdict) -> Verdict {
+    v.with_uncharged(v.granted).with_granted(0)
 }
 
 /// The script's reply for `limits` limits: their verdicts in order, and the

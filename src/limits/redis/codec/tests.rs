@@ -39,6 +39,7 @@ fn read_back(call: &Call<'_>) -> Vec<ReadBack> {
             };
             let want = field(TAKES);
             let delay = field(DELAYS);
+            let max_debt = field(FORCED);
             let spec = Spec {
                 kind,
                 a,
@@ -48,6 +49,7 @@ fn read_back(call: &Call<'_>) -> Vec<ReadBack> {
                 take: want,
                 max_delay_ms: delay,
                 force: flags & FORCED != 0,
+                max_debt,
             };
             limits.push((call.keys[key - 1].to_owned(), spec));
         }
@@ -69,6 +71,7 @@ fn spec(kind: u8, a: u64) -> Spec {
         // Every third may be delayed; every fifth is forced.
         max_delay_ms: if a % 3 == 0 { a + 500 } else { 0 },
         force: a % 5 == 0,
+        max_debt: if a % 5 == 0 { a * 7 } else { 0 },
     }
 }
 
@@ -156,10 +159,15 @@ fn charges_become_the_scripts_numbers() {
         (delaying.take, delaying.max_delay_ms, delaying.force),
         (0, 500, false)
     );
-    let forced = with(crate::limits::Op::Force);
+    let forced = with(crate::limits::Op::Force { max_debt: 70 });
     assert_eq!(
-        (forced.take, forced.max_delay_ms, forced.force),
-        (0, 0, true)
+        (
+            forced.take,
+            forced.max_delay_ms,
+            forced.force,
+            forced.max_debt
+        ),
+        (0, 0, true, 70)
     );
 }
 
@@ -238,4 +246,17 @@ proptest! {
             prop_assert_eq!(&specs, &r.limits);
         }
     }
+}
+
+#[test]
+fn a_forced_charge_reports_what_it_left_uncharged() {
+    // Limits a = 5 (forced), 6 (a take): the fifth number means each.
+    let mut forced = request(&["k1"], 0, 0);
+    forced.limits = vec![spec(kind::TOKEN_BUCKET, 5), spec(kind::TOKEN_BUCKET, 6)];
+    let bytes = reply(&[(1, 0, 0, 10, 3), (1, 4, 0, 10, 30)], 77);
+    let split = split(&bytes, &[&forced]).unwrap();
+    let (verdicts, at) = &split[0];
+    assert_eq!(*at, 77);
+    assert_eq!((verdicts[0].uncharged, verdicts[0].granted), (3, 0));
+    assert_eq!((verdicts[1].uncharged, verdicts[1].granted), (0, 30));
 }
