@@ -353,7 +353,8 @@ impl Reconcile {
 /// How a response whose cost the upstream reports ended without it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unreported {
-    /// The client went away (connection closed, stream reset) first.
+    /// The client went away (connection closed, stream reset) before the
+    /// cost arrived, whether or not the upstream had answered yet.
     Abandoned,
     /// The response completed without the header, or the upstream broke
     /// it after its headers: counted as `missing`.

@@ -198,10 +198,12 @@ fn settle_unreported(ctx: &mut RequestCtx, e: Option<&Error>) {
     let (Some(reconcile), Some(rt)) = (ctx.facts.reconcile.take(), &ctx.runtime) else {
         return;
     };
-    let end = if !ctx.answered {
-        admission::Unreported::Unanswered
-    } else if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
+    // A client that leaves while the upstream works (before its answer or
+    // during it) abandoned a response that may have cost the max.
+    let end = if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
         admission::Unreported::Abandoned
+    } else if !ctx.answered {
+        admission::Unreported::Unanswered
     } else {
         admission::Unreported::Missing
     };

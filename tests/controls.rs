@@ -300,6 +300,12 @@ routes:
     cost: 100
     cost_from_response: {{ header: x-usage-tokens, max: 10000 }}
     limits: [tokens]
+  - name: chat-slow
+    path: "/slow/chat"
+    upstream: llm
+    cost: 100
+    cost_from_response: {{ header: x-usage-tokens, max: 10000 }}
+    limits: [tokens]
   - name: chat-visible
     path: "/v1/chat-visible"
     upstream: llm
@@ -423,6 +429,28 @@ fn a_response_abandoned_or_unreported_is_settled_at_max_or_the_estimate() {
     assert_eq!(refused.status, 429);
     // 1000 - 100 - 9900 = -9000: 9100 short at 0.001 a second.
     assert_eq!(refused.header("retry-after"), Some("9100000"));
+}
+
+#[test]
+fn a_client_that_leaves_before_the_answer_pays_the_max() {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let upstream = Upstream::slow(Duration::from_secs(3));
+    let gw = Gateway::start(&usage_policy("{ backend: memory }"), Some(&upstream));
+    let mut stream = support::connect(gw.addr, None);
+    stream
+        .write_all(b"GET /slow/chat HTTP/1.1\r\nhost: t\r\nauthorization: Bearer key-c2\r\n\r\n")
+        .unwrap();
+    // Gone while the upstream works on it.
+    assert!(support::eventually(Duration::from_secs(5), || {
+        upstream.state.in_flight.load(Ordering::SeqCst) == 1
+    }));
+    drop(stream);
+    let series = "tollgate_cost_reconciled_total{direction=\"charged\",route=\"chat-slow\"}";
+    assert!(
+        support::eventually(Duration::from_secs(10), || gw.metric(series) == 1.0),
+        "the abandoned request was settled at its max"
+    );
 }
 
 #[test]
