@@ -241,6 +241,15 @@ impl Params {
         }
     }
 
+    /// Milliseconds a bucket takes to refill `units`; 0 for windows, whose
+    /// wait already runs until a window frees its whole limit.
+    pub fn refill_ms(&self, units: u64) -> u64 {
+        match self {
+            Params::TokenBucket(b) | Params::Gcra(b) => ceil_div(units * MICRO, b.per_ms),
+            _ => 0,
+        }
+    }
+
     /// A window algorithm's window length; `None` for buckets.
     pub fn window_ms(&self) -> Option<u64> {
         match self {

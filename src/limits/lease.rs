@@ -287,11 +287,22 @@ impl Leases {
 
     /// The store refused a take's cost for `wait_ms` (from `sent_at`):
     /// requests that cannot be paid from the lease are refused here until
-    /// then, at most `ttl_ms`.
+    /// a whole lease would fit, at most `ttl_ms`.
+    ///
+    /// Until the cost alone fits would be sooner (one unit of refill), but
+    /// an abused key is refused again and again: asking every time a unit
+    /// refills costs a store call per unit, per instance. Waiting for
+    /// `units` to refill costs each instance at most one call per `units`
+    /// of refill however hard the key is pushed. Nothing is lost meanwhile:
+    /// the shared budget keeps what refills for whichever instance asks
+    /// first, and each instance asks again after the same wait, so none is
+    /// favoured.
     pub fn refused(&self, c: &Charge, wait_ms: Option<u64>, sent_at: u64) {
         let Some(wait_ms) = wait_ms else { return };
         let mut shard = self.shard(&c.key);
         if let Some(held) = shard.get_mut(&c.key) {
+            let rest = held.terms.units.saturating_sub(c.cost);
+            let wait_ms = wait_ms + c.params.refill_ms(rest);
             held.refused_until = sent_at + wait_ms.min(held.terms.ttl_ms);
         }
     }

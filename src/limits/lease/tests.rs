@@ -481,6 +481,39 @@ async fn a_refused_take_is_remembered_for_at_most_the_lease_time() {
 }
 
 #[tokio::test]
+async fn a_refusal_is_remembered_until_a_whole_lease_would_fit() {
+    let clock = ManualClock::new(1_000_000);
+    let store = Store::new(&clock);
+    let limiter = instance(&clock, &store, 1);
+    // A hundred tokens a second, a lease of 10 for a minute.
+    let c = leased(bucket_params(20, 100), 10, 60_000, 1);
+    let mut admitted = 0;
+    for _ in 0..30 {
+        admitted += u64::from(limiter.decide(std::slice::from_ref(&c)).await[0].allowed);
+    }
+    assert_eq!(admitted, 20, "the budget of 20, and not one more");
+    let calls = store.calls();
+    // The cost fits again in 10 ms, a whole lease in 100 ms: asked again
+    // only then, whatever the demand.
+    for _ in 0..9 {
+        clock.advance(10);
+        for _ in 0..50 {
+            assert!(!limiter.decide(std::slice::from_ref(&c)).await[0].allowed);
+        }
+    }
+    assert_eq!(store.calls(), calls, "no call while a lease would not fit");
+    clock.advance(10);
+    assert!(limiter.decide(std::slice::from_ref(&c)).await[0].allowed);
+    assert_eq!(store.calls(), calls + 1);
+    // What refilled meanwhile was taken, not lost: ten spent here.
+    let mut spent = 1;
+    while limiter.decide(std::slice::from_ref(&c)).await[0].allowed {
+        spent += 1;
+    }
+    assert_eq!(spent, 10);
+}
+
+#[tokio::test]
 async fn a_remembered_refusal_charges_no_local_limit_of_its_group() {
     let clock = ManualClock::new(1_000_000);
     let store = Store::new(&clock);
