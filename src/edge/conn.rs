@@ -219,8 +219,9 @@ impl Guarded {
 
     /// Reads what the client sent into `head`.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let mut chunk = [0u8; CHUNK];
-        let mut buf = ReadBuf::new(&mut chunk);
+        // Not zeroed: a read that finds nothing (most polls) costs nothing.
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); CHUNK];
+        let mut buf = ReadBuf::uninit(&mut chunk);
         ready!(Pin::new(&mut self.inner).poll_read(cx, &mut buf))?;
         let needed = self.head.len() + buf.filled().len();
         if needed > self.head.capacity() {

@@ -252,7 +252,8 @@ pub fn normalize(raw: &[u8], slash: EncodedSlash) -> Result<Cow<'_, str>, Target
 /// Whether a normalized path has a `;` parameter (normalization writes an
 /// encoded `;` as `%3B`, upper-case).
 fn has_params(path: &str) -> bool {
-    path.contains(';') || path.contains("%3B")
+    let bytes = path.as_bytes();
+    bytes.contains(&b';') || (bytes.contains(&b'%') && path.contains("%3B"))
 }
 
 /// A normalized path without its `;` parameters: each segment cut at its
@@ -278,6 +279,10 @@ fn strip_params(path: &str) -> String {
 /// `..` to them), or in any piece between kept `%2F`s (which an upstream
 /// that decodes them splits on).
 fn is_dot_segment(segment: &str) -> bool {
+    // Most segments hold neither: compared as they are, with no search.
+    if !segment.bytes().any(|b| b == b'%' || b == b';') {
+        return segment == "." || segment == "..";
+    }
     segment.split("%2F").any(|piece| {
         // `;` raw or encoded (`%3B`, which a decoding upstream turns back).
         let base = piece.split([';']).next().unwrap_or(piece);
