@@ -540,6 +540,11 @@ pub struct RawLease {
     pub units: f64,
     /// Units unspent this long after they were taken go back, 10-60000 ms.
     pub ttl_ms: f64,
+    /// The most an instance may hold per key, `units` to the limit's
+    /// capacity; default `units` (a fixed size). A lease grows towards it
+    /// while its units are spent quickly, and shrinks back to `units` when
+    /// the store refuses.
+    pub max_units: Option<f64>,
 }
 
 /// One entry of `upstreams`: a pool of servers.

@@ -10,9 +10,17 @@
 //!
 //! Admissions never exceed what was taken, and what was taken never
 //! exceeded the budget, so a leased limit is never over-spent. The price is
-//! under-use: units held unspent, at most `units` per key and instance,
-//! since a take never asks for more than brings the held and asked-for
-//! units to `units`.
+//! under-use: units held unspent, at most the lease's size per key and
+//! instance, since a take never asks for more than brings the held and
+//! asked-for units to that size.
+//!
+//! The size starts at `units`. When half a lease is spent within half its
+//! `ttl_ms`, demand is steady and the next take asks for twice as much, up
+//! to `max_units`; when the store refuses, or a take empties the shared
+//! budget, it is back to `units`. So calls per request fall towards
+//! 2 / `max_units` for a key in steady demand, and a contended key is
+//! shared in small leases; the under-use bound is instances ×
+//! `max_units`.
 //!
 //! A window's units count in the window the store charged them to, so a
 //! window lease also ends with that window (reckoned from before the call
@@ -38,6 +46,11 @@ struct Held {
     units: u64,
     /// Units asked for by store calls in flight.
     pending: u64,
+    /// The lease's size now: what a take or renewal fills up to, from
+    /// `terms.units` up to `terms.max_units`.
+    size: u64,
+    /// This process's time (ms) when the last take was sent.
+    asked_at: u64,
     /// This process's time (ms) at which what is held goes back (`ttl_ms`
     /// after the last take); until then it is only spent.
     expires_at: u64,
@@ -177,6 +190,8 @@ impl Leases {
                     terms,
                     units: 0,
                     pending: 0,
+                    size: terms.units,
+                    asked_at: 0,
                     expires_at: 0,
                     valid_until: 0,
                     taken_at: 0,
@@ -197,6 +212,7 @@ impl Leases {
                 back = held.surrender(self.epoch());
                 held.charge = c.clone();
                 held.terms = terms;
+                held.size = terms.units;
                 held.refused_until = 0;
             } else if held.units > 0 && now >= held.valid_until {
                 // Taken in a window that has ended since.
@@ -213,8 +229,14 @@ impl Leases {
                     held.taken_at,
                 );
                 let outstanding = held.units + held.pending;
-                if outstanding <= terms.units / 2 {
-                    let want = terms.units - outstanding;
+                if outstanding <= held.size / 2 {
+                    // Half spent within half its time: demand is steady,
+                    // so the next take brings more, up to `max_units`.
+                    if now.saturating_sub(held.asked_at) < terms.ttl_ms / 2 {
+                        held.size = (held.size * 2).min(terms.max_units);
+                    }
+                    held.asked_at = now;
+                    let want = held.size - outstanding;
                     held.pending += want;
                     renew = Some(Renewal {
                         charge: Charge {
@@ -239,7 +261,8 @@ impl Leases {
                     held.taken_at,
                 ))
             } else {
-                let want = terms.units.saturating_sub(held.units + held.pending);
+                let want = held.size.saturating_sub(held.units + held.pending);
+                held.asked_at = now;
                 held.pending += want;
                 Spend::Short {
                     want,
@@ -266,7 +289,7 @@ impl Leases {
             let mut shard = self.shard(&c.key);
             let kept = match shard.get_mut(&c.key) {
                 Some(held) if held.epoch == token.epoch => {
-                    let kept = c.cost.min(held.terms.units.saturating_sub(held.units));
+                    let kept = c.cost.min(held.size.saturating_sub(held.units));
                     held.units += kept;
                     held.gauge.add(kept as i64);
                     kept
@@ -301,6 +324,8 @@ impl Leases {
         let Some(wait_ms) = wait_ms else { return };
         let mut shard = self.shard(&c.key);
         if let Some(held) = shard.get_mut(&c.key) {
+            // Contended: back to the smallest lease.
+            held.size = held.terms.units;
             let rest = held.terms.units.saturating_sub(c.cost);
             let wait_ms = wait_ms + c.params.refill_ms(rest);
             held.refused_until = sent_at + wait_ms.min(held.terms.ttl_ms);
@@ -359,6 +384,10 @@ impl Leases {
         }
         held.units += v.granted;
         held.gauge.add(v.granted as i64);
+        if v.remaining == 0 {
+            // The take emptied the shared budget: others want it too.
+            held.size = held.terms.units;
+        }
         held.taken_at = v.at;
         held.valid_until = valid_until;
         held.expires_at = (sent_at + held.terms.ttl_ms).min(valid_until);

@@ -219,10 +219,13 @@ impl Op {
 /// The terms of `sync: lease` for one limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseTerms {
-    /// Units an instance holds at most, per key.
+    /// Units an instance asks for per key, at first and after a refusal.
     pub units: u64,
     /// Units unspent this long after they were taken go back.
     pub ttl_ms: u64,
+    /// The most an instance holds per key: a lease grows towards it under
+    /// steady demand (`units` for a fixed size).
+    pub max_units: u64,
 }
 
 /// How a verdict was reached.

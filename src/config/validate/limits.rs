@@ -273,9 +273,15 @@ pub(super) fn lease(
     let capacity = params.quota();
     let units = whole(c, &format!("{path}.lease.units"), raw.units, 1, capacity);
     let ttl_ms = whole(c, &format!("{path}.lease.ttl_ms"), raw.ttl_ms, 10, 60_000);
+    let units = units?;
+    let max_units = match raw.max_units {
+        Some(m) => whole(c, &format!("{path}.lease.max_units"), m, units, capacity)?,
+        None => units,
+    };
     Some(LeaseTerms {
-        units: units?,
+        units,
         ttl_ms: ttl_ms?,
+        max_units,
     })
 }
 

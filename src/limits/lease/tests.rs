@@ -105,8 +105,17 @@ fn instance(clock: &ManualClock, store: &Arc<Store>, instances: u32) -> Limiter<
 }
 
 fn leased(params: Params, units: u64, ttl_ms: u64, cost: u64) -> Charge {
+    growing(params, units, units, ttl_ms, cost)
+}
+
+/// A leased charge whose lease may grow from `units` to `max_units`.
+fn growing(params: Params, units: u64, max_units: u64, ttl_ms: u64, cost: u64) -> Charge {
     Charge {
-        lease: Some(LeaseTerms { units, ttl_ms }),
+        lease: Some(LeaseTerms {
+            units,
+            ttl_ms,
+            max_units,
+        }),
         ..charge("hot", "hot", params, cost)
     }
 }
@@ -477,6 +486,58 @@ async fn a_refused_take_is_remembered_for_at_most_the_lease_time() {
         store.calls(),
         calls + 1,
         "the store is asked again after ttl_ms"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_grows_under_steady_demand_and_shrinks_when_refused() {
+    let clock = ManualClock::new(1_000_000);
+    // A budget no test run spends, a request every millisecond.
+    let params = bucket_params(100_000, 1_000);
+    let run = |max_units: u64| {
+        let clock = clock.clone();
+        async move { steady(&clock, params, max_units).await }
+    };
+    async fn steady(clock: &ManualClock, params: Params, max_units: u64) -> (u64, u64) {
+        let store = Store::new(clock);
+        let limiter = instance(clock, &store, 1);
+        let c = growing(params, 10, max_units, 1_000, 1);
+        let mut most = 0;
+        for _ in 0..2_000 {
+            clock.advance(1);
+            assert!(limiter.decide(std::slice::from_ref(&c)).await[0].allowed);
+            limiter.keep_leases().await;
+            most = most.max(limiter.lease_units());
+        }
+        (store.calls(), most)
+    }
+    let (fixed, fixed_most) = run(10).await;
+    let (grown, grown_most) = run(160).await;
+    assert!(
+        fixed_most <= 10 && grown_most <= 160,
+        "{fixed_most} {grown_most}"
+    );
+    assert!(grown_most > 80, "the lease grew: {grown_most}");
+    // About 2 / units calls per request: 2 / 10 fixed, towards 2 / 160.
+    assert!(fixed >= 300, "{fixed}");
+    assert!(grown * 5 < fixed, "{grown} calls grown, {fixed} fixed");
+
+    // Refused: back to the smallest lease.
+    let store = Store::new(&clock);
+    let limiter = instance(&clock, &store, 1);
+    let small = bucket_params(60, 1);
+    let c = growing(small, 10, 40, 1_000, 1);
+    let mut admitted = 0;
+    for _ in 0..100 {
+        clock.advance(1);
+        admitted += u64::from(limiter.decide(std::slice::from_ref(&c)).await[0].allowed);
+        limiter.keep_leases().await;
+    }
+    assert!(admitted <= 60, "never beyond the budget: {admitted}");
+    assert!(
+        limiter.lease_units() <= 10,
+        "shrunk to units: {}",
+        limiter.lease_units()
     );
 }
 
