@@ -3,7 +3,8 @@
 
 Three release gateways with one route behind one global limit (`key: []`,
 the key every request touches): `exact` decides every request in Redis,
-two with `sync: lease` (units 50 and 200, ttl 1000 ms), `memory` in
+three with `sync: lease` (units 50 and 200, and 10 growing to 200 with
+`max_units`; ttl 1000 ms), `memory` in
 process with no store at all. Each gets the same wrk load in turn, rounds rotated;
 the script prints req/s, p99, the gateway's CPU per request
 (utime + stime from /proc over the requests served) and the Redis script
@@ -48,15 +49,17 @@ upstreams:
 routes:
   - {{ name: bench, path: "/**", upstream: api, limits: [global] }}
 """
-LEASE = ", sync: lease, lease: {{ units: {units}, ttl_ms: 1000 }}"
+LEASE = ", sync: lease, lease: {{ units: {units}, ttl_ms: 1000, max_units: {most} }}"
 
 
 def start(bench, name, backend, lease, capacity=run.MAX, rate=run.MAX):
-    """A gateway; `lease` is the lease's units, or 0 for none."""
+    """A gateway; `lease` is the lease's units (or units and max_units), or
+    0 for none."""
+    units, most = lease if isinstance(lease, tuple) else (lease, lease)
     port, admin = run.free_port(), run.free_port()
     text = POLICY.format(port=port, admin=admin, backend=backend, redis=bench.ports["redis"],
                          digest=hashlib.sha256(run.API_KEY.encode()).hexdigest(),
-                         capacity=capacity, rate=rate, sync=LEASE.format(units=lease) if lease else "",
+                         capacity=capacity, rate=rate, sync=LEASE.format(units=units, most=most) if units else "",
                          upstream=bench.ports["upstream"])
     path = bench.work / (re.sub(r"\W+", "-", name) + ".yaml")
     path.write_text(text)
@@ -74,7 +77,7 @@ def script_calls(port):
 
 def throughput(bench, args):
     contenders = {"exact": ("redis", 0), "lease, units 50": ("redis", 50), "lease, units 200": ("redis", 200),
-                  "memory": ("memory", 0)}
+                  "lease, units 10 growing to 200": ("redis", (10, 200)), "memory": ("memory", 0)}
     procs = {name: start(bench, name, backend, lease)[1] for name, (backend, lease) in contenders.items()}
     for name in contenders:
         run.wrk(bench.ports[name], 2, args.connections, path="/x")  # warm-up

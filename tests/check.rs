@@ -190,6 +190,43 @@ routes:
 }
 
 #[test]
+fn a_lease_may_grow_from_units_to_max_units_within_the_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    let write = |lease: &str| {
+        let policy = format!(
+            r#"
+version: 1
+store: {{ backend: redis, urls: ["redis://127.0.0.1:6379/0"] }}
+limits:
+  global: {{ key: [], capacity: 1000, refill_per_second: 100, sync: lease, lease: {lease} }}
+routes:
+  - {{ name: all, path: "/**", auth: none, respond: {{ status: 200 }}, limits: [global] }}
+"#
+        );
+        std::fs::write(&file, policy).unwrap();
+    };
+    write("{ units: 10, ttl_ms: 1000, max_units: 200 }");
+    let (code, _, stderr) = check(file.to_str().unwrap());
+    assert_eq!(code, 0, "{stderr}");
+    for (lease, expected) in [
+        (
+            "{ units: 10, ttl_ms: 1000, max_units: 5 }",
+            "max_units: must be a whole number from 10 to 1000",
+        ),
+        (
+            "{ units: 10, ttl_ms: 1000, max_units: 1001 }",
+            "max_units: must be a whole number from 10 to 1000",
+        ),
+    ] {
+        write(lease);
+        let (code, _, stderr) = check(file.to_str().unwrap());
+        assert_eq!(code, 1, "{lease}: {stderr}");
+        assert!(stderr.contains(expected), "{lease}: {stderr}");
+    }
+}
+
+#[test]
 fn hash_key_prints_the_sha256_of_stdin() {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
