@@ -571,17 +571,27 @@ local R = { limits = {} }
 -- The state of limit l's key, loaded and refreshed on first use in the
 -- call; every later use in the call sees the same table (refreshing again
 -- at the same instant changes nothing), named by l's parameters.
+-- Names l's parameters on its key's state (`sent` keeps them as sent, so
+-- that the same numbers are not named again: the common case).
+local function use(s, l)
+  local a, b = l.a, l.b
+  if s.sent_a ~= a or s.sent_b ~= b then
+    s.sent_a, s.sent_b = a, b
+    s.algo.params(s, a, b)
+  end
+end
+
 local function state(l)
   local k = l.key
   local s = S[k]
   if s then
-    s.algo.params(s, l.a, l.b)
+    use(s, l)
     return s
   end
   local algo = l.algo
   s = { algo = algo }
   S[k] = s
-  algo.params(s, l.a, l.b)
+  use(s, l)
   if algo.open then
     algo.open(s, k)
     return s
@@ -666,7 +676,7 @@ local function decide_request(reply)
     local algo = s.algo
     -- The parameters this limit sent (another limit of the request may
     -- share its key).
-    algo.params(s, l.a, l.b)
+    use(s, l)
     local remaining, taken = l.remaining, 0
     if l.forced then
       -- The fifth number of a forced charge's reply: units not charged.
@@ -674,8 +684,10 @@ local function decide_request(reply)
       remaining = select(2, algo.check(s, 0))
     elseif l.ok and l.group < stop then
       algo.spend(s, l.cost)
-      taken = take(s, l.take)
-      remaining = remaining - taken
+      if l.take > 0 then
+        taken = take(s, l.take)
+        remaining = remaining - taken
+      end
     elseif l.ok and l.delayed == 0 then
       -- Admitted, but its group is not charged: nothing was spent.
       remaining = remaining + l.cost
