@@ -46,11 +46,11 @@ def instructions(out, pid, dumps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--compare", metavar="FILE", help="another decide.lua measured in the same run")
+    ap.add_argument("--compare", metavar="FILE", action="append", default=[],
+                    help="another decide.lua measured in the same run (may be repeated)")
     args = ap.parse_args()
     versions = [("decide.lua", os.path.join(ROOT, "lua", "decide.lua"))]
-    if args.compare:
-        versions.append((os.path.basename(args.compare), args.compare))
+    versions += [(os.path.basename(path), path) for path in args.compare]
     port = free_port()
     out = tempfile.mkdtemp(prefix="tollgate-redis-callgrind-")
     server = subprocess.Popen(
