@@ -1,6 +1,11 @@
 //! The admin listener: liveness, readiness, metrics, heavy hitters, quota
-//! usage and reload. `/admin/*` requires the admin token when one is
-//! configured.
+//! usage and reload. Who may use `/admin/*` is [`access`]'s to say; every
+//! write, allowed or not, goes to the [`audit`] log.
+
+pub mod access;
+pub mod audit;
+
+pub use access::EnvToken;
 
 use std::sync::Arc;
 
@@ -26,75 +31,73 @@ const TOP_ROWS: usize = 20;
 pub struct Admin {
     live: Arc<ArcSwap<Runtime>>,
     reloader: Arc<Reloader>,
-    access: AdminAccess,
+    env: EnvToken,
     drain: Arc<Drain>,
-}
-
-/// Who may use `/admin/*`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdminAccess {
-    /// No token configured: the listener's address is the only guard, and
-    /// identities in reports stay hashed.
-    Open,
-    /// A token is configured but its variable is empty or unset: nobody.
-    Closed,
-    /// Holders of the token whose SHA-256 this is.
-    Token([u8; 32]),
-}
-
-impl AdminAccess {
-    /// From `server.admin_token_env` and the environment.
-    pub fn from_env(var: Option<&str>) -> Self {
-        match var.map(std::env::var) {
-            None => AdminAccess::Open,
-            Some(Ok(token)) if !token.is_empty() => {
-                AdminAccess::Token(crate::auth::digest(token.as_bytes()))
-            }
-            Some(_) => AdminAccess::Closed,
-        }
-    }
+    writes: access::WriteLimiter,
+    started: std::time::Instant,
 }
 
 impl Admin {
-    /// Serves the live runtime; `reloader` backs `POST /admin/reload`, `access`
-    /// guards `/admin/*`.
+    /// Serves the live runtime; `reloader` backs `POST /admin/reload`;
+    /// `env` is the token `server.admin_token_env` names, beside the live
+    /// policy's `server.admin_tokens`.
     pub fn new(
         live: Arc<ArcSwap<Runtime>>,
         reloader: Arc<Reloader>,
-        access: AdminAccess,
+        env: EnvToken,
         drain: Arc<Drain>,
     ) -> Self {
         Self {
             live,
             reloader,
-            access,
+            env,
             drain,
+            writes: access::WriteLimiter::default(),
+            started: crate::clock::instant(),
         }
     }
 
-    /// Whether the request carries the configured admin token. Digests are
-    /// compared, so the time taken says nothing about the token.
-    fn has_token(&self, session: &ServerSession) -> bool {
-        let headers = &session.req_header().headers;
-        let presented = crate::auth::presented_key(headers, &http::header::AUTHORIZATION);
-        match (self.access, presented) {
-            (AdminAccess::Token(token), Some(key)) => crate::auth::digest(key) == token,
-            _ => false,
-        }
+    /// Records an admin write in the audit log and the metric.
+    fn audit(&self, rt: &Runtime, entry: audit::Entry<'_>) {
+        rt.services
+            .metrics
+            .admin_actions
+            .with_label_values(&[entry.action, entry.result])
+            .inc();
+        audit::record(rt.policy.server.audit_log.as_deref(), &entry);
     }
 
     async fn admin(&self, session: &ServerSession, path: &str) -> Response<Vec<u8>> {
-        let authorized = self.has_token(session);
-        match self.access {
-            AdminAccess::Closed => {
-                return text(403, "the admin token variable is not set\n".into())
+        let rt = self.live.load_full();
+        let (method, headers) = (&session.req_header().method, &session.req_header().headers);
+        let who = access::caller(self.env, &rt.policy.server.admin_tokens, headers);
+        let allowed = access::check(self.env, &who, method, headers).and_then(|()| {
+            if access::is_write(method) {
+                self.writes
+                    .admit(who.actor(), crate::clock::instant() - self.started)
+            } else {
+                Ok(())
             }
-            AdminAccess::Token(_) if !authorized => {
-                return text(401, "admin token required\n".into())
+        });
+        if let Err(refusal) = allowed {
+            if access::is_write(method) {
+                self.audit(
+                    &rt,
+                    audit::Entry {
+                        time: crate::access_log::timestamp(crate::clock::wall()),
+                        actor: who.actor(),
+                        action: action_of(path),
+                        target: path,
+                        before: serde_json::Value::Null,
+                        after: serde_json::json!(refusal.detail),
+                        reason: None,
+                        result: "refused",
+                    },
+                );
             }
-            AdminAccess::Open | AdminAccess::Token(_) => {}
+            return problem(refusal.status, refusal.kind, refusal.detail);
         }
-        let method = &session.req_header().method;
+        let authorized = who.identified();
         match (method, path) {
             (&Method::GET, "/admin/top") => {
                 let rt = self.live.load();
@@ -111,14 +114,42 @@ impl Admin {
             }
             (&Method::POST, "/admin/reload") => {
                 let reloader = self.reloader.clone();
-                match tokio::task::spawn_blocking(move || reloader.reload()).await {
-                    Ok(Ok(version)) => text(200, format!("reloaded: policy {version}\n")),
-                    Ok(Err(e)) => text(
-                        400,
-                        format!("reload rejected, previous policy kept:\n{e}\n"),
+                let before = rt.policy.policy_version.to_string();
+                let outcome = tokio::task::spawn_blocking(move || reloader.reload()).await;
+                let (result, after, response) = match outcome {
+                    Ok(Ok(version)) => (
+                        "ok",
+                        serde_json::json!(version.to_string()),
+                        text(200, format!("reloaded: policy {version}\n")),
                     ),
-                    Err(_) => text(500, "reload failed\n".into()),
-                }
+                    Ok(Err(e)) => (
+                        "rejected",
+                        serde_json::json!(e.to_string()),
+                        text(
+                            400,
+                            format!("reload rejected, previous policy kept:\n{e}\n"),
+                        ),
+                    ),
+                    Err(_) => (
+                        "error",
+                        serde_json::Value::Null,
+                        text(500, "reload failed\n".into()),
+                    ),
+                };
+                self.audit(
+                    &rt,
+                    audit::Entry {
+                        time: crate::access_log::timestamp(crate::clock::wall()),
+                        actor: who.actor(),
+                        action: "reload",
+                        target: "policy",
+                        before: serde_json::json!(before),
+                        after,
+                        reason: None,
+                        result,
+                    },
+                );
+                response
             }
             (_, "/admin/top" | "/admin/reload" | "/admin/usage") => {
                 text(405, "method not allowed\n".into())
@@ -140,6 +171,33 @@ fn respond(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> 
 
 fn text(status: u16, body: String) -> Response<Vec<u8>> {
     respond(status, "text/plain; charset=utf-8", body.into_bytes())
+}
+
+/// An `application/problem+json` answer (RFC 9457).
+fn problem(status: u16, kind: &str, detail: &str) -> Response<Vec<u8>> {
+    let title = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    let body = serde_json::json!({
+        "type": format!("urn:tollgate:problem:{kind}"),
+        "title": title,
+        "status": status,
+        "detail": detail,
+    });
+    respond(
+        status,
+        "application/problem+json",
+        body.to_string().into_bytes(),
+    )
+}
+
+/// The audit log's `action` of a write to `path`.
+fn action_of(path: &str) -> &'static str {
+    match path {
+        "/admin/reload" => "reload",
+        _ => "unknown",
+    }
 }
 
 /// `GET /admin/usage?limit=L&tenant=T`: a quota's period, and how much of

@@ -20,7 +20,7 @@ use pingora::apps::HttpServerOptions;
 use pingora::listeners::tls::TlsSettings;
 use pingora::protocols::http::v2::server::default_h2_options;
 use tollgate::access_log::AccessLog;
-use tollgate::admin::{Admin, AdminAccess};
+use tollgate::admin::{Admin, EnvToken};
 use tollgate::config::{self, Backend, StoreSettings};
 use tollgate::drain::{AdminListener, Drain, Drainer};
 use tollgate::edge::app::Edge;
@@ -437,8 +437,8 @@ fn add_admin_listener(
     drain: &Arc<Drain>,
 ) -> anyhow::Result<()> {
     let settings = &live.load().policy.server;
-    let access = AdminAccess::from_env(settings.admin_token_env.as_deref());
-    if access == AdminAccess::Closed {
+    let access = EnvToken::from_env(settings.admin_token_env.as_deref());
+    if access == EnvToken::Missing {
         tracing::warn!("server.admin_token_env names an unset variable: /admin/* is closed");
     }
     let admin_settings: tollgate::edge::app::Settings = {

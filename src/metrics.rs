@@ -55,6 +55,10 @@ pub struct Metrics {
     /// the response (`charged` more, or `refunded`), and responses that
     /// reported no cost (`missing`: settled at the estimate).
     pub cost_reconciled: IntCounterVec,
+    /// `tollgate_admin_actions_total{action,result}`: admin writes, by what
+    /// they asked and how they ended (`ok`, `rejected`, `refused`,
+    /// `error`).
+    pub admin_actions: IntCounterVec,
     /// `tollgate_cost_uncharged_total{route}`: units of settlements that a
     /// limit did not charge because it was at its deepest debt
     /// (`max_debt`), or that a failing store did not take.
@@ -184,6 +188,12 @@ impl Metrics {
                 "tollgate_cost_reconciled_total",
                 "Costs settled after the response, by route and direction (charged, refunded, missing).",
                 &["route", "direction"],
+            ),
+            admin_actions: counter(
+                &r,
+                "tollgate_admin_actions_total",
+                "Admin writes, by action and result (ok, rejected, refused, error).",
+                &["action", "result"],
             ),
             cost_uncharged: counter(
                 &r,

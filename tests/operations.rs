@@ -168,7 +168,11 @@ fn reload_policy(version: &str, capacity: u32) -> String {
         r#"
 version: 1
 policy_version: "{version}"
-server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 2 }}
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  threads: 2
+  admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
 auth:
   keys:
     - {{ id: c1, tenant: acme, sha256: "{}" }}
@@ -183,9 +187,28 @@ routes:
   - {{ name: api, path: "/**", auth: none, upstream: api }}
 responses: {{ ratelimit_headers: draft }}
 "#,
+        digest(ADMIN_TOKEN),
         digest("k1"),
         digest("k2"),
         digest("k3")
+    )
+}
+
+/// The write token of `reload_policy`.
+const ADMIN_TOKEN: &str = "oncall-s3cret";
+
+/// `POST /admin/reload` with the write token, as JSON.
+fn reload(gw: &Gateway) -> support::Reply {
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    request(
+        gw.admin,
+        None,
+        "POST",
+        "/admin/reload",
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
     )
 }
 
@@ -202,7 +225,7 @@ fn a_reload_changes_limits_for_new_requests() {
     let gw = Gateway::start(&reload_policy("v1", 2), Some(&upstream));
     assert_eq!(admitted(&gw, "k1", 5), 2);
     gw.rewrite(&reload_policy("v2", 5), Some(&upstream));
-    let r = request(gw.admin, None, "POST", "/admin/reload", &[]);
+    let r = reload(&gw);
     assert_eq!((r.status, r.body.as_str()), (200, "reloaded: policy v2\n"));
     assert_eq!(
         gw.metric("tollgate_config_info{policy_version=\"v2\"}"),
@@ -241,7 +264,7 @@ fn a_broken_file_is_rejected_and_the_old_policy_keeps_serving() {
         &reload_policy("v2", 2).replace("refill_per_second", "refill_per_secnd"),
         Some(&upstream),
     );
-    let r = request(gw.admin, None, "POST", "/admin/reload", &[]);
+    let r = reload(&gw);
     assert_eq!(r.status, 400);
     assert!(
         r.body.contains("unknown field `refill_per_secnd`"),
@@ -286,7 +309,16 @@ fn no_request_fails_while_policies_are_reloaded_under_load() {
             &reload_policy(&format!("v{i}"), 60 + i % 2 * 4),
             Some(&upstream),
         );
-        let r = request(gw.admin, None, "POST", "/admin/reload", &[]);
+        // Admin writes are limited to ten a second per token: a 429 is
+        // asked again after it.
+        let mut r = reload(&gw);
+        for _ in 0..50 {
+            if r.status != 429 {
+                break;
+            }
+            thread::sleep(Duration::from_millis(100));
+            r = reload(&gw);
+        }
         assert_eq!(r.status, 200, "{}", r.body);
     }
     stop.store(true, Ordering::SeqCst);
@@ -452,12 +484,117 @@ routes:
         "{caller}"
     );
 
+    // Without any token the admin API is read-only.
+    let reload = request(
+        open.admin,
+        None,
+        "POST",
+        "/admin/reload",
+        &[("content-type", "application/json")],
+    );
+    assert_eq!(reload.status, 403);
+    assert_eq!(
+        reload.header("content-type"),
+        Some("application/problem+json")
+    );
+
     // A token variable that is named but unset closes /admin/* entirely.
     let closed = Gateway::start(&policy, None);
     assert_eq!(get(closed.admin, "/admin/top", &[]).status, 403);
     assert_eq!(
         request(closed.admin, None, "POST", "/admin/reload", &[]).status,
         403
+    );
+}
+
+#[test]
+fn admin_writes_need_a_write_token_and_json_and_each_leaves_an_audit_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let policy = reload_policy("v1", 2).replace(
+        "  admin_tokens: [{ name: oncall,",
+        &format!(
+            "  audit_log: {{ path: \"{}\" }}\n  admin_tokens: [{{ name: viewer, sha256: \"{}\", role: read }}, {{ name: oncall,",
+            audit.display(),
+            digest("viewer-s3cret")
+        ),
+    );
+    let upstream = Upstream::start();
+    let gw = Gateway::start(&policy, Some(&upstream));
+    let post = |headers: &[(&str, &str)]| request(gw.admin, None, "POST", "/admin/reload", headers);
+    let json = ("content-type", "application/json");
+    let viewer = ("authorization", "Bearer viewer-s3cret");
+    let oncall = format!("Bearer {ADMIN_TOKEN}");
+    let oncall = ("authorization", oncall.as_str());
+
+    assert_eq!(
+        get(gw.admin, "/admin/top", &[]).status,
+        401,
+        "reads need a token"
+    );
+    assert_eq!(get(gw.admin, "/admin/top", &[viewer]).status, 200);
+    let cases: [(&[(&str, &str)], u16); 5] = [
+        (&[json], 401),
+        (&[viewer, json], 403),
+        (&[oncall, ("content-type", "text/plain")], 415),
+        (
+            &[
+                oncall,
+                ("content-type", "application/x-www-form-urlencoded"),
+            ],
+            415,
+        ),
+        (&[oncall, json], 200),
+    ];
+    for (headers, status) in cases {
+        let r = post(headers);
+        assert_eq!(r.status, status, "{headers:?}: {}", r.body);
+        if status != 200 {
+            assert_eq!(r.header("content-type"), Some("application/problem+json"));
+            assert!(r.json()["type"]
+                .as_str()
+                .unwrap()
+                .starts_with("urn:tollgate:problem:"));
+        }
+    }
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seen: Vec<(String, String)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["actor"].as_str().unwrap().into(),
+                l["result"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("unknown", "refused"),
+        ("viewer", "refused"),
+        ("oncall", "refused"),
+        ("oncall", "refused"),
+        ("oncall", "ok"),
+    ];
+    assert_eq!(
+        seen,
+        expected.map(|(a, r)| (a.to_string(), r.to_string())),
+        "one line per write, refused ones too"
+    );
+    assert!(lines
+        .iter()
+        .all(|l| l["action"] == "reload" && l["time"].is_string()));
+    assert_eq!(lines[4]["before"], "v1");
+    assert_eq!(lines[4]["after"], "v1");
+    assert_eq!(
+        gw.metric("tollgate_admin_actions_total{action=\"reload\",result=\"refused\"}"),
+        4.0
+    );
+    assert_eq!(
+        gw.metric("tollgate_admin_actions_total{action=\"reload\",result=\"ok\"}"),
+        1.0
     );
 }
 

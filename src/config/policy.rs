@@ -71,8 +71,13 @@ pub struct ServerSettings {
     pub buffered_bytes_total: u64,
     /// Worker threads.
     pub threads: usize,
-    /// Environment variable whose value, when set, guards `/admin/*`.
+    /// Environment variable whose value, when set, guards `/admin/*` (a
+    /// `write` token named `env`).
     pub admin_token_env: Option<String>,
+    /// The admin API's tokens.
+    pub admin_tokens: Vec<AdminToken>,
+    /// The audit log's file; the process log when `None`.
+    pub audit_log: Option<PathBuf>,
     /// How long requests in flight may run after SIGTERM.
     pub shutdown_grace: Duration,
     /// `limits`, `timeouts` and `encoded_slash`: the bounds of the edge.
@@ -471,4 +476,25 @@ pub enum UpstreamProtocol {
     H2,
     /// Whatever the server prefers by ALPN, h2 or HTTP/1.1 (TLS only).
     Auto,
+}
+
+/// One admin token (`server.admin_tokens`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminToken {
+    /// Who holds it.
+    pub name: Arc<str>,
+    /// The SHA-256 of the token.
+    pub digest: [u8; 32],
+    /// What it may do.
+    pub role: AdminRole,
+}
+
+/// What an admin token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminRole {
+    /// Read: `GET /admin/*`.
+    Read,
+    /// Read and write: every `/admin/*` endpoint.
+    Write,
 }

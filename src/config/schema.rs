@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::policy::{OnAbandon, Priority, Reserve, UpstreamProtocol};
+use super::policy::{AdminRole, OnAbandon, Priority, Reserve, UpstreamProtocol};
 use crate::edge::target::{Case, PathParams, TrailingSlash};
 
 pub use crate::limits::{Mode, OnStoreError};
@@ -99,8 +99,15 @@ pub struct RawServer {
     pub admin_listen: Option<String>,
     /// Worker threads, 1-256; the number of CPUs available when absent.
     pub threads: Option<usize>,
-    /// Name of the environment variable whose value guards `/admin/*` as a bearer token.
+    /// Name of the environment variable whose value guards `/admin/*` as a bearer token
+    /// (a `write` token named `env`).
     pub admin_token_env: Option<String>,
+    /// Tokens of the admin API: each a name, the SHA-256 of the token and a role,
+    /// `read` (GETs) or `write` (GETs and writes).
+    #[serde(default)]
+    pub admin_tokens: Vec<RawAdminToken>,
+    /// Where every admin write, and every refused one, is recorded (`server.audit_log`).
+    pub audit_log: Option<RawAuditLog>,
     /// How long requests in flight may run after SIGTERM, 0-3600; default 10.
     pub shutdown_grace_seconds: Option<u64>,
     /// Connection, header and body bounds (`server.limits`).
@@ -209,6 +216,26 @@ impl Default for RawUpgrade {
     fn default() -> Self {
         RawUpgrade::Flag(false)
     }
+}
+
+/// One `server.admin_tokens` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdminToken {
+    /// Who holds it: the audit log's `actor`.
+    pub name: String,
+    /// The SHA-256 of the token, hex (as `tollgate hash-key` prints it).
+    pub sha256: String,
+    /// `read` or `write`.
+    pub role: AdminRole,
+}
+
+/// The `server.audit_log` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuditLog {
+    /// A file, appended to (created mode 0600); the process log when absent.
+    pub path: String,
 }
 
 /// The `server.path` section: what `;` parameters, a trailing `/` and

@@ -72,6 +72,17 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
         buffered_bytes_total,
         threads,
         admin_token_env: raw.admin_token_env,
+        admin_tokens: admin_tokens(c, raw.admin_tokens),
+        audit_log: raw.audit_log.and_then(|a| match a.path.as_str() {
+            "" => {
+                c.fail(
+                    "server.audit_log.path",
+                    "needs a file (or leave out audit_log for the process log)",
+                );
+                None
+            }
+            path => Some(base.join(path)),
+        }),
         shutdown_grace: Duration::from_secs(grace),
         access_log: raw.access_log.map(|a| access_log(c, a)),
         tls: raw.tls.map(|t| tls(c, t, base)),
@@ -111,6 +122,39 @@ pub(super) fn tls(c: &mut Checker, raw: RawTls, base: &Path) -> TlsSettings {
         cert_file,
         key_file,
     }
+}
+
+/// `server.admin_tokens`: unique names, SHA-256 digests.
+fn admin_tokens(c: &mut Checker, raw: Vec<RawAdminToken>) -> Vec<AdminToken> {
+    let mut names = HashSet::new();
+    raw.into_iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let path = format!("server.admin_tokens[{i}]");
+            c.name(&format!("{path}.name"), &t.name);
+            if t.name == "env" || !names.insert(t.name.clone()) {
+                c.fail(
+                    format!("{path}.name"),
+                    format!(
+                        "{:?} is taken (by another token, or `env` by admin_token_env)",
+                        t.name
+                    ),
+                );
+            }
+            let Some(digest) = parse_digest(&t.sha256) else {
+                c.fail(
+                    format!("{path}.sha256"),
+                    "must be 64 hex digits: the SHA-256 of the token (tollgate hash-key)",
+                );
+                return None;
+            };
+            Some(AdminToken {
+                name: t.name.into(),
+                digest,
+                role: t.role,
+            })
+        })
+        .collect()
 }
 
 /// `server.access_log`.
