@@ -19,9 +19,10 @@
 --                       ones are checked but never spent (an earlier part
 --                       of the request's decision already denied them)
 --          n        I2  number of limits
---          refund   i8  0 to decide; otherwise the time (ms) at which these
---                       charges were spent by a decision since undone (on a
---                       cluster, another slot denied): give them back
+--          refund   i8  0 to decide; -1 to peek (below); otherwise the time
+--                       (ms) at which these charges were spent by a
+--                       decision since undone (on a cluster, another slot
+--                       denied): give them back
 --          then per limit:
 --          key      I4  index into KEYS
 --          kind     B   the algorithm (ALGORITHMS below)
@@ -58,6 +59,11 @@
 -- store does (never beyond the initial state; a window that has rolled
 -- since is left alone), spends nothing, and answers each charge's check
 -- after it.
+--
+-- A peek reads each limit as a decision would, charges nothing and writes
+-- no state (a sliding log may still drop entries that have expired):
+-- admitted when its cost fits, the whole units left before it, the wait
+-- until it fits. For operators, never on the request path.
 --
 -- Group g of a request is charged only if every enforced limit of its
 -- groups 0..g admits and g is below `blocked`; shadow limits are charged
@@ -658,6 +664,7 @@ local function decide_request(reply)
   for j = 1, R.n do
     local l = limits[j]
     local s = state(l)
+    s.touched = true
     local ok, remaining, wait = s.algo.check(s, l.cost)
     -- A forced charge is admitted; a cost that fits within the limit's
     -- longest delay is admitted after that wait.
@@ -709,21 +716,38 @@ local function refund_request(reply)
   for j = 1, R.n do
     local l = limits[j]
     local s = state(l)
+    s.touched = true
     s.algo.refund(s, l.cost, R.refund_at)
     local ok, remaining, wait = s.algo.check(s, l.cost)
     answer(reply, s, ok and 1 or 0, remaining, wait, 0)
   end
 end
 
--- One write per key, with the state the whole call left.
+-- Reads R's limits without charging or writing: each one's check of its
+-- cost, with the units left before it.
+local function peek_request(reply)
+  local limits = R.limits
+  for j = 1, R.n do
+    local l = limits[j]
+    local s = state(l)
+    local ok, remaining, wait = s.algo.check(s, l.cost)
+    if ok then remaining = remaining + l.cost end
+    answer(reply, s, ok and 1 or 0, remaining, wait, 0)
+  end
+end
+
+-- One write per key a decision or refund touched, with the state the whole
+-- call left (keys only peeked at are left as they are).
 local function write_back()
   for k, s in pairs(S) do
-    local algo = s.algo
-    local ttl = int(algo.reset(s) + SLACK)
-    if algo.write then
-      algo.write(s, ttl)
-    else
-      call('SET', keys[k], pack(algo.format, algo.kind, algo.meaning(s), algo.fields(s)), 'PX', ttl)
+    if s.touched then
+      local algo = s.algo
+      local ttl = int(algo.reset(s) + SLACK)
+      if algo.write then
+        algo.write(s, ttl)
+      else
+        call('SET', keys[k], pack(algo.format, algo.kind, algo.meaning(s), algo.fields(s)), 'PX', ttl)
+      end
     end
   end
 end
@@ -746,6 +770,8 @@ local function decide(call_keys, args)
     pos = read_request(requests, pos)
     if R.refund_at > 0 then
       refund_request(reply)
+    elseif R.refund_at < 0 then
+      peek_request(reply)
     else
       decide_request(reply)
     end

@@ -108,6 +108,9 @@ impl Admin {
                 let body = serde_json::json!({ "top": rows }).to_string();
                 respond(200, "application/json", body.into_bytes())
             }
+            (&Method::GET, "/admin/explain") => {
+                explain(&rt, session.req_header().uri.query().unwrap_or("")).await
+            }
             (&Method::GET, "/admin/usage") => {
                 let rt = self.live.load();
                 usage(&rt, session.req_header().uri.query()).await
@@ -151,7 +154,7 @@ impl Admin {
                 );
                 response
             }
-            (_, "/admin/top" | "/admin/reload" | "/admin/usage") => {
+            (_, "/admin/top" | "/admin/reload" | "/admin/usage" | "/admin/explain") => {
                 text(405, "method not allowed\n".into())
             }
             _ => text(404, "not found\n".into()),
@@ -198,6 +201,25 @@ fn action_of(path: &str) -> &'static str {
         "/admin/reload" => "reload",
         _ => "unknown",
     }
+}
+
+/// `GET /admin/explain?path=…`: the route a request takes and, for every
+/// limit of it, its parameters and state, read without charging.
+async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
+    let explained = match crate::explain::Query::parse(query)
+        .and_then(|q| crate::explain::resolve(&rt.policy, &q))
+    {
+        Ok(e) => e,
+        Err(p) => return problem(p.status, p.kind, &p.detail),
+    };
+    let charges: Vec<Charge> = explained
+        .limits
+        .iter()
+        .filter_map(|(_, c)| c.as_ref().ok().cloned())
+        .collect();
+    let states = rt.limiter().peek(&charges).await;
+    let body = crate::explain::to_json(&rt.policy, &explained, states.into_iter());
+    respond(200, "application/json", body.to_string().into_bytes())
 }
 
 /// `GET /admin/usage?limit=L&tenant=T`: a quota's period, and how much of

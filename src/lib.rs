@@ -11,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod drain;
 pub mod edge;
+pub mod explain;
 pub mod health;
 pub mod limits;
 pub mod logs;

@@ -446,6 +446,15 @@ routes:
         "two instances, one global budget of 3"
     );
 
+    // Read on the other instance without charging: the tenant's bucket
+    // and the global one, from two slots.
+    let explained = get(gws[1].admin, "/admin/explain?path=/x&credential=c1", &[]).json();
+    assert_eq!(explained["limits"][0]["remaining"], 7, "{explained}");
+    assert_eq!(explained["limits"][1]["remaining"], 0);
+    // One unit at 0.001 a second, less what refilled while the test ran.
+    let retry = explained["limits"][1]["retry_after_ms"].as_u64().unwrap();
+    assert!((900_000..=1_000_000).contains(&retry), "{retry}");
+
     // The tenant's key and the global key live in different slots, so each
     // request was decided by two script calls on different nodes.
     let keys = cluster.keys();
@@ -661,4 +670,84 @@ fn what_goes_beyond_max_debt_is_counted_and_reserve_max_never_overspends() {
     let series = "tollgate_cost_reconciled_total{direction=\"refunded\",route=\"chat\"}";
     assert!(eventually(Duration::from_secs(10), || gw.metric(series) == 1.0));
     assert_eq!(window_count(&redis), 400);
+}
+
+#[test]
+fn explain_reads_every_limit_of_a_route_without_charging() {
+    let redis = RedisServer::start();
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}", plan: pro }} ]
+limits:
+  per-ip: {{ key: [ip], scope: pre_auth, capacity: 100, refill_per_second: 0.001, store: local }}
+  per-tenant: {{ key: [tenant], capacity: 40, refill_per_second: 0.001 }}
+  daily: {{ algorithm: quota, key: [tenant], limit: 1000, period: day }}
+plans:
+  pro: {{ per-tenant: {{ capacity: 60, refill_per_second: 0.001 }} }}
+routes:
+  - {{ name: api, path: "/v1/**", respond: {{ status: 200 }}, limits: [per-ip, per-tenant, daily], cost: 2 }}
+"#,
+        redis.url(),
+        digest("key-c1")
+    );
+    let gws = gateways(2, &policy);
+    let key = [("authorization", "Bearer key-c1")];
+    for _ in 0..5 {
+        assert_eq!(get(gws[0].addr, "/v1/x", &key).status, 200);
+    }
+    let explain =
+        |gw: &Gateway, query: &str| get(gw.admin, &format!("/admin/explain?{query}"), &[]);
+    let query = "path=/v1/reports&credential=c1&ip=198.51.100.7";
+    let first = explain(&gws[1], query);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let body = first.json();
+    assert_eq!(body["route"], "api");
+    assert_eq!(body["plan"], "pro");
+    let limits = body["limits"].as_array().unwrap();
+    let by_name = |n: &str| limits.iter().find(|l| l["name"] == n).unwrap().clone();
+    let tenant = by_name("per-tenant");
+    assert_eq!(tenant["params"]["capacity"], 60, "the plan's numbers");
+    assert_eq!(tenant["remaining"], 50, "60 less five requests of cost 2");
+    assert_eq!(tenant["retry_after_ms"], 0);
+    assert_eq!(tenant["store"], "shared");
+    let daily = by_name("daily");
+    assert_eq!(daily["algorithm"], "quota");
+    assert_eq!(daily["remaining"], 990);
+    let ip = by_name("per-ip");
+    assert_eq!(ip["scope"], "pre_auth");
+    assert_eq!(ip["store"], "local");
+    assert_eq!(
+        ip["remaining"], 100,
+        "this instance saw none of that address"
+    );
+    // The same shared numbers on the other instance, and reading changed
+    // nothing.
+    for _ in 0..3 {
+        let again = explain(&gws[0], query).json();
+        let again = again["limits"].as_array().unwrap();
+        assert_eq!(again[1]["remaining"], 50);
+        assert_eq!(again[2]["remaining"], 990);
+    }
+    // A tenant alone: the credential-free limits read, the rest say why.
+    let by_tenant = explain(&gws[0], "path=/v1/x&tenant=acme").json();
+    assert_eq!(by_tenant["limits"][0]["state"], "needs ip");
+    assert_eq!(by_tenant["limits"][1]["remaining"], 50);
+    assert_eq!(explain(&gws[0], "path=/elsewhere").status, 404);
+    let bad = explain(&gws[0], "path=/v1/x&credential=nobody");
+    assert_eq!(
+        (bad.status, bad.header("content-type")),
+        (404, Some("application/problem+json"))
+    );
+    assert_eq!(explain(&gws[0], "path=/v1/x&ip=not-an-ip").status, 400);
+    assert_eq!(
+        get(gws[0].addr, "/v1/x", &key).status,
+        200,
+        "still 40 - 10 - 2 left"
+    );
+    let after = explain(&gws[1], query).json();
+    assert_eq!(after["limits"][1]["remaining"], 48);
 }

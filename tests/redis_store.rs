@@ -575,10 +575,61 @@ fn lua_and_rust_agree_on_random_sequences() {
                     let expected = memory.decide_now(charges, *blocked).0;
                     prop_assert_eq!(got, &expected, "charges {:?}", charges);
                 }
+                // Every limit read without charging, at two costs: the same
+                // in both stores, and the same when read again.
+                let peeks: Vec<Charge> = (0..limits.len())
+                    .flat_map(|i| {
+                        let (first, second, _) = limits[i];
+                        let params = if step.second & (1 << i) != 0 {
+                            second
+                        } else {
+                            first
+                        };
+                        let key = format!("case{id}-l{i}");
+                        [1, 7].map(|cost| charge(&format!("l{i}"), &key, params, cost))
+                    })
+                    .collect();
+                let expected = memory.peek_now(&peeks);
+                let got = rt.block_on(redis.peek(&refs(&peeks))).unwrap();
+                prop_assert_eq!(&got, &expected, "peeks {:?}", peeks);
+                let again = rt.block_on(redis.peek(&refs(&peeks))).unwrap();
+                prop_assert_eq!(&again, &got, "a peek changes nothing");
             }
             Ok(())
         })
         .unwrap();
+}
+
+#[test]
+fn a_peek_writes_nothing() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let clock = ManualClock::new(1_970_000_000_000);
+    let redis = store(&server, &clock);
+    let memory = MemoryStore::new(clock.clone());
+    let fresh = charge("p", "never-charged", bucket(10, 1), 3);
+    let v = rt.block_on(redis.peek(&[&fresh])).unwrap();
+    assert_eq!((v[0].allowed, v[0].remaining, v[0].reset_ms), (true, 10, 0));
+    assert!(server.keys().is_empty(), "no key made: {:?}", server.keys());
+    // A spent bucket, read twice: nothing refills or drains but time.
+    let spent = charge("p", "spent", bucket(10, 1), 10);
+    rt.block_on(redis.decide(&[&spent], Gate::Open)).unwrap();
+    memory.decide_now(&[&spent], Gate::Open);
+    let probe = charge("p", "spent", bucket(10, 1), 2);
+    let ttl: i64 = server.cmd(&["PTTL", &server.keys()[0]]).unwrap();
+    for _ in 0..2 {
+        let v = rt.block_on(redis.peek(&[&probe])).unwrap();
+        assert_eq!(v, memory.peek_now(&[&probe]));
+        assert_eq!(
+            (v[0].allowed, v[0].remaining, v[0].wait_ms),
+            (false, 0, Some(2_000))
+        );
+    }
+    let after: i64 = server.cmd(&["PTTL", &server.keys()[0]]).unwrap();
+    assert!(
+        after <= ttl,
+        "the key's expiry was not renewed: {ttl} then {after}"
+    );
 }
 
 #[test]

@@ -463,6 +463,11 @@ impl Leases {
         self.wake.notified().await
     }
 
+    /// Units this instance holds for one key.
+    pub fn held_for(&self, key: &str) -> u64 {
+        self.shard(key).get(key).map_or(0, |h| h.units)
+    }
+
     /// Units held now, over every key.
     pub fn held(&self) -> u64 {
         self.shards

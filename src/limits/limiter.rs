@@ -422,6 +422,43 @@ impl<C: Clock> Limiter<C> {
         self.leases.work().await
     }
 
+    /// What each charge's limit holds now, charging nothing: local limits
+    /// and what leases hold as this instance sees them, shared ones read
+    /// from the store (`Err` with why when it cannot answer). With each,
+    /// the units this instance holds under a lease of its key.
+    pub async fn peek(&self, charges: &[Charge]) -> Vec<(Result<Verdict, String>, u64)> {
+        let held = |c: &Charge| {
+            if c.lease.is_some() {
+                self.leases.held_for(&c.key)
+            } else {
+                0
+            }
+        };
+        let shared: Vec<&Charge> = charges.iter().filter(|c| !c.local).collect();
+        let mut remote = match (&self.shared, shared.is_empty()) {
+            (_, true) => Vec::new(),
+            (None, false) => vec![Err("no shared store".to_string()); shared.len()],
+            (Some(s), false) => match s.store.peek(&shared).await {
+                Ok(v) => v.into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(e.to_string()); shared.len()],
+            },
+        }
+        .into_iter();
+        charges
+            .iter()
+            .map(|c| {
+                let verdict = if c.local {
+                    Ok(self.local.peek_now(std::slice::from_ref(c))[0])
+                } else {
+                    remote
+                        .next()
+                        .unwrap_or_else(|| Err("no answer".to_string()))
+                };
+                (verdict, held(c))
+            })
+            .collect()
+    }
+
     /// Units this instance holds under leases, over every key.
     pub fn lease_units(&self) -> u64 {
         self.leases.held()

@@ -151,6 +151,37 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// What each charge's limit holds now, as [`LimitStore::peek`] says:
+    /// read from a copy of its state (or a fresh one), nothing written.
+    pub fn peek_now<B: Borrow<Charge>>(&self, charges: &[B]) -> Vec<Verdict> {
+        let now = self.clock.now_ms();
+        charges
+            .iter()
+            .map(Borrow::borrow)
+            .map(|c| {
+                let shard = self.shards[self.shard_of(&c.key)]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                let mut state = match shard.slots.get(&c.key) {
+                    Some(slot) => c.params.adopt(&slot.params, slot.state.clone(), now),
+                    None => c.params.fresh(now),
+                };
+                drop(shard);
+                c.params.refresh(&mut state, now);
+                let check = c.params.check(&state, c.cost, now);
+                // Left before the cost: an admitted check counted it out.
+                let remaining = check.remaining + if check.allowed { c.cost } else { 0 };
+                Verdict::decided(
+                    check.allowed,
+                    remaining,
+                    check.wait_ms,
+                    c.params.reset_ms(&state, now),
+                    now,
+                )
+            })
+            .collect()
+    }
+
     /// Locks the given shards in ascending order: no two requests deadlock.
     fn lock(&self, shard_ids: &[usize]) -> Vec<(usize, MutexGuard<'_, Shard>)> {
         let mut order = shard_ids.to_vec();
@@ -251,6 +282,10 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
     async fn give_back(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError> {
         self.refund(charges, spent_at);
         Ok(())
+    }
+
+    async fn peek(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
+        Ok(self.peek_now(charges))
     }
 }
 

@@ -449,6 +449,17 @@ pub trait LimitStore: Send + Sync {
     /// a window that has rolled since is left alone.
     async fn give_back(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError>;
 
+    /// What each charge's limit holds now, charging nothing and writing
+    /// nothing: whether its cost would fit, the whole units left before it
+    /// (`remaining`), the wait until it would fit, and the reset. For
+    /// operators (`/admin/explain`), never on the request path.
+    async fn peek(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
+        let _ = charges;
+        Err(StoreError::Refused(
+            "this store cannot be read without charging".into(),
+        ))
+    }
+
     /// Whether the store answers at all (readiness probes).
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())

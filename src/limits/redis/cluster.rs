@@ -181,6 +181,33 @@ impl LimitStore for ClusterStore {
             .try_for_each(|r| r.map(drop))
     }
 
+    /// Each slot's charges read in one call, all slots at once; nothing is
+    /// reserved, so nothing needs confirming or giving back.
+    async fn peek(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
+        let keys: Vec<Arc<str>> = charges.iter().map(|c| self.keys.key(c)).collect();
+        let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let s = slot(key);
+            match slots.iter_mut().find(|(other, _)| *other == s) {
+                Some((_, members)) => members.push(i),
+                None => slots.push((s, vec![i])),
+            }
+        }
+        let calls = slots.iter().map(|(s, members)| {
+            let picked: Vec<&Charge> = members.iter().map(|&i| charges[i]).collect();
+            let keys = members.iter().map(|&i| keys[i].clone()).collect();
+            self.call(*s, Request::new(keys, &picked, Gate::Open, codec::PEEK))
+        });
+        let mut verdicts = vec![None; charges.len()];
+        for ((_, members), result) in slots.iter().zip(join_all(calls).await) {
+            let (part, _) = result?;
+            for (&i, v) in members.iter().zip(part) {
+                verdicts[i] = Some(v);
+            }
+        }
+        Ok(verdicts.into_iter().flatten().collect())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.batches.ping().await
     }

@@ -41,6 +41,10 @@ pub mod kind {
     pub const QUOTA: u8 = 6;
 }
 
+/// The refund time that asks the script to peek: read every limit, charge
+/// and write nothing (`-1` as the script reads it).
+pub const PEEK: u64 = u64::MAX;
+
 /// Bytes of one request's header in the call.
 const REQUEST_HEAD: usize = 1 + 2 + 8;
 /// Bytes of one limit in the call, without a take.

@@ -139,6 +139,13 @@ impl LimitStore for RedisStore {
             .map(drop)
     }
 
+    async fn peek(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
+        if charges.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.submit(charges, Gate::Open, codec::PEEK).await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.batches.ping().await
     }

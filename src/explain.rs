@@ -1,0 +1,301 @@
+//! What the gateway does with a request, limit by limit: the route it
+//! takes, every limit that applies with its effective parameters, and (read
+//! without charging) each limit's state for the caller. Served as
+//! `GET /admin/explain`.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::admission;
+use crate::client_ip;
+use crate::config::{LimitId, Mode, PlanId, Policy, Route, Scope};
+use crate::edge::target;
+use crate::limits::algorithm::{Params, MICRO};
+use crate::limits::{Charge, Group, Identity, Verdict};
+use crate::routes;
+
+/// What to explain: a request (`path`, `method`, `host`) and the identity
+/// it comes with, as far as known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Query {
+    /// The request path (and query), as a client sends it.
+    pub path: String,
+    /// `GET` when absent.
+    pub method: String,
+    /// The `Host` header.
+    pub host: Option<String>,
+    /// A credential id of the policy's keys.
+    pub credential: Option<String>,
+    /// A tenant; the credential's when absent.
+    pub tenant: Option<String>,
+    /// The client address.
+    pub ip: Option<IpAddr>,
+    /// A plan, for identities the gateway cannot look up; the credential's
+    /// (or the tenant's first credential's) when absent.
+    pub plan: Option<String>,
+    /// The cost to read the limits for; the route's when absent.
+    pub cost: Option<u64>,
+}
+
+/// Why a query cannot be explained: a status and what to say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// 400 or 404.
+    pub status: u16,
+    /// The problem's `type` suffix.
+    pub kind: &'static str,
+    /// What is wrong.
+    pub detail: String,
+}
+
+fn bad(detail: String) -> Problem {
+    Problem {
+        status: 400,
+        kind: "admin-bad-query",
+        detail,
+    }
+}
+
+impl Query {
+    /// From a URL query string: `path`, `method`, `host`, `credential`,
+    /// `tenant`, `ip`, `plan`, `cost`.
+    pub fn parse(query: &str) -> Result<Self, Problem> {
+        let mut q = Query {
+            method: "GET".into(),
+            ..Query::default()
+        };
+        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+            let value = value.into_owned();
+            match name.as_ref() {
+                "path" => q.path = value,
+                "method" => q.method = value.to_ascii_uppercase(),
+                "host" => q.host = Some(value),
+                "credential" => q.credential = Some(value),
+                "tenant" => q.tenant = Some(value),
+                "plan" => q.plan = Some(value),
+                "ip" => {
+                    q.ip = Some(
+                        value
+                            .parse()
+                            .map_err(|_| bad(format!("ip {value:?} is not an address")))?,
+                    )
+                }
+                "cost" => {
+                    q.cost = Some(
+                        value
+                            .parse()
+                            .map_err(|_| bad(format!("cost {value:?} is not a whole number")))?,
+                    )
+                }
+                other => return Err(bad(format!("unknown parameter {other:?}"))),
+            }
+        }
+        if !q.path.starts_with('/') {
+            return Err(bad("path must be given, starting with \"/\"".into()));
+        }
+        Ok(q)
+    }
+}
+
+/// A query resolved against a policy: the route, the identity and, per
+/// limit of the route, the charge a request would make (or the key
+/// dimension the query lacks).
+#[derive(Debug)]
+pub struct Explained<'a> {
+    /// The route the request takes.
+    pub route: &'a Route,
+    /// The plan applied.
+    pub plan: Option<PlanId>,
+    /// Per limit, in the route's order (pre-auth first): its id, and its
+    /// charge or the dimension its key needs.
+    pub limits: Vec<(LimitId, Result<Charge, &'static str>)>,
+}
+
+/// Resolves `q` as the gateway would: the normalized path picks the route,
+/// the credential its tenant and plan.
+pub fn resolve<'a>(policy: &'a Policy, q: &Query) -> Result<Explained<'a>, Problem> {
+    let (raw_path, _) = q.path.split_once('?').unwrap_or((&q.path, ""));
+    let host = q.host.as_deref();
+    let parsed = target::parse(
+        raw_path.as_bytes(),
+        host.map(str::as_bytes),
+        policy.server.edge.path,
+    )
+    .map_err(|e| bad(format!("path: {}", e.detail())))?;
+    let host = host.map(routes::request_host);
+    let route = policy
+        .routes
+        .find(&q.method, host.as_deref(), &parsed.path)
+        .ok_or_else(|| Problem {
+            status: 404,
+            kind: "admin-no-route",
+            detail: format!("no route serves {} {}", q.method, q.path),
+        })?;
+    let credentials = || policy.auth.keys.credentials();
+    let credential = match &q.credential {
+        Some(id) => Some(
+            credentials()
+                .find(|c| *c.id == **id)
+                .ok_or_else(|| Problem {
+                    status: 404,
+                    kind: "admin-unknown-credential",
+                    detail: format!("no credential {id:?} in the policy's keys"),
+                })?
+                .clone(),
+        ),
+        None => None,
+    };
+    let tenant: Option<Arc<str>> = q
+        .tenant
+        .as_deref()
+        .map(Arc::from)
+        .or_else(|| credential.as_ref().map(|c| c.tenant.clone()));
+    let plan = match &q.plan {
+        Some(name) => Some(
+            policy
+                .plans
+                .iter()
+                .position(|p| p.name == *name)
+                .ok_or_else(|| bad(format!("unknown plan {name:?}")))?,
+        ),
+        None => credential.as_ref().and_then(|c| c.plan).or_else(|| {
+            let t = tenant.as_ref()?;
+            credentials().find(|c| c.tenant == *t).and_then(|c| c.plan)
+        }),
+    };
+    let network =
+        q.ip.map(|ip| client_ip::key_network(ip, policy.client_ip.ipv6_prefix));
+    let who = Identity {
+        ip: network,
+        credential: credential.as_ref().map(|c| c.id.as_ref()),
+        tenant: tenant.as_ref(),
+        route: &route.name,
+    };
+    let cost = q.cost.unwrap_or_else(|| route.admission_cost());
+    let limits = route
+        .pre_auth
+        .iter()
+        .map(|&id| (id, Group::PreAuth))
+        .chain(route.request.iter().map(|&id| (id, Group::Request)))
+        .map(|(id, group)| {
+            let key = policy.limits[id].key;
+            let needs = if key.ip && network.is_none() {
+                Some("ip")
+            } else if key.credential && credential.is_none() {
+                Some("credential")
+            } else if key.tenant && tenant.is_none() {
+                Some("tenant")
+            } else {
+                None
+            };
+            let charge = match needs {
+                Some(dim) => Err(dim),
+                None => Ok(admission::charge(policy, id, &who, plan, cost, group)),
+            };
+            (id, charge)
+        })
+        .collect();
+    Ok(Explained {
+        route,
+        plan,
+        limits,
+    })
+}
+
+/// A limit's parameters as the policy writes them.
+pub fn params_json(params: &Params) -> Value {
+    match params {
+        Params::TokenBucket(b) | Params::Gcra(b) => json!({
+            "capacity": b.capacity / MICRO,
+            "refill_per_second": b.per_ms as f64 * 1000.0 / MICRO as f64,
+        }),
+        Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => json!({
+            "limit": w.limit,
+            "window_seconds": w.window_ms as f64 / 1000.0,
+        }),
+        Params::Quota(q) => json!({
+            "limit": q.limit,
+            "period": if q.period == crate::limits::algorithm::Period::Day { "day" } else { "month" },
+        }),
+    }
+}
+
+/// The algorithm's name in the policy.
+pub fn algorithm(params: &Params) -> &'static str {
+    match params {
+        Params::TokenBucket(_) => "token_bucket",
+        Params::Gcra(_) => "gcra",
+        Params::FixedWindow(_) => "fixed_window",
+        Params::SlidingWindow(_) => "sliding_window",
+        Params::SlidingLog(_) => "sliding_log",
+        Params::Quota(_) => "quota",
+    }
+}
+
+/// The answer of `/admin/explain`: `states` holds, per limit with a
+/// charge, what a peek read and the units this instance holds.
+pub fn to_json(
+    policy: &Policy,
+    explained: &Explained<'_>,
+    mut states: impl Iterator<Item = (Result<Verdict, String>, u64)>,
+) -> Value {
+    let limits: Vec<Value> = explained
+        .limits
+        .iter()
+        .map(|(id, charge)| {
+            let l = &policy.limits[*id];
+            let params = policy.params(*id, explained.plan);
+            let mut key = Vec::new();
+            for (on, dim) in [
+                (l.key.ip, "ip"),
+                (l.key.credential, "credential"),
+                (l.key.tenant, "tenant"),
+                (l.key.route, "route"),
+            ] {
+                if on {
+                    key.push(dim);
+                }
+            }
+            let mut out = json!({
+                "name": l.name.as_ref(),
+                "scope": if l.scope == Scope::PreAuth { "pre_auth" } else { "request" },
+                "key": key,
+                "algorithm": algorithm(&params),
+                "mode": if l.mode == Mode::Enforce { "enforce" } else { "shadow" },
+                "store": if l.local { "local" } else { "shared" },
+                "sync": if l.lease.is_some() { "lease" } else { "exact" },
+                "params": params_json(&params),
+            });
+            match charge {
+                Err(dim) => out["state"] = json!(format!("needs {dim}")),
+                Ok(c) => {
+                    out["cost"] = json!(c.cost);
+                    match states.next() {
+                        Some((Ok(v), held)) => {
+                            out["remaining"] = json!(v.remaining);
+                            out["reset_ms"] = json!(v.reset_ms);
+                            out["retry_after_ms"] = match (v.allowed, v.wait_ms) {
+                                (true, _) => json!(0),
+                                (false, Some(ms)) => json!(ms),
+                                (false, None) => Value::Null,
+                            };
+                            if l.lease.is_some() {
+                                out["held_units"] = json!(held);
+                            }
+                        }
+                        Some((Err(e), _)) => out["state"] = json!(format!("unavailable: {e}")),
+                        None => out["state"] = json!("unavailable"),
+                    }
+                }
+            }
+            out
+        })
+        .collect();
+    json!({
+        "route": explained.route.name.as_ref(),
+        "plan": explained.plan.map(|p| policy.plans[p].name.as_str()),
+        "limits": limits,
+    })
+}
