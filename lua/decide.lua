@@ -19,10 +19,10 @@
 --                       ones are checked but never spent (an earlier part
 --                       of the request's decision already denied them)
 --          n        I2  number of limits
---          refund   i8  0 to decide; -1 to peek (below); otherwise the time
---                       (ms) at which these charges were spent by a
---                       decision since undone (on a cluster, another slot
---                       denied): give them back
+--          refund   i8  0 to decide; -1 to peek, -2 to reset, -3 to credit
+--                       (below); otherwise the time (ms) at which these
+--                       charges were spent by a decision since undone (on a
+--                       cluster, another slot denied): give them back
 --          then per limit:
 --          key      I4  index into KEYS
 --          kind     B   the algorithm (ALGORITHMS below)
@@ -63,7 +63,10 @@
 -- A peek reads each limit as a decision would, charges nothing and writes
 -- no state (a sliding log may still drop entries that have expired):
 -- admitted when its cost fits, the whole units left before it, the wait
--- until it fits. For operators, never on the request path.
+-- until it fits. A reset starts each limit's key afresh; a credit gives its
+-- cost back now, capped at the initial state (a sliding log drops its
+-- newest entries while their costs fit); both answer what is left after.
+-- For operators, never on the request path.
 --
 -- Group g of a request is charged only if every enforced limit of its
 -- groups 0..g admits and g is below `blocked`; shadow limits are charged
@@ -535,6 +538,35 @@ function sliding_log.refund(s, cost, at)
   s.newest = tonumber(last[2])
 end
 
+-- Drops the newest entries, this call's first, while their costs fit in
+-- `units`.
+function sliding_log.credit(s, units)
+  local left = units
+  while #s.added > 0 do
+    local _, cost = unpack_(ENTRY, s.added[#s.added])
+    if cost > left then return end
+    s.added[#s.added] = nil
+    s.run, left = s.run - cost, left - cost
+  end
+  while s.last_rank >= s.first_rank do
+    local last = call('ZRANGE', s.key, -1, -1)
+    local run, cost = entry(last[1])
+    if not run or run <= s.base or cost > left then break end
+    call('ZREM', s.key, last[1])
+    s.run, s.stored_run, s.last_rank = s.run - cost, s.stored_run - cost, s.last_rank - 1
+    left = left - cost
+  end
+  local newest = call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+  s.newest = tonumber(newest[2])
+end
+
+-- Empties the log.
+function sliding_log.clear(s)
+  call('DEL', s.key)
+  s.run, s.base, s.stored_run, s.first_rank, s.last_rank = 0, 0, 0, 0, -1
+  s.added, s.newest, s.t = {}, nil, now
+end
+
 function sliding_log.reset(s)
   if s.run > s.base then
     -- The newest entry: of this batch, or the stored newest.
@@ -736,6 +768,33 @@ local function peek_request(reply)
   end
 end
 
+-- Starts R's limits' keys afresh, and answers what each holds then.
+local function reset_request(reply)
+  local limits = R.limits
+  for j = 1, R.n do
+    local l = limits[j]
+    local s = state(l)
+    s.touched = true
+    if s.algo.clear then s.algo.clear(s) else s.algo.load(s) end
+    local _, remaining = s.algo.check(s, 0)
+    answer(reply, s, 1, remaining, 0, 0)
+  end
+end
+
+-- Gives each of R's limits its cost back now, and answers what each holds
+-- then.
+local function credit_request(reply)
+  local limits = R.limits
+  for j = 1, R.n do
+    local l = limits[j]
+    local s = state(l)
+    s.touched = true
+    if s.algo.credit then s.algo.credit(s, l.cost) else s.algo.refund(s, l.cost, now) end
+    local _, remaining = s.algo.check(s, 0)
+    answer(reply, s, 1, remaining, 0, 0)
+  end
+end
+
 -- One write per key a decision or refund touched, with the state the whole
 -- call left (keys only peeked at are left as they are).
 local function write_back()
@@ -770,8 +829,14 @@ local function decide(call_keys, args)
     pos = read_request(requests, pos)
     if R.refund_at > 0 then
       refund_request(reply)
-    elseif R.refund_at < 0 then
+    elseif R.refund_at == -1 then
       peek_request(reply)
+    elseif R.refund_at == -2 then
+      reset_request(reply)
+    elseif R.refund_at == -3 then
+      credit_request(reply)
+    elseif R.refund_at < 0 then
+      error('decide.lua: unknown mode ' .. tostring(R.refund_at))
     else
       decide_request(reply)
     end

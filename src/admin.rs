@@ -67,7 +67,91 @@ impl Admin {
         audit::record(rt.policy.server.audit_log.as_deref(), &entry);
     }
 
-    async fn admin(&self, session: &ServerSession, path: &str) -> Response<Vec<u8>> {
+    /// `POST /admin/reset` and `POST /admin/credit`: the key starts full,
+    /// or gets `units` back; audited with what it held before and after.
+    async fn reset_or_credit(
+        &self,
+        rt: &Runtime,
+        who: &access::Caller,
+        action: &'static str,
+        body: &[u8],
+    ) -> Response<Vec<u8>> {
+        let k: KeyOf = match serde_json::from_slice(body) {
+            Ok(k) => k,
+            Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
+        };
+        let units = match (action, k.units) {
+            ("credit", Some(u)) if u > 0 => u,
+            ("credit", _) => {
+                return problem(
+                    400,
+                    "admin-bad-request",
+                    "a credit needs units, a whole number above 0",
+                )
+            }
+            (_, None) => 0,
+            (_, Some(_)) => return problem(400, "admin-bad-request", "a reset takes no units"),
+        };
+        let charge = match charge_of(rt, &k, units) {
+            Ok(c) => c,
+            Err((status, detail)) => return problem(status, "admin-bad-request", &detail),
+        };
+        let probe = Charge {
+            cost: 0,
+            ..charge.clone()
+        };
+        let remaining = |peeked: Vec<(Result<crate::limits::Verdict, String>, u64)>| {
+            peeked
+                .into_iter()
+                .next()
+                .and_then(|(v, _)| v.ok())
+                .map(|v| v.remaining)
+        };
+        let before = remaining(rt.limiter().peek(std::slice::from_ref(&probe)).await);
+        let done = if action == "reset" {
+            rt.limiter().reset(std::slice::from_ref(&charge)).await
+        } else {
+            rt.limiter().credit(std::slice::from_ref(&charge)).await
+        };
+        let after = remaining(rt.limiter().peek(std::slice::from_ref(&probe)).await);
+        let target = serde_json::json!({
+            "limit": k.limit, "credential": k.credential, "tenant": k.tenant,
+            "ip": k.ip, "route": k.route, "units": k.units,
+        });
+        self.audit(
+            rt,
+            audit::Entry {
+                time: crate::access_log::timestamp(crate::clock::wall()),
+                actor: who.actor(),
+                action,
+                target,
+                before: serde_json::json!({ "remaining": before }),
+                after: match &done {
+                    Ok(()) => serde_json::json!({ "remaining": after }),
+                    Err(e) => serde_json::json!({ "error": e }),
+                },
+                reason: k.reason.as_deref(),
+                result: if done.is_ok() { "ok" } else { "error" },
+            },
+        );
+        match done {
+            Ok(()) => {
+                let body = serde_json::json!({
+                    "limit": k.limit,
+                    "remaining_before": before,
+                    "remaining": after,
+                });
+                respond(200, "application/json", body.to_string().into_bytes())
+            }
+            Err(e) => problem(
+                503,
+                "admin-store-unavailable",
+                &format!("the limit store: {e}"),
+            ),
+        }
+    }
+
+    async fn admin(&self, session: &mut ServerSession, path: &str) -> Response<Vec<u8>> {
         let rt = self.live.load_full();
         let (method, headers) = (&session.req_header().method, &session.req_header().headers);
         let who = access::caller(self.env, &rt.policy.server.admin_tokens, headers);
@@ -87,7 +171,7 @@ impl Admin {
                         time: crate::access_log::timestamp(crate::clock::wall()),
                         actor: who.actor(),
                         action: action_of(path),
-                        target: path,
+                        target: serde_json::json!(path),
                         before: serde_json::Value::Null,
                         after: serde_json::json!(refusal.detail),
                         reason: None,
@@ -98,7 +182,20 @@ impl Admin {
             return problem(refusal.status, refusal.kind, refusal.detail);
         }
         let authorized = who.identified();
-        match (method, path) {
+        let method = method.clone();
+        match (&method, path) {
+            (&Method::POST, "/admin/reset" | "/admin/credit") => {
+                let action = if path == "/admin/reset" {
+                    "reset"
+                } else {
+                    "credit"
+                };
+                let body = match read_body(session).await {
+                    Ok(body) => body,
+                    Err(response) => return *response,
+                };
+                self.reset_or_credit(&rt, &who, action, &body).await
+            }
             (&Method::GET, "/admin/top") => {
                 let rt = self.live.load();
                 let rows = rt
@@ -145,7 +242,7 @@ impl Admin {
                         time: crate::access_log::timestamp(crate::clock::wall()),
                         actor: who.actor(),
                         action: "reload",
-                        target: "policy",
+                        target: serde_json::json!("policy"),
                         before: serde_json::json!(before),
                         after,
                         reason: None,
@@ -154,9 +251,11 @@ impl Admin {
                 );
                 response
             }
-            (_, "/admin/top" | "/admin/reload" | "/admin/usage" | "/admin/explain") => {
-                text(405, "method not allowed\n".into())
-            }
+            (
+                _,
+                "/admin/top" | "/admin/reload" | "/admin/usage" | "/admin/explain" | "/admin/reset"
+                | "/admin/credit",
+            ) => text(405, "method not allowed\n".into()),
             _ => text(404, "not found\n".into()),
         }
     }
@@ -199,8 +298,127 @@ fn problem(status: u16, kind: &str, detail: &str) -> Response<Vec<u8>> {
 fn action_of(path: &str) -> &'static str {
     match path {
         "/admin/reload" => "reload",
+        "/admin/reset" => "reset",
+        "/admin/credit" => "credit",
         _ => "unknown",
     }
+}
+
+/// A write's JSON body, at most [`access::MAX_BODY_BYTES`].
+async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Box<Response<Vec<u8>>>> {
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                body.extend_from_slice(&chunk);
+                if body.len() as u64 > access::MAX_BODY_BYTES {
+                    return Err(Box::new(problem(
+                        413,
+                        "admin-body-too-large",
+                        "An admin request body may hold at most 64 KiB.",
+                    )));
+                }
+            }
+            Ok(None) => return Ok(body),
+            Err(_) => {
+                return Err(Box::new(problem(
+                    400,
+                    "admin-bad-body",
+                    "The request body could not be read.",
+                )))
+            }
+        }
+    }
+}
+
+/// The body of `POST /admin/reset` and `POST /admin/credit`: a limit and
+/// the dimensions its key uses.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyOf {
+    limit: String,
+    credential: Option<String>,
+    tenant: Option<String>,
+    ip: Option<std::net::IpAddr>,
+    route: Option<String>,
+    /// Units to give back (credit only).
+    units: Option<u64>,
+    /// Why, for the audit log.
+    reason: Option<String>,
+}
+
+/// The charge naming `k`'s key (of `cost`), or the problem with `k`.
+fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)> {
+    let policy = &rt.policy;
+    let bad = |status: u16, detail: String| (status, detail);
+    let Some((id, limit)) = policy
+        .limits
+        .iter()
+        .enumerate()
+        .find(|(_, l)| *l.name == *k.limit)
+    else {
+        return Err(bad(404, format!("no limit {:?}", k.limit)));
+    };
+    let credential = match &k.credential {
+        Some(cid) => Some(
+            policy
+                .auth
+                .keys
+                .credentials()
+                .find(|c| *c.id == **cid)
+                .cloned()
+                .ok_or_else(|| bad(404, format!("no credential {cid:?}")))?,
+        ),
+        None => None,
+    };
+    let tenant: Option<Arc<str>> = k
+        .tenant
+        .as_deref()
+        .map(Arc::from)
+        .or_else(|| credential.as_ref().map(|c| c.tenant.clone()));
+    if let Some(route) = &k.route {
+        if !policy.routes.iter().any(|r| *r.name == **route) {
+            return Err(bad(404, format!("no route {route:?}")));
+        }
+    }
+    let dims = limit.key;
+    let missing = [
+        (dims.ip && k.ip.is_none(), "ip"),
+        (dims.credential && credential.is_none(), "credential"),
+        (dims.tenant && tenant.is_none(), "tenant"),
+        (dims.route && k.route.is_none(), "route"),
+    ];
+    if let Some((_, dim)) = missing.iter().find(|(m, _)| *m) {
+        return Err(bad(
+            400,
+            format!("limit {:?} is keyed by {dim}: give it", k.limit),
+        ));
+    }
+    let plan = credential.as_ref().and_then(|c| c.plan).or_else(|| {
+        let t = tenant.as_ref()?;
+        policy
+            .auth
+            .keys
+            .credentials()
+            .find(|c| c.tenant == *t)
+            .and_then(|c| c.plan)
+    });
+    let who = Identity {
+        ip: k
+            .ip
+            .map(|ip| crate::client_ip::key_network(ip, policy.client_ip.ipv6_prefix)),
+        credential: credential.as_ref().map(|c| c.id.as_ref()),
+        tenant: tenant.as_ref(),
+        route: k.route.as_deref().unwrap_or(""),
+    };
+    Ok(crate::admission::charge(
+        policy,
+        id,
+        &who,
+        plan,
+        cost,
+        Group::Request,
+    ))
 }
 
 /// `GET /admin/explain?path=…`: the route a request takes and, for every

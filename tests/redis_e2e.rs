@@ -751,3 +751,120 @@ routes:
     let after = explain(&gws[1], query).json();
     assert_eq!(after["limits"][1]["remaining"], 48);
 }
+
+#[test]
+fn reset_and_credit_change_what_every_instance_sees_next() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let policy = format!(
+        r#"
+version: 1
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  threads: 1
+  admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}, {{ name: viewer, sha256: "{}", role: read }}]
+  audit_log: {{ path: "{}" }}
+store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  per-tenant: {{ key: [tenant], capacity: 3, refill_per_second: 0.001 }}
+  daily: {{ algorithm: quota, key: [tenant], limit: 5, period: day }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200 }}, limits: [per-tenant, daily] }}
+"#,
+        digest("oncall-token"),
+        digest("viewer-token"),
+        audit.display(),
+        redis.url(),
+        digest("key-c1")
+    );
+    let gws = gateways(2, &policy);
+    let key = [("authorization", "Bearer key-c1")];
+    let admitted = |gw: &Gateway, n: usize| {
+        (0..n)
+            .filter(|_| get(gw.addr, "/x", &key).status == 200)
+            .count()
+    };
+    assert_eq!(admitted(&gws[0], 5), 3, "the bucket of 3 is spent");
+    let post = |gw: &Gateway, path: &str, token: &str, body: &str| {
+        let mut stream = support::connect(gw.admin, None);
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {token}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        std::io::Write::write_all(&mut stream, req.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut stream, &mut out).unwrap();
+        support::parse(&out)
+    };
+    let reset = r#"{"limit": "per-tenant", "tenant": "acme", "reason": "outage"}"#;
+    assert_eq!(
+        post(&gws[0], "/admin/reset", "viewer-token", reset).status,
+        403
+    );
+    let r = post(&gws[0], "/admin/reset", "oncall-token", reset);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (
+            r.json()["remaining_before"].as_u64(),
+            r.json()["remaining"].as_u64()
+        ),
+        (Some(0), Some(3))
+    );
+    // The other instance sees the full bucket; the daily quota of 5 had 3
+    // used, so two more pass.
+    assert_eq!(admitted(&gws[1], 5), 2);
+    // The quota spent: a credit of 2 gives two requests back.
+    let credit = r#"{"limit": "daily", "credential": "c1", "units": 2, "reason": "our outage"}"#;
+    let r = post(&gws[1], "/admin/credit", "oncall-token", credit);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["remaining"], 2);
+    assert_eq!(
+        post(&gws[1], "/admin/reset", "oncall-token", reset).status,
+        200
+    );
+    assert_eq!(admitted(&gws[0], 5), 2, "two back on the quota");
+    for (body, status) in [
+        (r#"{"limit": "nope", "units": 1}"#, 404),
+        (r#"{"limit": "daily", "units": 1}"#, 400),
+        (r#"{"limit": "daily", "tenant": "acme"}"#, 400),
+        (
+            r#"{"limit": "daily", "tenant": "acme", "units": 1, "extra": 1}"#,
+            400,
+        ),
+        ("not json", 400),
+    ] {
+        let r = post(&gws[0], "/admin/credit", "oncall-token", body);
+        assert_eq!(r.status, status, "{body}: {}", r.body);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let actions: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["result"] != "refused" || l["actor"] == "viewer")
+        .map(|l| (l["action"].as_str().unwrap(), l["result"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        &actions[..4],
+        [
+            ("reset", "refused"),
+            ("reset", "ok"),
+            ("credit", "ok"),
+            ("reset", "ok")
+        ],
+        "{lines:?}"
+    );
+    let credited = lines.iter().find(|l| l["action"] == "credit").unwrap();
+    assert_eq!(credited["reason"], "our outage");
+    assert_eq!(credited["actor"], "oncall");
+    assert_eq!(credited["before"]["remaining"], 0);
+    assert_eq!(credited["after"]["remaining"], 2);
+}

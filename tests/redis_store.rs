@@ -1002,3 +1002,71 @@ fn a_forced_charge_never_lifts_a_deeper_debt() {
         );
     }
 }
+
+#[test]
+fn credits_and_resets_agree_in_lua_and_rust() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let every = [
+        bucket(20, 1),
+        Params::Gcra(Bucket::per_second(20, 1)),
+        Params::FixedWindow(window(20, 60)),
+        Params::SlidingWindow(window(20, 60)),
+        Params::SlidingLog(window(20, 60)),
+        Params::Quota(Quota {
+            limit: 20,
+            period: Period::Day,
+        }),
+    ];
+    for (i, p) in every.into_iter().enumerate() {
+        let clock = ManualClock::new(1_980_000_000_000 + i as u64 * 1_000_000);
+        let memory = MemoryStore::new(clock.clone());
+        let redis = store(&server, &clock);
+        let key = format!("credit-{i}");
+        let probe = charge("c", &key, p, 1);
+        let peek = || {
+            let want = memory.peek_now(&[&probe]);
+            let got = rt.block_on(redis.peek(&[&probe])).unwrap();
+            assert_eq!(got, want, "{p:?}");
+            got[0].remaining
+        };
+        // Costs 3, 4, 5: 12 of 20 spent.
+        for cost in [3, 4, 5] {
+            let c = charge("c", &key, p, cost);
+            memory.decide_now(&[&c], Gate::Open);
+            rt.block_on(redis.decide(&[&c], Gate::Open)).unwrap();
+            clock.advance(10);
+        }
+        assert_eq!(peek(), 8, "{p:?}");
+        // A credit of 6: a log drops its newest entry (5) and not the 4,
+        // which no longer fits; the others get 6 back.
+        let credit = charge("c", &key, p, 6);
+        let want = memory.credit_now(&[&credit]);
+        let got = rt.block_on(redis.credit(&[&credit])).unwrap();
+        assert_eq!(got, want, "{p:?}");
+        let expected = if matches!(p, Params::SlidingLog(_)) {
+            13
+        } else {
+            14
+        };
+        assert_eq!(peek(), expected, "{p:?}");
+        // A credit never goes beyond the initial state.
+        let big = charge("c", &key, p, 100);
+        assert_eq!(
+            rt.block_on(redis.credit(&[&big])).unwrap(),
+            memory.credit_now(&[&big]),
+            "{p:?}"
+        );
+        memory.reset_now(&[&probe]);
+        rt.block_on(redis.reset(&[&probe])).unwrap();
+        assert_eq!(peek(), 20, "{p:?}: full after a reset");
+        // Spent then reset: full again, in both.
+        let all = charge("c", &key, p, 20);
+        memory.decide_now(&[&all], Gate::Open);
+        rt.block_on(redis.decide(&[&all], Gate::Open)).unwrap();
+        assert_eq!(peek(), 0, "{p:?}");
+        memory.reset_now(&[&probe]);
+        rt.block_on(redis.reset(&[&probe])).unwrap();
+        assert_eq!(peek(), 20, "{p:?}");
+    }
+}

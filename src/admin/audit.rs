@@ -20,8 +20,9 @@ pub struct Entry<'a> {
     pub actor: &'a str,
     /// What was asked: `reload`, …
     pub action: &'a str,
-    /// What it acts on.
-    pub target: &'a str,
+    /// What it acts on: `policy`, a key's limit and dimensions, or the
+    /// path of a refused write.
+    pub target: serde_json::Value,
     /// The state before, when it has one.
     pub before: serde_json::Value,
     /// The state after, or why nothing changed.
@@ -75,7 +76,7 @@ mod tests {
                     time: "2026-12-01T00:00:00.000Z".into(),
                     actor: "oncall",
                     action: "reload",
-                    target: "policy",
+                    target: serde_json::json!("policy"),
                     before: serde_json::json!("v1"),
                     after: serde_json::json!("v2"),
                     reason: None,

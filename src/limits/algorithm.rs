@@ -565,6 +565,23 @@ impl Params {
         }
     }
 
+    /// Gives `units` back now, capped at the limit's initial state (an
+    /// operator's credit): a bucket refills, a window's or quota's count
+    /// goes down, a sliding log drops its newest entries while their costs
+    /// fit in `units`.
+    pub fn credit(&self, state: &mut State, units: u64, now: u64) {
+        if let State::Log { entries, total } = state {
+            let mut left = units;
+            while let Some(&(_, cost)) = entries.back().filter(|&&(_, c)| c <= left) {
+                entries.pop_back();
+                *total -= cost;
+                left -= cost;
+            }
+            return;
+        }
+        self.refund(state, units, now, now);
+    }
+
     /// Milliseconds until the state is back to [`Params::fresh`] if left alone.
     pub fn reset_ms(&self, state: &State, now: u64) -> u64 {
         match (self, state) {

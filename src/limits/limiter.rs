@@ -459,6 +459,35 @@ impl<C: Clock> Limiter<C> {
             .collect()
     }
 
+    /// Starts each charge's key afresh, where it lives (an operator's
+    /// reset). Units leases hold stay held until they go back.
+    pub async fn reset(&self, charges: &[Charge]) -> Result<(), String> {
+        let (local, shared): (Vec<&Charge>, Vec<&Charge>) = charges.iter().partition(|c| c.local);
+        self.local.reset_now(&local);
+        match (&self.shared, shared.is_empty()) {
+            (_, true) => Ok(()),
+            (None, false) => Err("no shared store".into()),
+            (Some(s), false) => s.store.reset(&shared).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Gives each charge's cost back to its key now, where it lives (an
+    /// operator's credit).
+    pub async fn credit(&self, charges: &[Charge]) -> Result<(), String> {
+        let (local, shared): (Vec<&Charge>, Vec<&Charge>) = charges.iter().partition(|c| c.local);
+        self.local.credit_now(&local);
+        match (&self.shared, shared.is_empty()) {
+            (_, true) => Ok(()),
+            (None, false) => Err("no shared store".into()),
+            (Some(s), false) => s
+                .store
+                .credit(&shared)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
     /// Units this instance holds under leases, over every key.
     pub fn lease_units(&self) -> u64 {
         self.leases.held()

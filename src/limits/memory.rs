@@ -151,6 +151,40 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// Starts each charge's key afresh (an operator's reset).
+    pub fn reset_now<B: Borrow<Charge>>(&self, charges: &[B]) {
+        for c in charges.iter().map(Borrow::borrow) {
+            self.shards[self.shard_of(&c.key)]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .slots
+                .remove(&c.key);
+        }
+    }
+
+    /// Gives each charge's cost back to its key now (an operator's
+    /// credit), as [`Params::credit`] says; what each holds after.
+    pub fn credit_now<B: Borrow<Charge>>(&self, charges: &[B]) -> Vec<Verdict> {
+        let now = self.clock.now_ms();
+        for c in charges.iter().map(Borrow::borrow) {
+            let mut shard = self.shards[self.shard_of(&c.key)]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(slot) = shard.slots.get_mut(&c.key) {
+                c.params.refresh(&mut slot.state, now);
+                c.params.credit(&mut slot.state, c.cost, now);
+            }
+        }
+        let probes: Vec<Charge> = charges
+            .iter()
+            .map(|c| Charge {
+                cost: 0,
+                ..c.borrow().clone()
+            })
+            .collect();
+        self.peek_now(&probes)
+    }
+
     /// What each charge's limit holds now, as [`LimitStore::peek`] says:
     /// read from a copy of its state (or a fresh one), nothing written.
     pub fn peek_now<B: Borrow<Charge>>(&self, charges: &[B]) -> Vec<Verdict> {
@@ -286,6 +320,15 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
 
     async fn peek(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
         Ok(self.peek_now(charges))
+    }
+
+    async fn reset(&self, charges: &[&Charge]) -> Result<(), StoreError> {
+        self.reset_now(charges);
+        Ok(())
+    }
+
+    async fn credit(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
+        Ok(self.credit_now(charges))
     }
 }
 

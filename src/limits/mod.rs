@@ -460,6 +460,21 @@ pub trait LimitStore: Send + Sync {
         ))
     }
 
+    /// Starts each charge's key afresh: full, its window or period empty
+    /// (an operator's reset).
+    async fn reset(&self, charges: &[&Charge]) -> Result<(), StoreError> {
+        let _ = charges;
+        Err(StoreError::Refused("this store cannot reset a key".into()))
+    }
+
+    /// Gives each charge's `cost` back to its key now, capped at its
+    /// initial state (an operator's credit); what each holds after, as
+    /// [`LimitStore::peek`] reads it for a cost of 0.
+    async fn credit(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
+        let _ = charges;
+        Err(StoreError::Refused("this store cannot credit a key".into()))
+    }
+
     /// Whether the store answers at all (readiness probes).
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())

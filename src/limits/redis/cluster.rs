@@ -71,6 +71,36 @@ pub fn slot(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % SLOTS
 }
 
+impl ClusterStore {
+    /// One call per slot of `charges`, all at once, each limit on its own
+    /// (no all-or-nothing across them: peeks, resets and credits); the
+    /// verdicts in the charges' order.
+    async fn per_slot(&self, charges: &[&Charge], mode: u64) -> Result<Vec<Verdict>, StoreError> {
+        let keys: Vec<Arc<str>> = charges.iter().map(|c| self.keys.key(c)).collect();
+        let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let s = slot(key);
+            match slots.iter_mut().find(|(other, _)| *other == s) {
+                Some((_, members)) => members.push(i),
+                None => slots.push((s, vec![i])),
+            }
+        }
+        let calls = slots.iter().map(|(s, members)| {
+            let picked: Vec<&Charge> = members.iter().map(|&i| charges[i]).collect();
+            let keys = members.iter().map(|&i| keys[i].clone()).collect();
+            self.call(*s, Request::new(keys, &picked, Gate::Open, mode))
+        });
+        let mut verdicts = vec![None; charges.len()];
+        for ((_, members), result) in slots.iter().zip(join_all(calls).await) {
+            let (part, _) = result?;
+            for (&i, v) in members.iter().zip(part) {
+                verdicts[i] = Some(v);
+            }
+        }
+        Ok(verdicts.into_iter().flatten().collect())
+    }
+}
+
 #[async_trait]
 impl LimitStore for ClusterStore {
     async fn decide(
@@ -184,28 +214,15 @@ impl LimitStore for ClusterStore {
     /// Each slot's charges read in one call, all slots at once; nothing is
     /// reserved, so nothing needs confirming or giving back.
     async fn peek(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
-        let keys: Vec<Arc<str>> = charges.iter().map(|c| self.keys.key(c)).collect();
-        let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let s = slot(key);
-            match slots.iter_mut().find(|(other, _)| *other == s) {
-                Some((_, members)) => members.push(i),
-                None => slots.push((s, vec![i])),
-            }
-        }
-        let calls = slots.iter().map(|(s, members)| {
-            let picked: Vec<&Charge> = members.iter().map(|&i| charges[i]).collect();
-            let keys = members.iter().map(|&i| keys[i].clone()).collect();
-            self.call(*s, Request::new(keys, &picked, Gate::Open, codec::PEEK))
-        });
-        let mut verdicts = vec![None; charges.len()];
-        for ((_, members), result) in slots.iter().zip(join_all(calls).await) {
-            let (part, _) = result?;
-            for (&i, v) in members.iter().zip(part) {
-                verdicts[i] = Some(v);
-            }
-        }
-        Ok(verdicts.into_iter().flatten().collect())
+        self.per_slot(charges, codec::PEEK).await
+    }
+
+    async fn reset(&self, charges: &[&Charge]) -> Result<(), StoreError> {
+        self.per_slot(charges, codec::RESET).await.map(drop)
+    }
+
+    async fn credit(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
+        self.per_slot(charges, codec::CREDIT).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

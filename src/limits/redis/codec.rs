@@ -44,6 +44,12 @@ pub mod kind {
 /// The refund time that asks the script to peek: read every limit, charge
 /// and write nothing (`-1` as the script reads it).
 pub const PEEK: u64 = u64::MAX;
+/// The refund time that asks the script to start every limit's key afresh
+/// (`-2`).
+pub const RESET: u64 = u64::MAX - 1;
+/// The refund time that asks the script to give each limit's cost back
+/// now (`-3`).
+pub const CREDIT: u64 = u64::MAX - 2;
 
 /// Bytes of one request's header in the call.
 const REQUEST_HEAD: usize = 1 + 2 + 8;

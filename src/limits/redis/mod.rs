@@ -146,6 +146,22 @@ impl LimitStore for RedisStore {
         self.submit(charges, Gate::Open, codec::PEEK).await
     }
 
+    async fn reset(&self, charges: &[&Charge]) -> Result<(), StoreError> {
+        if charges.is_empty() {
+            return Ok(());
+        }
+        self.submit(charges, Gate::Open, codec::RESET)
+            .await
+            .map(drop)
+    }
+
+    async fn credit(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
+        if charges.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.submit(charges, Gate::Open, codec::CREDIT).await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.batches.ping().await
     }
