@@ -118,6 +118,8 @@ local floor, max, min, ceil, pack, unpack_, call
 -- its keys, its time, the keys' string values, and their loaded state by
 -- key index.
 local keys, now, raw, S
+-- True while a peek loads state: nothing may be written then.
+local reading = false
 
 local function align(t, w) return t - t % w end
 -- A whole number as an argument of redis.call: below 10^14 Redis writes a
@@ -450,20 +452,25 @@ end
 
 -- Opens the log of key index k: its newest entry, the oldest inside the
 -- window, and a bounded pruning of expired ones.
+-- Drops what the key holds: now, or (when a peek opened it, which writes
+-- nothing) before a decision of this call first writes the log.
+local function discard(s)
+  if reading then s.stale = true else call('UNLINK', s.key) end
+end
+
 function sliding_log.open(s, k)
   local key, w = keys[k], s.window
-  -- MGET saw a string here: the limit used another algorithm before.
-  if raw[k] then call('DEL', key) end
   s.key, s.window, s.t, s.run, s.base, s.stored_run = key, w, now, 0, 0, 0
   s.first_rank, s.last_rank = 0, -1
   s.added = {}
+  -- MGET saw a string here: the limit used another algorithm before.
+  if raw[k] then return discard(s) end
   local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if #last == 0 then return end
   local run, _, window = entry(last[1])
   if not run or window ~= w then
     -- Written under another window, or in an older format: afresh.
-    call('DEL', key)
-    return
+    return discard(s)
   end
   s.newest = tonumber(last[2])
   s.t = max(now, s.newest)
@@ -471,13 +478,13 @@ function sliding_log.open(s, k)
   local first = call('ZRANGEBYSCORE', key, '(' .. int(s.t - w), '+inf', 'LIMIT', 0, 1)
   if #first == 0 then
     -- Everything expired: the set goes as a whole.
-    call('UNLINK', key)
-    return
+    return discard(s)
   end
   local first_run, first_cost = entry(first[1])
   s.base = first_run - first_cost
   local rank = call('ZRANK', key, first[1])
   local removed = min(rank, PRUNE)
+  if reading then removed = 0 end
   if removed > 0 then call('ZREMRANGEBYRANK', key, 0, removed - 1) end
   s.first_rank = rank - removed
   s.last_rank = call('ZCARD', key) - 1
@@ -548,7 +555,7 @@ function sliding_log.credit(s, units)
     s.added[#s.added] = nil
     s.run, left = s.run - cost, left - cost
   end
-  while s.last_rank >= s.first_rank do
+  while not s.stale and s.last_rank >= s.first_rank do
     local last = call('ZRANGE', s.key, -1, -1)
     local run, cost = entry(last[1])
     if not run or run <= s.base or cost > left then break end
@@ -556,13 +563,16 @@ function sliding_log.credit(s, units)
     s.run, s.stored_run, s.last_rank = s.run - cost, s.stored_run - cost, s.last_rank - 1
     left = left - cost
   end
-  local newest = call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
-  s.newest = tonumber(newest[2])
+  if not s.stale then
+    local newest = call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+    s.newest = tonumber(newest[2])
+  end
 end
 
 -- Empties the log.
 function sliding_log.clear(s)
   call('DEL', s.key)
+  s.stale = nil
   s.run, s.base, s.stored_run, s.first_rank, s.last_rank = 0, 0, 0, 0, -1
   s.added, s.newest, s.t = {}, nil, now
 end
@@ -580,6 +590,10 @@ end
 -- Adds this batch's entries, all at one instant, and keeps the set while
 -- it counts.
 function sliding_log.write(s, ttl)
+  if s.stale then
+    call('UNLINK', s.key)
+    s.stale = nil
+  end
   if #s.added > 0 then
     local args = {}
     local at = int(s.t)
@@ -761,7 +775,9 @@ local function peek_request(reply)
   local limits = R.limits
   for j = 1, R.n do
     local l = limits[j]
+    reading = true
     local s = state(l)
+    reading = false
     local ok, remaining, wait = s.algo.check(s, l.cost)
     if ok then remaining = remaining + l.cost end
     answer(reply, s, ok and 1 or 0, remaining, wait, 0)
@@ -815,7 +831,7 @@ end
 local function decide(call_keys, args)
   floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
   pack, unpack_, call = struct.pack, struct.unpack, redis.call
-  keys, S = call_keys, {}
+  keys, S, reading = call_keys, {}, false
   now = tonumber(args[1])
   if now == 0 then
     local t = call('TIME')
