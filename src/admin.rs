@@ -18,7 +18,7 @@ use pingora::protocols::http::ServerSession;
 use crate::config::{Mode, OnStoreError};
 use crate::drain::Drain;
 use crate::limits::algorithm::Params;
-use crate::limits::{Charge, Group, Identity, Source};
+use crate::limits::{Charge, Group, Identity};
 use crate::reload::Reloader;
 use crate::runtime::Runtime;
 
@@ -498,17 +498,13 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
         tenant: tenant.as_ref(),
         route: "",
     };
-    // Nothing charged, always decided by the store (a failing one is a 503
-    // here, whatever the limit's own failure mode).
-    let probe = Charge {
-        enforce: true,
-        on_store_error: OnStoreError::Closed,
-        ..crate::admission::charge(policy, id, &who, plan, 0, Group::Request)
+    // Read without charging or writing, from the store the quota lives in
+    // (a failing one is a 503 here, whatever the limit's failure mode).
+    let probe = crate::admission::charge(policy, id, &who, plan, 0, Group::Request);
+    let verdict = match rt.limiter().peek(std::slice::from_ref(&probe)).await.pop() {
+        Some((Ok(v), _)) => v,
+        _ => return text(503, "the limit store is unavailable\n".into()),
     };
-    let verdict = rt.limiter().decide(std::slice::from_ref(&probe)).await[0];
-    if verdict.source != Source::Store {
-        return text(503, "the limit store is unavailable\n".into());
-    }
     // The period is the store's: the time the counter was read at.
     let now_ms = verdict.at;
     let (start, end) = quota.period.bounds(now_ms);
