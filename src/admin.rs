@@ -151,6 +151,145 @@ impl Admin {
         }
     }
 
+    /// `POST /admin/revocations`: the credential answers 401 on every
+    /// instance until the revocation expires.
+    async fn revoke(&self, rt: &Runtime, who: &access::Caller, body: &[u8]) -> Response<Vec<u8>> {
+        let r: Revoke = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
+        };
+        if !(1..=MAX_REVOCATION_S).contains(&r.expires_in_s) {
+            return problem(
+                400,
+                "admin-bad-request",
+                "expires_in_s must be from 1 to 2592000 (30 days)",
+            );
+        }
+        if r.reason.trim().is_empty() {
+            return problem(400, "admin-bad-request", "a revocation needs a reason");
+        }
+        if !rt
+            .policy
+            .auth
+            .keys
+            .credentials()
+            .any(|c| *c.id == *r.credential)
+        {
+            return problem(
+                404,
+                "admin-bad-request",
+                &format!("no credential {:?}", r.credential),
+            );
+        }
+        let now = crate::clock::wall_ms();
+        let revocation = crate::revocations::Revocation {
+            credential: r.credential.clone(),
+            expires_at_ms: now + r.expires_in_s * 1000,
+            reason: r.reason.clone(),
+            actor: who.actor().to_string(),
+        };
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let done = rt
+            .services
+            .revocations
+            .set(store, &r.credential, Some(revocation.clone()), now)
+            .await;
+        self.record_revocation(
+            rt,
+            who,
+            "revoke",
+            &r.credential,
+            Some(&r.reason),
+            &done,
+            Some(&revocation),
+        );
+        match done {
+            Ok(_) => respond(
+                201,
+                "application/json",
+                serde_json::json!(revocation).to_string().into_bytes(),
+            ),
+            Err(e) => problem(
+                503,
+                "admin-store-unavailable",
+                &format!("the limit store: {e}"),
+            ),
+        }
+    }
+
+    /// `DELETE /admin/revocations/{credential}`.
+    async fn unrevoke(
+        &self,
+        rt: &Runtime,
+        who: &access::Caller,
+        credential: &str,
+    ) -> Response<Vec<u8>> {
+        let now = crate::clock::wall_ms();
+        if !rt.services.revocations.revoked(credential, now) {
+            return problem(
+                404,
+                "admin-bad-request",
+                &format!("no revocation of {credential:?} in force"),
+            );
+        }
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let done = rt
+            .services
+            .revocations
+            .set(store, credential, None, now)
+            .await;
+        self.record_revocation(rt, who, "unrevoke", credential, None, &done, None);
+        match done {
+            Ok(_) => respond(
+                200,
+                "application/json",
+                serde_json::json!({ "credential": credential, "revoked": false })
+                    .to_string()
+                    .into_bytes(),
+            ),
+            Err(e) => problem(
+                503,
+                "admin-store-unavailable",
+                &format!("the limit store: {e}"),
+            ),
+        }
+    }
+
+    /// The audit line of a revocation's change.
+    #[allow(clippy::too_many_arguments)]
+    fn record_revocation(
+        &self,
+        rt: &Runtime,
+        who: &access::Caller,
+        action: &'static str,
+        credential: &str,
+        reason: Option<&str>,
+        done: &Result<Option<crate::revocations::Revocation>, crate::limits::StoreError>,
+        after: Option<&crate::revocations::Revocation>,
+    ) {
+        let (result, before, after) = match done {
+            Ok(before) => ("ok", serde_json::json!(before), serde_json::json!(after)),
+            Err(e) => (
+                "error",
+                serde_json::Value::Null,
+                serde_json::json!({ "error": e.to_string() }),
+            ),
+        };
+        self.audit(
+            rt,
+            audit::Entry {
+                time: crate::access_log::timestamp(crate::clock::wall()),
+                actor: who.actor(),
+                action,
+                target: serde_json::json!({ "credential": credential }),
+                before,
+                after,
+                reason,
+                result,
+            },
+        );
+    }
+
     async fn admin(&self, session: &mut ServerSession, path: &str) -> Response<Vec<u8>> {
         let rt = self.live.load_full();
         let (method, headers) = (&session.req_header().method, &session.req_header().headers);
@@ -170,7 +309,7 @@ impl Admin {
                     audit::Entry {
                         time: crate::access_log::timestamp(crate::clock::wall()),
                         actor: who.actor(),
-                        action: action_of(path),
+                        action: action_of(method, path),
                         target: serde_json::json!(path),
                         before: serde_json::Value::Null,
                         after: serde_json::json!(refusal.detail),
@@ -184,6 +323,23 @@ impl Admin {
         let authorized = who.identified();
         let method = method.clone();
         match (&method, path) {
+            (&Method::GET, "/admin/revocations") => {
+                let active = rt.services.revocations.active(crate::clock::wall_ms());
+                let body = serde_json::json!({ "revocations": active }).to_string();
+                respond(200, "application/json", body.into_bytes())
+            }
+            (&Method::POST, "/admin/revocations") => {
+                let body = match read_body(session).await {
+                    Ok(body) => body,
+                    Err(response) => return *response,
+                };
+                self.revoke(&rt, &who, &body).await
+            }
+            (&Method::DELETE, p) if p.starts_with("/admin/revocations/") => {
+                let credential = p.trim_start_matches("/admin/revocations/");
+                let credential = percent_decode(credential);
+                self.unrevoke(&rt, &who, &credential).await
+            }
             (&Method::POST, "/admin/reset" | "/admin/credit") => {
                 let action = if path == "/admin/reset" {
                     "reset"
@@ -254,7 +410,7 @@ impl Admin {
             (
                 _,
                 "/admin/top" | "/admin/reload" | "/admin/usage" | "/admin/explain" | "/admin/reset"
-                | "/admin/credit",
+                | "/admin/credit" | "/admin/revocations",
             ) => text(405, "method not allowed\n".into()),
             _ => text(404, "not found\n".into()),
         }
@@ -295,14 +451,28 @@ fn problem(status: u16, kind: &str, detail: &str) -> Response<Vec<u8>> {
 }
 
 /// The audit log's `action` of a write to `path`.
-fn action_of(path: &str) -> &'static str {
-    match path {
-        "/admin/reload" => "reload",
-        "/admin/reset" => "reset",
-        "/admin/credit" => "credit",
+fn action_of(method: &Method, path: &str) -> &'static str {
+    match (method, path) {
+        (_, "/admin/reload") => "reload",
+        (_, "/admin/reset") => "reset",
+        (_, "/admin/credit") => "credit",
+        (&Method::POST, "/admin/revocations") => "revoke",
+        (&Method::DELETE, p) if p.starts_with("/admin/revocations/") => "unrevoke",
         _ => "unknown",
     }
 }
+
+/// The body of `POST /admin/revocations`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Revoke {
+    credential: String,
+    expires_in_s: u64,
+    reason: String,
+}
+
+/// The longest a revocation may last: 30 days.
+const MAX_REVOCATION_S: u64 = 30 * 24 * 3600;
 
 /// A write's JSON body, at most [`access::MAX_BODY_BYTES`].
 async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Box<Response<Vec<u8>>>> {
@@ -561,10 +731,25 @@ impl ServeHttp for Admin {
                 metrics
                     .store_pending
                     .set(rt.limiter().store_pending() as i64);
+                metrics.revocations_active.set(
+                    rt.services
+                        .revocations
+                        .active(crate::clock::wall_ms())
+                        .len() as i64,
+                );
                 respond(200, "text/plain; version=0.0.4", metrics.render())
             }
             p if p.starts_with("/admin/") => self.admin(session, p).await,
             _ => text(404, "not found\n".into()),
         }
     }
+}
+
+/// A path segment, percent-decoded (a credential id may hold any
+/// character).
+fn percent_decode(segment: &str) -> String {
+    form_urlencoded::parse(format!("x={}", segment.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
 }

@@ -175,6 +175,12 @@ fn plan_into<'a>(
     let credential = if route.auth_required {
         auth::presented_key(&req.headers, &policy.auth.header)
             .and_then(|key| policy.auth.keys.verify(key))
+            // A revoked key is refused as an unknown one is.
+            .filter(|c| {
+                !rt.services
+                    .revocations
+                    .revoked(&c.id, crate::clock::wall_ms())
+            })
     } else {
         None
     };

@@ -15,6 +15,14 @@ pub fn wall() -> SystemTime {
     SystemTime::now()
 }
 
+/// The wall clock in ms since the epoch, for expiries people set (a
+/// revocation's): comparable across instances, as a monotonic clock is not.
+pub fn wall_ms() -> u64 {
+    wall()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The monotonic clock, for code that runs outside any runtime (a log
 /// filter on whatever thread logs).
 #[allow(clippy::disallowed_methods)]

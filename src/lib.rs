@@ -20,6 +20,7 @@ pub mod pools;
 pub mod proxy;
 pub mod reload;
 pub mod respond;
+pub mod revocations;
 pub mod routes;
 pub mod runtime;
 pub mod simulate;

@@ -283,8 +283,12 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
         HangupListener::new(reloader.clone()),
     ));
     if let Some(addr) = settings.admin_listen {
-        add_admin_listener(&mut server, addr, live, reloader, &services, &drain)?;
+        add_admin_listener(&mut server, addr, live.clone(), reloader, &services, &drain)?;
     }
+    server.add_service(background_service(
+        "admin records",
+        tollgate::runtime::RecordsRefresher::new(live.clone()),
+    ));
     server.add_service(background_service(
         "lease keeper",
         LeaseKeeper::new(services.limiter.clone()),
@@ -348,6 +352,7 @@ fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Resu
         top: Top::new(),
         redactor: Redactor::new()
             .context("reading /dev/urandom for the key of hashed identities")?,
+        revocations: Arc::default(),
     }))
 }
 

@@ -59,6 +59,9 @@ pub struct Metrics {
     /// they asked and how they ended (`ok`, `rejected`, `refused`,
     /// `error`).
     pub admin_actions: IntCounterVec,
+    /// `tollgate_revocations_active`: credentials revoked now, as this
+    /// instance last read them.
+    pub revocations_active: IntGauge,
     /// `tollgate_cost_uncharged_total{route}`: units of settlements that a
     /// limit did not charge because it was at its deepest debt
     /// (`max_debt`), or that a failing store did not take.
@@ -164,6 +167,13 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(store_pending.clone()))
             .expect("registered once");
+        let revocations_active = IntGauge::new(
+            "tollgate_revocations_active",
+            "Credentials revoked now (admin revocations in force), as this instance last read them.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(revocations_active.clone()))
+            .expect("registered once");
         let overload_shed = counter(
             &r,
             "tollgate_overload_shed_total",
@@ -182,6 +192,7 @@ impl Metrics {
             ),
             overload_shed,
             store_pending,
+            revocations_active,
             access_log_dropped,
             cost_reconciled: counter(
                 &r,

@@ -35,6 +35,8 @@ pub struct Services {
     pub top: Top,
     /// Hashes caller identities for logs and reports.
     pub redactor: Redactor,
+    /// Credentials revoked at runtime, as this instance last read them.
+    pub revocations: Arc<crate::revocations::Revocations>,
 }
 
 /// One live policy with its pools. Requests hold an `Arc` of it from start
@@ -80,6 +82,34 @@ impl Runtime {
     /// The process-wide metrics.
     pub fn all_metrics(&self) -> &Metrics {
         &self.services.metrics
+    }
+}
+
+/// Reads the admin records of the shared store again (revocations) every
+/// `server.admin_refresh_ms`, when they changed.
+pub struct RecordsRefresher {
+    live: Arc<arc_swap::ArcSwap<Runtime>>,
+}
+
+impl RecordsRefresher {
+    /// Keeps the live runtime's revocations current.
+    pub fn new(live: Arc<arc_swap::ArcSwap<Runtime>>) -> Self {
+        Self { live }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for RecordsRefresher {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        loop {
+            let rt = self.live.load_full();
+            if let Some(store) = rt.limiter().shared_store() {
+                if let Err(e) = rt.services.revocations.refresh(store.as_ref()).await {
+                    tracing::warn!(target: crate::logs::STORE, error = %e, "reading the revocations failed; the last ones read stay in force");
+                }
+            }
+            tokio::time::sleep(rt.policy.server.admin_refresh).await;
+        }
     }
 }
 

@@ -868,3 +868,147 @@ routes:
     assert_eq!(credited["before"]["remaining"], 0);
     assert_eq!(credited["after"]["remaining"], 2);
 }
+
+/// An admin request with a token and a JSON body, on its own connection.
+fn admin_call(gw: &Gateway, method: &str, path: &str, token: &str, body: &str) -> support::Reply {
+    let mut stream = support::connect(gw.admin, None);
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    std::io::Write::write_all(&mut stream, req.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut stream, &mut out).unwrap();
+    support::parse(&out)
+}
+
+#[test]
+fn a_revoked_key_is_refused_on_every_instance_until_it_is_lifted() {
+    let redis = RedisServer::start();
+    let policy = format!(
+        r#"
+version: 1
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  threads: 1
+  admin_refresh_ms: 200
+  admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
+store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+auth:
+  keys:
+    - {{ id: leaked, tenant: acme, sha256: "{}" }}
+    - {{ id: other, tenant: acme, sha256: "{}" }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200 }} }}
+"#,
+        digest("oncall-token"),
+        redis.url(),
+        digest("key-leaked"),
+        digest("key-other")
+    );
+    let gws = gateways(2, &policy);
+    let status = |gw: &Gateway, key: &str| {
+        get(
+            gw.addr,
+            "/x",
+            &[("authorization", &format!("Bearer {key}"))],
+        )
+        .status
+    };
+    assert_eq!(
+        (status(&gws[0], "key-leaked"), status(&gws[1], "key-leaked")),
+        (200, 200)
+    );
+    let revoke =
+        r#"{"credential": "leaked", "expires_in_s": 3600, "reason": "posted in a public repo"}"#;
+    let r = admin_call(
+        &gws[0],
+        "POST",
+        "/admin/revocations",
+        "oncall-token",
+        revoke,
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(
+        status(&gws[0], "key-leaked"),
+        401,
+        "at once where it was made"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || status(&gws[1], "key-leaked")
+            == 401),
+        "within admin_refresh_ms on the other instance"
+    );
+    assert_eq!(status(&gws[1], "key-other"), 200, "only that credential");
+    let listed = get(
+        gws[1].admin,
+        "/admin/revocations",
+        &[("authorization", "Bearer oncall-token")],
+    )
+    .json();
+    assert_eq!(listed["revocations"][0]["credential"], "leaked");
+    assert_eq!(
+        listed["revocations"][0]["reason"],
+        "posted in a public repo"
+    );
+    assert!(eventually(Duration::from_secs(5), || {
+        gws[1].metric("tollgate_revocations_active") == 1.0
+    }));
+    // Nothing about the credential in the store's keys.
+    assert!(
+        redis.keys().iter().all(|k| !k.contains("leaked")),
+        "{:?}",
+        redis.keys()
+    );
+
+    for (body, code) in [
+        (
+            r#"{"credential": "leaked", "expires_in_s": 0, "reason": "x"}"#,
+            400,
+        ),
+        (
+            r#"{"credential": "leaked", "expires_in_s": 2592001, "reason": "x"}"#,
+            400,
+        ),
+        (
+            r#"{"credential": "leaked", "expires_in_s": 60, "reason": " "}"#,
+            400,
+        ),
+        (
+            r#"{"credential": "nobody", "expires_in_s": 60, "reason": "x"}"#,
+            404,
+        ),
+    ] {
+        assert_eq!(
+            admin_call(&gws[0], "POST", "/admin/revocations", "oncall-token", body).status,
+            code,
+            "{body}"
+        );
+    }
+    let lifted = admin_call(
+        &gws[1],
+        "DELETE",
+        "/admin/revocations/leaked",
+        "oncall-token",
+        "",
+    );
+    assert_eq!(lifted.status, 200, "{}", lifted.body);
+    assert!(eventually(Duration::from_secs(10), || status(
+        &gws[0],
+        "key-leaked"
+    ) == 200));
+    assert_eq!(status(&gws[1], "key-leaked"), 200);
+    assert_eq!(
+        admin_call(
+            &gws[1],
+            "DELETE",
+            "/admin/revocations/leaked",
+            "oncall-token",
+            ""
+        )
+        .status,
+        404
+    );
+}

@@ -51,6 +51,7 @@ fn runtime() -> Runtime {
         metrics,
         top: Top::new(),
         redactor: Redactor::new().unwrap(),
+        revocations: Arc::default(),
     });
     Runtime::new(policy, services)
 }

@@ -78,6 +78,8 @@ pub struct ServerSettings {
     pub admin_tokens: Vec<AdminToken>,
     /// The audit log's file; the process log when `None`.
     pub audit_log: Option<PathBuf>,
+    /// How often the shared store's admin records are read again.
+    pub admin_refresh: Duration,
     /// How long requests in flight may run after SIGTERM.
     pub shutdown_grace: Duration,
     /// `limits`, `timeouts` and `encoded_slash`: the bounds of the edge.

@@ -108,6 +108,9 @@ pub struct RawServer {
     pub admin_tokens: Vec<RawAdminToken>,
     /// Where every admin write, and every refused one, is recorded (`server.audit_log`).
     pub audit_log: Option<RawAuditLog>,
+    /// How often each instance reads the admin records (revocations) of the shared
+    /// store again, 100-60000 ms; default 1000.
+    pub admin_refresh_ms: Option<u64>,
     /// How long requests in flight may run after SIGTERM, 0-3600; default 10.
     pub shutdown_grace_seconds: Option<u64>,
     /// Connection, header and body bounds (`server.limits`).

@@ -50,6 +50,25 @@ impl KeyHasher {
         out.push_str(&hex::encode(&digest[..digits / 2]));
     }
 
+    /// The hash of admin records of `kind` (revocations, …) and the field
+    /// of the record about `id`: an HMAC, so that a dump of the store does
+    /// not name it. The hash tag keeps every record on one cluster slot.
+    pub fn record(&self, kind: &str, id: &str) -> (String, String) {
+        let mut field = String::with_capacity(32);
+        self.hex(b"record\x1f", id.as_bytes(), 32, &mut field);
+        (self.records(kind), field)
+    }
+
+    /// The hash of admin records of `kind`.
+    pub fn records(&self, kind: &str) -> String {
+        format!("{}{{tollgate-admin}}:{kind}", self.prefix)
+    }
+
+    /// The number every change of an admin record moves.
+    pub fn records_version(&self) -> String {
+        format!("{}{{tollgate-admin}}:version", self.prefix)
+    }
+
     /// The store key of one charge.
     pub fn key(&self, charge: &Charge) -> String {
         let mut key = String::with_capacity(self.prefix.len() + charge.name.len() + 56);
@@ -102,6 +121,11 @@ impl KeyCache {
             capacity: capacity.max(1),
             generations: Mutex::default(),
         }
+    }
+
+    /// The hasher the keys are made by.
+    pub fn hasher(&self) -> &KeyHasher {
+        &self.hasher
     }
 
     /// The store key of one charge.

@@ -488,6 +488,11 @@ impl<C: Clock> Limiter<C> {
         }
     }
 
+    /// The shared store, when limits live in one.
+    pub fn shared_store(&self) -> Option<&Arc<dyn LimitStore>> {
+        self.shared.as_ref().map(|s| &s.store)
+    }
+
     /// Units this instance holds under leases, over every key.
     pub fn lease_units(&self) -> u64 {
         self.leases.held()

@@ -475,6 +475,36 @@ pub trait LimitStore: Send + Sync {
         Err(StoreError::Refused("this store cannot credit a key".into()))
     }
 
+    /// Admin records kept beside the limits (revocations, …), every
+    /// instance's to read: the number every change of a record moves.
+    async fn records_version(&self) -> Result<u64, StoreError> {
+        Err(StoreError::Refused(
+            "this store keeps no admin records".into(),
+        ))
+    }
+
+    /// Every record of `kind`, as the JSON texts they were put as.
+    async fn records(&self, kind: &str) -> Result<Vec<String>, StoreError> {
+        let _ = kind;
+        Err(StoreError::Refused(
+            "this store keeps no admin records".into(),
+        ))
+    }
+
+    /// Puts (or with `None` removes) the record of `kind` about `id`, and
+    /// moves the version. Returns whether a record was there before.
+    async fn put_record(
+        &self,
+        kind: &str,
+        id: &str,
+        value: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let _ = (kind, id, value);
+        Err(StoreError::Refused(
+            "this store keeps no admin records".into(),
+        ))
+    }
+
     /// Whether the store answers at all (readiness probes).
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())

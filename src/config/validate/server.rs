@@ -73,6 +73,12 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
         threads,
         admin_token_env: raw.admin_token_env,
         admin_tokens: admin_tokens(c, raw.admin_tokens),
+        admin_refresh: Duration::from_millis(c.range(
+            "server.admin_refresh_ms",
+            raw.admin_refresh_ms.unwrap_or(1_000),
+            100,
+            60_000,
+        )),
         audit_log: raw.audit_log.and_then(|a| match a.path.as_str() {
             "" => {
                 c.fail(

@@ -121,6 +121,12 @@ pub trait Link: Send + Sync + 'static {
 
     /// A call got no reply in time: the link may want a new connection.
     fn forget(&self) {}
+
+    /// One plain command (admin records, never a decision).
+    async fn query(&self, cmd: redis::Cmd) -> Result<redis::Value, StoreError> {
+        let _ = cmd;
+        Err(StoreError::Refused("this link runs scripts only".into()))
+    }
 }
 
 /// A request waiting in a batch queue.
@@ -249,6 +255,22 @@ impl<L: Link> Batches<L> {
         self.runtime
             .spawn(async move {
                 bounded(core.bounds.timeout, core.link.ping())
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout))
+            })
+            .await
+            .unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+impl<L: Link> Batches<L> {
+    /// One plain command, sent from the store's thread and bounded by
+    /// `timeout` like every call; never batched with decisions.
+    pub async fn query(&self, cmd: redis::Cmd) -> Result<redis::Value, StoreError> {
+        let core = self.core.clone();
+        self.runtime
+            .spawn(async move {
+                bounded(core.bounds.timeout, core.link.query(cmd))
                     .await
                     .unwrap_or(Err(StoreError::Timeout))
             })

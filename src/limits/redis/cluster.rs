@@ -225,6 +225,23 @@ impl LimitStore for ClusterStore {
         self.per_slot(charges, codec::CREDIT).await
     }
 
+    async fn records_version(&self) -> Result<u64, StoreError> {
+        super::records::version(&self.batches, self.keys.hasher()).await
+    }
+
+    async fn records(&self, kind: &str) -> Result<Vec<String>, StoreError> {
+        super::records::all(&self.batches, self.keys.hasher(), kind).await
+    }
+
+    async fn put_record(
+        &self,
+        kind: &str,
+        id: &str,
+        value: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        super::records::put(&self.batches, self.keys.hasher(), kind, id, value).await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.batches.ping().await
     }

@@ -321,6 +321,20 @@ impl Link for Connection {
         self.drop_primary();
     }
 
+    async fn query(&self, cmd: redis::Cmd) -> Result<redis::Value, StoreError> {
+        let result = async {
+            let mut conn = self.connect().await?;
+            cmd.query_async::<redis::Value>(&mut conn)
+                .await
+                .map_err(backend)
+        }
+        .await;
+        if result.is_err() {
+            self.drop_primary();
+        }
+        result
+    }
+
     /// A call that decides nothing: it connects, and loads the function
     /// library where the server has functions.
     async fn warm(&self) -> Result<(), StoreError> {

@@ -14,6 +14,7 @@ pub mod batch;
 pub mod cluster;
 pub mod codec;
 pub mod conn;
+pub mod records;
 
 use std::sync::Arc;
 
@@ -160,6 +161,23 @@ impl LimitStore for RedisStore {
             return Ok(Vec::new());
         }
         self.submit(charges, Gate::Open, codec::CREDIT).await
+    }
+
+    async fn records_version(&self) -> Result<u64, StoreError> {
+        records::version(&self.batches, self.keys.hasher()).await
+    }
+
+    async fn records(&self, kind: &str) -> Result<Vec<String>, StoreError> {
+        records::all(&self.batches, self.keys.hasher(), kind).await
+    }
+
+    async fn put_record(
+        &self,
+        kind: &str,
+        id: &str,
+        value: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        records::put(&self.batches, self.keys.hasher(), kind, id, value).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
