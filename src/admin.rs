@@ -217,6 +217,149 @@ impl Admin {
         }
     }
 
+    /// `PUT /admin/overrides/{tenant}`: another plan or other numbers for
+    /// the tenant until the expiry, on every instance.
+    async fn put_override(
+        &self,
+        rt: &Runtime,
+        who: &access::Caller,
+        tenant: &str,
+        body: &[u8],
+    ) -> Response<Vec<u8>> {
+        let put: PutOverride = match serde_json::from_slice(body) {
+            Ok(p) => p,
+            Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
+        };
+        if tenant.is_empty() {
+            return problem(400, "admin-bad-request", "the path names no tenant");
+        }
+        if !(1..=MAX_REVOCATION_S).contains(&put.expires_in_s) {
+            return problem(
+                400,
+                "admin-bad-request",
+                "expires_in_s must be from 1 to 2592000 (30 days)",
+            );
+        }
+        if put.reason.trim().is_empty() {
+            return problem(400, "admin-bad-request", "an override needs a reason");
+        }
+        if put.plan.is_none() && put.limits.is_empty() {
+            return problem(
+                400,
+                "admin-bad-request",
+                "an override names a plan, limits, or both",
+            );
+        }
+        let now = crate::clock::wall_ms();
+        let o = crate::overrides::Override {
+            tenant: tenant.to_string(),
+            plan: put.plan,
+            limits: put.limits,
+            expires_at_ms: now + put.expires_in_s * 1000,
+            reason: put.reason,
+            actor: who.actor().to_string(),
+        };
+        // Validated as the YAML would be, against the live policy.
+        if let Err(problems) = crate::overrides::resolve(&rt.policy, &o) {
+            return problem(400, "admin-bad-request", &problems.join("; "));
+        }
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let done = rt
+            .services
+            .overrides
+            .set(store, tenant, Some(o.clone()), now)
+            .await;
+        let (result, before, after) = match &done {
+            Ok(before) => ("ok", serde_json::json!(before), serde_json::json!(o)),
+            Err(e) => (
+                "error",
+                serde_json::Value::Null,
+                serde_json::json!({ "error": e.to_string() }),
+            ),
+        };
+        self.audit(
+            rt,
+            audit::Entry {
+                time: crate::access_log::timestamp(crate::clock::wall()),
+                actor: who.actor(),
+                action: "override",
+                target: serde_json::json!({ "tenant": tenant }),
+                before,
+                after,
+                reason: Some(&o.reason),
+                result,
+            },
+        );
+        match done {
+            Ok(_) => respond(
+                200,
+                "application/json",
+                serde_json::json!(o).to_string().into_bytes(),
+            ),
+            Err(e) => problem(
+                503,
+                "admin-store-unavailable",
+                &format!("the limit store: {e}"),
+            ),
+        }
+    }
+
+    /// `DELETE /admin/overrides/{tenant}`.
+    async fn delete_override(
+        &self,
+        rt: &Runtime,
+        who: &access::Caller,
+        tenant: &str,
+    ) -> Response<Vec<u8>> {
+        let now = crate::clock::wall_ms();
+        if !rt
+            .services
+            .overrides
+            .active(now)
+            .iter()
+            .any(|o| o.tenant == tenant)
+        {
+            return problem(
+                404,
+                "admin-bad-request",
+                &format!("no override of {tenant:?} in force"),
+            );
+        }
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let done = rt.services.overrides.set(store, tenant, None, now).await;
+        let (result, before) = match &done {
+            Ok(before) => ("ok", serde_json::json!(before)),
+            Err(e) => ("error", serde_json::json!({ "error": e.to_string() })),
+        };
+        self.audit(
+            rt,
+            audit::Entry {
+                time: crate::access_log::timestamp(crate::clock::wall()),
+                actor: who.actor(),
+                action: "unoverride",
+                target: serde_json::json!({ "tenant": tenant }),
+                before,
+                after: serde_json::Value::Null,
+                reason: None,
+                result,
+            },
+        );
+        match done {
+            Ok(_) => respond(
+                200,
+                "application/json",
+                serde_json::json!({ "tenant": tenant, "override": null })
+                    .to_string()
+                    .into_bytes(),
+            ),
+            Err(e) => problem(
+                503,
+                "admin-store-unavailable",
+                &format!("the limit store: {e}"),
+            ),
+        }
+    }
+
     /// `DELETE /admin/revocations/{credential}`.
     async fn unrevoke(
         &self,
@@ -340,6 +483,23 @@ impl Admin {
                 let credential = percent_decode(credential);
                 self.unrevoke(&rt, &who, &credential).await
             }
+            (&Method::GET, "/admin/overrides") => {
+                let active = rt.services.overrides.active(crate::clock::wall_ms());
+                let body = serde_json::json!({ "overrides": active }).to_string();
+                respond(200, "application/json", body.into_bytes())
+            }
+            (&Method::PUT, p) if p.starts_with("/admin/overrides/") => {
+                let tenant = percent_decode(p.trim_start_matches("/admin/overrides/"));
+                let body = match read_body(session).await {
+                    Ok(body) => body,
+                    Err(response) => return *response,
+                };
+                self.put_override(&rt, &who, &tenant, &body).await
+            }
+            (&Method::DELETE, p) if p.starts_with("/admin/overrides/") => {
+                let tenant = percent_decode(p.trim_start_matches("/admin/overrides/"));
+                self.delete_override(&rt, &who, &tenant).await
+            }
             (&Method::POST, "/admin/reset" | "/admin/credit") => {
                 let action = if path == "/admin/reset" {
                     "reset"
@@ -410,7 +570,7 @@ impl Admin {
             (
                 _,
                 "/admin/top" | "/admin/reload" | "/admin/usage" | "/admin/explain" | "/admin/reset"
-                | "/admin/credit" | "/admin/revocations",
+                | "/admin/credit" | "/admin/revocations" | "/admin/overrides",
             ) => text(405, "method not allowed\n".into()),
             _ => text(404, "not found\n".into()),
         }
@@ -458,6 +618,8 @@ fn action_of(method: &Method, path: &str) -> &'static str {
         (_, "/admin/credit") => "credit",
         (&Method::POST, "/admin/revocations") => "revoke",
         (&Method::DELETE, p) if p.starts_with("/admin/revocations/") => "unrevoke",
+        (&Method::PUT, p) if p.starts_with("/admin/overrides/") => "override",
+        (&Method::DELETE, p) if p.starts_with("/admin/overrides/") => "unoverride",
         _ => "unknown",
     }
 }
@@ -467,6 +629,17 @@ fn action_of(method: &Method, path: &str) -> &'static str {
 #[serde(deny_unknown_fields)]
 struct Revoke {
     credential: String,
+    expires_in_s: u64,
+    reason: String,
+}
+
+/// The body of `PUT /admin/overrides/{tenant}`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutOverride {
+    plan: Option<String>,
+    #[serde(default)]
+    limits: std::collections::BTreeMap<String, serde_json::Value>,
     expires_in_s: u64,
     reason: String,
 }
@@ -581,11 +754,14 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
         tenant: tenant.as_ref(),
         route: k.route.as_deref().unwrap_or(""),
     };
+    let tuned = tenant.as_ref().and_then(|t| rt.tenant_override(t));
+    let plan = tuned.as_ref().and_then(|o| o.plan).or(plan);
     Ok(crate::admission::charge(
         policy,
         id,
         &who,
         plan,
+        tuned.as_deref(),
         cost,
         Group::Request,
     ))
@@ -595,7 +771,7 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
 /// limit of it, its parameters and state, read without charging.
 async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
     let explained = match crate::explain::Query::parse(query)
-        .and_then(|q| crate::explain::resolve(&rt.policy, &q))
+        .and_then(|q| crate::explain::resolve(&rt.policy, &q, |t| rt.tenant_override(t)))
     {
         Ok(e) => e,
         Err(p) => return problem(p.status, p.kind, &p.detail),
@@ -658,7 +834,12 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
             .find(|c| c.tenant == *t)
             .and_then(|c| c.plan)
     });
-    let params = policy.params(id, plan);
+    let tuned = tenant.as_ref().and_then(|t| rt.tenant_override(t));
+    let plan = tuned.as_ref().and_then(|o| o.plan).or(plan);
+    let params = tuned
+        .as_ref()
+        .and_then(|o| o.params(id))
+        .unwrap_or_else(|| policy.params(id, plan));
     let Params::Quota(quota) = params else {
         return text(500, "a plan changed the quota's algorithm\n".into());
     };
@@ -670,7 +851,8 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
     };
     // Read without charging or writing, from the store the quota lives in
     // (a failing one is a 503 here, whatever the limit's failure mode).
-    let probe = crate::admission::charge(policy, id, &who, plan, 0, Group::Request);
+    let probe =
+        crate::admission::charge(policy, id, &who, plan, tuned.as_deref(), 0, Group::Request);
     let verdict = match rt.limiter().peek(std::slice::from_ref(&probe)).await.pop() {
         Some((Ok(v), _)) => v,
         _ => return text(503, "the limit store is unavailable\n".into()),
@@ -737,6 +919,9 @@ impl ServeHttp for Admin {
                         .active(crate::clock::wall_ms())
                         .len() as i64,
                 );
+                metrics
+                    .overrides_active
+                    .set(rt.services.overrides.active(crate::clock::wall_ms()).len() as i64);
                 respond(200, "text/plain; version=0.0.4", metrics.render())
             }
             p if p.starts_with("/admin/") => self.admin(session, p).await,

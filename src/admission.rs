@@ -14,6 +14,7 @@ use crate::config::{LimitId, Mode, OnAbandon, PlanId, Policy, PoolId, Route, Rou
 use crate::edge::target;
 use crate::limits::{combine, Charge, Decision, Group, Identity, Op, Source, Verdict};
 use crate::metrics::DecisionOutcome;
+use crate::overrides::Resolved;
 use crate::respond::{RateHeaders, Rejection};
 use crate::routes;
 use crate::runtime::Runtime;
@@ -186,7 +187,16 @@ fn plan_into<'a>(
     };
     facts.credential.clone_from(&credential);
     let network = client_ip::key_network(ip, policy.client_ip.ipv6_prefix);
-    let (charges, authenticated) = charges(policy, route, network, credential.as_deref());
+    let tuned = credential
+        .as_ref()
+        .and_then(|c| rt.tenant_override(&c.tenant));
+    let (charges, authenticated) = charges(
+        policy,
+        route,
+        network,
+        credential.as_deref(),
+        tuned.as_deref(),
+    );
     Ok(Plan {
         route,
         charges,
@@ -203,6 +213,7 @@ pub fn charges(
     route: &Route,
     network: ipnet::IpNet,
     credential: Option<&Credential>,
+    tuned: Option<&Resolved>,
 ) -> (Vec<Charge>, bool) {
     let authenticated = !route.auth_required || credential.is_some();
     let who = Identity {
@@ -211,11 +222,15 @@ pub fn charges(
         tenant: credential.map(|c| &c.tenant),
         route: &route.name,
     };
-    let plan = credential.and_then(|c| c.plan);
+    // A tenant's override may name another plan, and numbers of its own.
+    let plan = tuned
+        .and_then(|o| o.plan)
+        .or_else(|| credential.and_then(|c| c.plan));
     let mut charges = build_charges(
         policy,
         &route.pre_auth,
         &who,
+        None,
         None,
         route.admission_cost(),
         Group::PreAuth,
@@ -226,6 +241,7 @@ pub fn charges(
             &route.request,
             &who,
             plan,
+            tuned,
             route.admission_cost(),
             Group::Request,
         ));
@@ -414,20 +430,23 @@ fn build_charges(
     ids: &[LimitId],
     who: &Identity<'_>,
     plan: Option<PlanId>,
+    tuned: Option<&Resolved>,
     cost: u64,
     group: Group,
 ) -> Vec<Charge> {
     ids.iter()
-        .map(|&id| charge(policy, id, who, plan, cost, group))
+        .map(|&id| charge(policy, id, who, plan, tuned, cost, group))
         .collect()
 }
 
-/// The charge of `cost` to limit `id` for caller `who`, under `plan`.
+/// The charge of `cost` to limit `id` for caller `who`, under `plan` and
+/// the tenant's override (`tuned`), whose numbers come first.
 pub fn charge(
     policy: &Policy,
     id: LimitId,
     who: &Identity<'_>,
     plan: Option<PlanId>,
+    tuned: Option<&Resolved>,
     cost: u64,
     group: Group,
 ) -> Charge {
@@ -436,7 +455,9 @@ pub fn charge(
     Charge {
         limit: id,
         name: l.name.clone(),
-        params: policy.params(id, plan),
+        params: tuned
+            .and_then(|o| o.params(id))
+            .unwrap_or_else(|| policy.params(id, plan)),
         key: who.key(&l.name, l.key),
         tenant: who.tenant.filter(|_| tenant_scoped).cloned(),
         cost,

@@ -115,7 +115,11 @@ pub struct Explained<'a> {
 
 /// Resolves `q` as the gateway would: the normalized path picks the route,
 /// the credential its tenant and plan.
-pub fn resolve<'a>(policy: &'a Policy, q: &Query) -> Result<Explained<'a>, Problem> {
+pub fn resolve<'a>(
+    policy: &'a Policy,
+    q: &Query,
+    tuned: impl Fn(&str) -> Option<Arc<crate::overrides::Resolved>>,
+) -> Result<Explained<'a>, Problem> {
     let (raw_path, _) = q.path.split_once('?').unwrap_or((&q.path, ""));
     let host = q.host.as_deref();
     let parsed = target::parse(
@@ -152,6 +156,7 @@ pub fn resolve<'a>(policy: &'a Policy, q: &Query) -> Result<Explained<'a>, Probl
         .as_deref()
         .map(Arc::from)
         .or_else(|| credential.as_ref().map(|c| c.tenant.clone()));
+    let tuned = tenant.as_deref().and_then(tuned);
     let plan = match &q.plan {
         Some(name) => Some(
             policy
@@ -160,9 +165,11 @@ pub fn resolve<'a>(policy: &'a Policy, q: &Query) -> Result<Explained<'a>, Probl
                 .position(|p| p.name == *name)
                 .ok_or_else(|| bad(format!("unknown plan {name:?}")))?,
         ),
-        None => credential.as_ref().and_then(|c| c.plan).or_else(|| {
-            let t = tenant.as_ref()?;
-            credentials().find(|c| c.tenant == *t).and_then(|c| c.plan)
+        None => tuned.as_ref().and_then(|o| o.plan).or_else(|| {
+            credential.as_ref().and_then(|c| c.plan).or_else(|| {
+                let t = tenant.as_ref()?;
+                credentials().find(|c| c.tenant == *t).and_then(|c| c.plan)
+            })
         }),
     };
     let network =
@@ -192,7 +199,15 @@ pub fn resolve<'a>(policy: &'a Policy, q: &Query) -> Result<Explained<'a>, Probl
             };
             let charge = match needs {
                 Some(dim) => Err(dim),
-                None => Ok(admission::charge(policy, id, &who, plan, cost, group)),
+                None => Ok(admission::charge(
+                    policy,
+                    id,
+                    &who,
+                    plan,
+                    tuned.as_deref(),
+                    cost,
+                    group,
+                )),
             };
             (id, charge)
         })
@@ -246,7 +261,11 @@ pub fn to_json(
         .iter()
         .map(|(id, charge)| {
             let l = &policy.limits[*id];
-            let params = policy.params(*id, explained.plan);
+            // The charge's numbers: after the plan and the tenant's override.
+            let params = match charge {
+                Ok(c) => c.params,
+                Err(_) => policy.params(*id, explained.plan),
+            };
             let mut key = Vec::new();
             for (on, dim) in [
                 (l.key.ip, "ip"),

@@ -16,6 +16,7 @@ pub mod health;
 pub mod limits;
 pub mod logs;
 pub mod metrics;
+pub mod overrides;
 pub mod pools;
 pub mod proxy;
 pub mod reload;

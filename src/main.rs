@@ -353,6 +353,7 @@ fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Resu
         redactor: Redactor::new()
             .context("reading /dev/urandom for the key of hashed identities")?,
         revocations: Arc::default(),
+        overrides: Arc::default(),
     }))
 }
 

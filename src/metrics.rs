@@ -62,6 +62,9 @@ pub struct Metrics {
     /// `tollgate_revocations_active`: credentials revoked now, as this
     /// instance last read them.
     pub revocations_active: IntGauge,
+    /// `tollgate_overrides_active`: tenant overrides in force now, as this
+    /// instance last read them.
+    pub overrides_active: IntGauge,
     /// `tollgate_cost_uncharged_total{route}`: units of settlements that a
     /// limit did not charge because it was at its deepest debt
     /// (`max_debt`), or that a failing store did not take.
@@ -174,6 +177,13 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(revocations_active.clone()))
             .expect("registered once");
+        let overrides_active = IntGauge::new(
+            "tollgate_overrides_active",
+            "Tenant overrides in force now, as this instance last read them.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(overrides_active.clone()))
+            .expect("registered once");
         let overload_shed = counter(
             &r,
             "tollgate_overload_shed_total",
@@ -193,6 +203,7 @@ impl Metrics {
             overload_shed,
             store_pending,
             revocations_active,
+            overrides_active,
             access_log_dropped,
             cost_reconciled: counter(
                 &r,

@@ -37,7 +37,13 @@ pub struct Services {
     pub redactor: Redactor,
     /// Credentials revoked at runtime, as this instance last read them.
     pub revocations: Arc<crate::revocations::Revocations>,
+    /// Tenant overrides put at runtime, as this instance last read them.
+    pub overrides: Arc<crate::overrides::Overrides>,
 }
+
+/// Reload generations: each runtime's is new, so what was resolved against
+/// one policy is never taken for another's.
+static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// One live policy with its pools. Requests hold an `Arc` of it from start
 /// to finish, so a request always completes under the policy it began with.
@@ -48,6 +54,8 @@ pub struct Runtime {
     pub pools: Vec<Arc<Pool>>,
     /// The process-long parts.
     pub services: Arc<Services>,
+    /// This runtime's reload generation.
+    pub generation: u64,
     metrics: PolicyMetrics,
 }
 
@@ -65,8 +73,19 @@ impl Runtime {
             policy,
             pools,
             services,
+            generation: GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             metrics,
         }
+    }
+
+    /// The override of `tenant` in force now, resolved against this policy.
+    pub fn tenant_override(&self, tenant: &str) -> Option<Arc<crate::overrides::Resolved>> {
+        self.services.overrides.of(
+            &self.policy,
+            self.generation,
+            tenant,
+            crate::clock::wall_ms(),
+        )
     }
 
     /// The process-wide limiter.
@@ -106,6 +125,9 @@ impl BackgroundService for RecordsRefresher {
             if let Some(store) = rt.limiter().shared_store() {
                 if let Err(e) = rt.services.revocations.refresh(store.as_ref()).await {
                     tracing::warn!(target: crate::logs::STORE, error = %e, "reading the revocations failed; the last ones read stay in force");
+                }
+                if let Err(e) = rt.services.overrides.refresh(store.as_ref()).await {
+                    tracing::warn!(target: crate::logs::STORE, error = %e, "reading the overrides failed; the last ones read stay in force");
                 }
             }
             tokio::time::sleep(rt.policy.server.admin_refresh).await;

@@ -307,7 +307,7 @@ impl Simulation {
             .and_then(|id| self.credentials.get(id))
             .cloned();
         let (charges, authenticated) =
-            admission::charges(&self.policy, route, network, credential.as_deref());
+            admission::charges(&self.policy, route, network, credential.as_deref(), None);
         let verdicts = self.store.decide_now(&charges, Gate::Open).0;
         let cost = route.cost;
         // Concluded exactly as the gateway concludes.

@@ -1012,3 +1012,117 @@ routes:
         404
     );
 }
+
+#[test]
+fn a_tenant_override_holds_on_every_instance_until_it_ends() {
+    let redis = RedisServer::start();
+    let policy = format!(
+        r#"
+version: 1
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  threads: 1
+  admin_refresh_ms: 200
+  admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
+store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  per-tenant: {{ key: [tenant], capacity: 3, refill_per_second: 0.001 }}
+plans:
+  pro: {{ per-tenant: {{ capacity: 10, refill_per_second: 0.001 }} }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200 }}, limits: [per-tenant] }}
+"#,
+        digest("oncall-token"),
+        redis.url(),
+        digest("key-c1")
+    );
+    let gws = gateways(2, &policy);
+    let capacity = |gw: &Gateway| {
+        let e = get(
+            gw.admin,
+            "/admin/explain?path=/x&tenant=acme",
+            &[("authorization", "Bearer oncall-token")],
+        )
+        .json();
+        (
+            e["limits"][0]["params"]["capacity"].as_u64().unwrap(),
+            e["plan"].clone(),
+        )
+    };
+    let put = |gw: &Gateway, body: &str| {
+        admin_call(gw, "PUT", "/admin/overrides/acme", "oncall-token", body)
+    };
+    let boost = r#"{"limits": {"per-tenant": {"capacity": 6, "refill_per_second": 0.001}}, "expires_in_s": 3600, "reason": "incident 7"}"#;
+    let r = put(&gws[0], boost);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(capacity(&gws[0]).0, 6, "at once where it was made");
+    assert!(eventually(Duration::from_secs(10), || capacity(&gws[1]).0 == 6));
+    let key = [("authorization", "Bearer key-c1")];
+    let admitted = (0..10)
+        .filter(|_| get(gws[1].addr, "/x", &key).status == 200)
+        .count();
+    assert_eq!(admitted, 6, "the boosted budget, on the other instance");
+    let listed = get(
+        gws[1].admin,
+        "/admin/overrides",
+        &[("authorization", "Bearer oncall-token")],
+    )
+    .json();
+    assert_eq!(listed["overrides"][0]["tenant"], "acme");
+    assert_eq!(listed["overrides"][0]["reason"], "incident 7");
+    assert!(eventually(Duration::from_secs(5), || gws[1]
+        .metric("tollgate_overrides_active")
+        == 1.0));
+
+    // Validated as the YAML would be.
+    for body in [
+        r#"{"limits": {"nope": {"capacity": 6, "refill_per_second": 1}}, "expires_in_s": 60, "reason": "x"}"#,
+        r#"{"limits": {"per-tenant": {"limit": 6, "window_seconds": 1}}, "expires_in_s": 60, "reason": "x"}"#,
+        r#"{"limits": {"per-tenant": {"capacity": -1, "refill_per_second": 1}}, "expires_in_s": 60, "reason": "x"}"#,
+        r#"{"plan": "gold", "expires_in_s": 60, "reason": "x"}"#,
+        r#"{"expires_in_s": 60, "reason": "x"}"#,
+        r#"{"plan": "pro", "expires_in_s": 0, "reason": "x"}"#,
+        r#"{"plan": "pro", "expires_in_s": 60, "reason": ""}"#,
+    ] {
+        let r = put(&gws[0], body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+
+    // Lifted on one, gone on both.
+    let lifted = admin_call(
+        &gws[1],
+        "DELETE",
+        "/admin/overrides/acme",
+        "oncall-token",
+        "",
+    );
+    assert_eq!(lifted.status, 200, "{}", lifted.body);
+    assert!(eventually(Duration::from_secs(10), || capacity(&gws[0]).0 == 3));
+
+    // Another plan for a second, then the tenant's own again.
+    let r = put(
+        &gws[0],
+        r#"{"plan": "pro", "expires_in_s": 1, "reason": "trial"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(capacity(&gws[0]), (10, serde_json::json!("pro")));
+    assert!(
+        eventually(Duration::from_secs(10), || capacity(&gws[0]).0 == 3),
+        "it ends at its expiry"
+    );
+    assert_eq!(
+        admin_call(
+            &gws[1],
+            "DELETE",
+            "/admin/overrides/acme",
+            "oncall-token",
+            ""
+        )
+        .status,
+        404
+    );
+}

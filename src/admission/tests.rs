@@ -52,6 +52,7 @@ fn runtime() -> Runtime {
         top: Top::new(),
         redactor: Redactor::new().unwrap(),
         revocations: Arc::default(),
+        overrides: Arc::default(),
     });
     Runtime::new(policy, services)
 }

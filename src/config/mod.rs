@@ -9,6 +9,7 @@ use std::fmt;
 use std::path::Path;
 
 pub use policy::*;
+pub use validate::override_params;
 
 /// Why a configuration file was rejected.
 #[derive(Debug, thiserror::Error)]

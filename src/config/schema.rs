@@ -415,7 +415,7 @@ pub struct RawKey {
 }
 
 /// A plan's replacement numbers for one limit.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawOverride {
     /// Replacement `capacity` of a `token_bucket` or `gcra` limit.

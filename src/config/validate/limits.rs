@@ -344,3 +344,70 @@ pub(super) fn plans(
     }
     (out, ids)
 }
+
+/// A tenant override's numbers for limit `name` (`/admin/overrides`),
+/// checked as a plan's would be, and against the costs of the routes that
+/// apply the limit: its id and parameters, or every problem, by path.
+pub fn override_params(
+    policy: &Policy,
+    name: &str,
+    raw: &RawOverride,
+) -> Result<(LimitId, Params), Vec<Problem>> {
+    let mut c = Checker {
+        problems: Vec::new(),
+    };
+    let path = format!("limits.{name}");
+    let Some((id, limit)) = policy
+        .limits
+        .iter()
+        .enumerate()
+        .find(|(_, l)| *l.name == *name)
+    else {
+        c.fail(&path, format!("unknown limit {name:?}"));
+        return Err(c.problems);
+    };
+    if limit.scope == Scope::PreAuth {
+        c.fail(
+            &path,
+            "a pre_auth limit runs before the tenant is known and cannot be overridden",
+        );
+    }
+    let algorithm = match limit.params {
+        Params::TokenBucket(_) => AlgorithmName::TokenBucket,
+        Params::Gcra(_) => AlgorithmName::Gcra,
+        Params::FixedWindow(_) => AlgorithmName::FixedWindow,
+        Params::SlidingWindow(_) => AlgorithmName::SlidingWindow,
+        Params::SlidingLog(_) => AlgorithmName::SlidingLog,
+        Params::Quota(_) => AlgorithmName::Quota,
+    };
+    let mut numbers = raw.clone();
+    if let Params::Quota(q) = limit.params {
+        if numbers.period.is_some() {
+            c.fail(
+                format!("{path}.period"),
+                "an override changes a quota's limit; its period is the limit's",
+            );
+        }
+        numbers.period = Some(q.period);
+    }
+    let params = params(&mut c, &path, algorithm, &numbers);
+    if let Some(p) = params {
+        for route in policy.routes.iter().filter(|r| r.request.contains(&id)) {
+            if route.admission_cost() > p.quota() {
+                c.fail(
+                    &path,
+                    format!(
+                        "route {:?} costs {}, more than the override's capacity {}: it could never be admitted",
+                        route.name,
+                        route.admission_cost(),
+                        p.quota()
+                    ),
+                );
+            }
+        }
+    }
+    match params {
+        Some(p) if c.problems.is_empty() => Ok((id, p)),
+        _ => Err(c.problems),
+    }
+}

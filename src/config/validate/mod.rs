@@ -36,6 +36,7 @@ mod upstreams;
 
 use auth::*;
 use client_ip::*;
+pub use limits::override_params;
 use limits::*;
 use routes::*;
 use server::*;

@@ -1,0 +1,260 @@
+//! Per-tenant overrides at runtime (`/admin/overrides`): another plan, or
+//! other numbers for some limits, until an expiry — a boost after an
+//! incident, a trial of a bigger plan.
+//!
+//! An override is kept as it was put (plan and limit names, the numbers as
+//! a plan writes them) and resolved against the live policy: again after
+//! every reload, so that one naming a limit or plan the policy no longer
+//! has is dropped (with a warning), and one whose numbers no longer fit
+//! the limit's algorithm is too. Like revocations, overrides live in the
+//! shared store when there is one, read by every instance within
+//! `server.admin_refresh_ms`; on the memory store they are this
+//! instance's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{override_params, LimitId, PlanId, Policy};
+use crate::limits::algorithm::Params;
+use crate::limits::{LimitStore, StoreError};
+
+/// The kind of admin record overrides are.
+const KIND: &str = "overrides";
+
+/// One tenant's override, as put.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Override {
+    /// The tenant it applies to.
+    pub tenant: String,
+    /// A plan of the policy to apply instead of the credential's.
+    pub plan: Option<String>,
+    /// Numbers for some limits, as a plan writes them.
+    #[serde(default)]
+    pub limits: BTreeMap<String, serde_json::Value>,
+    /// Until then (ms since the epoch, wall clock).
+    pub expires_at_ms: u64,
+    /// Why, as the operator said.
+    pub reason: String,
+    /// Who put it.
+    pub actor: String,
+}
+
+/// An override resolved against one policy.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resolved {
+    /// The plan to apply instead of the credential's.
+    pub plan: Option<PlanId>,
+    /// Parameters by limit, before any plan's.
+    pub limits: HashMap<LimitId, Params>,
+    /// Until then (wall clock, ms).
+    pub expires_at_ms: u64,
+}
+
+impl Resolved {
+    /// The parameters of `limit` under this override, if it sets them.
+    pub fn params(&self, limit: LimitId) -> Option<Params> {
+        self.limits.get(&limit).copied()
+    }
+}
+
+/// Checks `o` against `policy` as the YAML would be: the plan exists, each
+/// limit's numbers are valid for its algorithm and fit the routes' costs.
+/// Every problem as `path: message`.
+pub fn resolve(policy: &Policy, o: &Override) -> Result<Resolved, Vec<String>> {
+    let mut problems = Vec::new();
+    let plan = match &o.plan {
+        Some(name) => match policy.plans.iter().position(|p| p.name == *name) {
+            Some(id) => Some(id),
+            None => {
+                problems.push(format!("plan: unknown plan {name:?}"));
+                None
+            }
+        },
+        None => None,
+    };
+    let mut limits = HashMap::new();
+    for (name, numbers) in &o.limits {
+        let raw = match serde_json::from_value(numbers.clone()) {
+            Ok(raw) => raw,
+            Err(e) => {
+                problems.push(format!("limits.{name}: {e}"));
+                continue;
+            }
+        };
+        match override_params(policy, name, &raw) {
+            Ok((id, params)) => {
+                limits.insert(id, params);
+            }
+            Err(found) => problems.extend(
+                found
+                    .into_iter()
+                    .map(|p| format!("{}: {}", p.path, p.message)),
+            ),
+        }
+    }
+    if problems.is_empty() {
+        Ok(Resolved {
+            plan,
+            limits,
+            expires_at_ms: o.expires_at_ms,
+        })
+    } else {
+        Err(problems)
+    }
+}
+
+/// The overrides of one policy, by tenant.
+#[derive(Debug, Default)]
+struct Resolution {
+    /// The policy's generation they were resolved for.
+    generation: u64,
+    by_tenant: HashMap<String, Arc<Resolved>>,
+}
+
+/// The overrides this instance applies.
+#[derive(Debug)]
+pub struct Overrides {
+    records: ArcSwap<HashMap<String, Override>>,
+    resolved: ArcSwap<Resolution>,
+    /// The store's version they were read at; `u64::MAX` before the first
+    /// read.
+    version: AtomicU64,
+}
+
+impl Default for Overrides {
+    fn default() -> Self {
+        Self {
+            records: ArcSwap::default(),
+            resolved: ArcSwap::from_pointee(Resolution {
+                generation: u64::MAX,
+                by_tenant: HashMap::new(),
+            }),
+            version: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl Overrides {
+    /// The override of `tenant` in force at `now_ms` under `policy` (of
+    /// reload generation `generation`).
+    pub fn of(
+        &self,
+        policy: &Policy,
+        generation: u64,
+        tenant: &str,
+        now_ms: u64,
+    ) -> Option<Arc<Resolved>> {
+        let resolved = self.resolved.load();
+        let resolved = if resolved.generation == generation {
+            resolved
+        } else {
+            self.resolve_all(policy, generation);
+            self.resolved.load()
+        };
+        resolved
+            .by_tenant
+            .get(tenant)
+            .filter(|r| r.expires_at_ms > now_ms)
+            .cloned()
+    }
+
+    /// The overrides in force at `now_ms`, as put.
+    pub fn active(&self, now_ms: u64) -> Vec<Override> {
+        let mut out: Vec<Override> = self
+            .records
+            .load()
+            .values()
+            .filter(|o| o.expires_at_ms > now_ms)
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        out
+    }
+
+    /// Resolves every record against `policy`; those that no longer fit
+    /// are dropped with a warning.
+    fn resolve_all(&self, policy: &Policy, generation: u64) {
+        let mut by_tenant = HashMap::new();
+        for (tenant, o) in self.records.load().iter() {
+            match resolve(policy, o) {
+                Ok(r) => {
+                    by_tenant.insert(tenant.clone(), Arc::new(r));
+                }
+                Err(problems) => tracing::warn!(
+                    tenant = tenant.as_str(),
+                    problems = problems.join("; "),
+                    "an override no longer fits the policy and is not applied"
+                ),
+            }
+        }
+        self.resolved.store(Arc::new(Resolution {
+            generation,
+            by_tenant,
+        }));
+    }
+
+    /// Puts (or, with `None`, removes) the override of `tenant`: in the
+    /// shared store when there is one, and here at once. Returns the one
+    /// in force before, if any.
+    pub async fn set(
+        &self,
+        store: Option<&dyn LimitStore>,
+        tenant: &str,
+        o: Option<Override>,
+        now_ms: u64,
+    ) -> Result<Option<Override>, StoreError> {
+        let before = self
+            .records
+            .load()
+            .get(tenant)
+            .filter(|o| o.expires_at_ms > now_ms)
+            .cloned();
+        if let Some(store) = store {
+            let text = o
+                .as_ref()
+                .map(|o| serde_json::to_string(o).unwrap_or_default());
+            store.put_record(KIND, tenant, text.as_deref()).await?;
+        }
+        self.records.rcu(|current| {
+            let mut next = HashMap::clone(current);
+            next.retain(|_, o| o.expires_at_ms > now_ms);
+            match &o {
+                Some(o) => next.insert(tenant.to_string(), o.clone()),
+                None => next.remove(tenant),
+            };
+            next
+        });
+        self.invalidate();
+        Ok(before)
+    }
+
+    /// Reads the store's overrides again when their version moved.
+    pub async fn refresh(&self, store: &dyn LimitStore) -> Result<(), StoreError> {
+        let version = store.records_version().await?;
+        if version == self.version.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let records = store.records(KIND).await?;
+        let all: HashMap<String, Override> = records
+            .iter()
+            .filter_map(|text| serde_json::from_str::<Override>(text).ok())
+            .map(|o| (o.tenant.clone(), o))
+            .collect();
+        self.records.store(Arc::new(all));
+        self.invalidate();
+        self.version.store(version, Ordering::Release);
+        Ok(())
+    }
+
+    /// The next lookup resolves the records again.
+    fn invalidate(&self) {
+        self.resolved.store(Arc::new(Resolution {
+            generation: u64::MAX,
+            by_tenant: HashMap::new(),
+        }));
+    }
+}
