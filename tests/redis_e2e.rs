@@ -1126,3 +1126,108 @@ routes:
         404
     );
 }
+
+#[test]
+fn resets_overrides_and_revocations_work_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let policy = format!(
+        r#"
+version: 1
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  threads: 1
+  admin_refresh_ms: 200
+  admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
+store: {}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  per-tenant: {{ key: [tenant], capacity: 10, refill_per_second: 0.001 }}
+  everyone: {{ key: [], capacity: 100, refill_per_second: 0.001 }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200 }}, limits: [per-tenant, everyone] }}
+"#,
+        digest("oncall-token"),
+        cluster.store(1000),
+        digest("key-c1")
+    );
+    let gws = gateways(2, &policy);
+    let key = [("authorization", "Bearer key-c1")];
+    for _ in 0..4 {
+        assert_eq!(gws[0].get("/x", &key).status, 200);
+    }
+    let explain = |gw: &Gateway| {
+        get(
+            gw.admin,
+            "/admin/explain?path=/x&tenant=acme",
+            &[("authorization", "Bearer oncall-token")],
+        )
+        .json()
+    };
+    let e = explain(&gws[1]);
+    assert_eq!(
+        (
+            e["limits"][0]["remaining"].as_u64(),
+            e["limits"][1]["remaining"].as_u64()
+        ),
+        (Some(6), Some(96))
+    );
+    // Both limits, in two slots: the tenant's reset, the global one credited.
+    let reset = admin_call(
+        &gws[0],
+        "POST",
+        "/admin/reset",
+        "oncall-token",
+        r#"{"limit": "per-tenant", "tenant": "acme"}"#,
+    );
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    let credit = admin_call(
+        &gws[0],
+        "POST",
+        "/admin/credit",
+        "oncall-token",
+        r#"{"limit": "everyone", "units": 2}"#,
+    );
+    assert_eq!(credit.status, 200, "{}", credit.body);
+    let e = explain(&gws[1]);
+    assert_eq!(
+        (
+            e["limits"][0]["remaining"].as_u64(),
+            e["limits"][1]["remaining"].as_u64()
+        ),
+        (Some(10), Some(98))
+    );
+    // Admin records live on one slot of the cluster too.
+    let boost = r#"{"limits": {"per-tenant": {"capacity": 20, "refill_per_second": 0.001}}, "expires_in_s": 600, "reason": "x"}"#;
+    assert_eq!(
+        admin_call(
+            &gws[0],
+            "PUT",
+            "/admin/overrides/acme",
+            "oncall-token",
+            boost
+        )
+        .status,
+        200
+    );
+    assert!(eventually(Duration::from_secs(10), || explain(&gws[1])
+        ["limits"][0]["params"]["capacity"]
+        == 20));
+    let revoke = r#"{"credential": "c1", "expires_in_s": 600, "reason": "x"}"#;
+    assert_eq!(
+        admin_call(
+            &gws[1],
+            "POST",
+            "/admin/revocations",
+            "oncall-token",
+            revoke
+        )
+        .status,
+        201
+    );
+    assert!(eventually(Duration::from_secs(10), || gws[0]
+        .get("/x", &key)
+        .status
+        == 401));
+}
