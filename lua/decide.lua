@@ -784,29 +784,23 @@ local function peek_request(reply)
   end
 end
 
--- Starts R's limits' keys afresh, and answers what each holds then.
-local function reset_request(reply)
+-- Starts each of R's limits' keys afresh (`fresh`), or gives each its
+-- cost back now; answers what each holds then.
+local function reset_or_credit(reply, fresh)
   local limits = R.limits
   for j = 1, R.n do
     local l = limits[j]
     local s = state(l)
+    local algo = s.algo
     s.touched = true
-    if s.algo.clear then s.algo.clear(s) else s.algo.load(s) end
-    local _, remaining = s.algo.check(s, 0)
-    answer(reply, s, 1, remaining, 0, 0)
-  end
-end
-
--- Gives each of R's limits its cost back now, and answers what each holds
--- then.
-local function credit_request(reply)
-  local limits = R.limits
-  for j = 1, R.n do
-    local l = limits[j]
-    local s = state(l)
-    s.touched = true
-    if s.algo.credit then s.algo.credit(s, l.cost) else s.algo.refund(s, l.cost, now) end
-    local _, remaining = s.algo.check(s, 0)
+    if fresh then
+      if algo.clear then algo.clear(s) else algo.load(s) end
+    elseif algo.credit then
+      algo.credit(s, l.cost)
+    else
+      algo.refund(s, l.cost, now)
+    end
+    local _, remaining = algo.check(s, 0)
     answer(reply, s, 1, remaining, 0, 0)
   end
 end
@@ -848,9 +842,9 @@ local function decide(call_keys, args)
     elseif R.refund_at == -1 then
       peek_request(reply)
     elseif R.refund_at == -2 then
-      reset_request(reply)
+      reset_or_credit(reply, true)
     elseif R.refund_at == -3 then
-      credit_request(reply)
+      reset_or_credit(reply, false)
     elseif R.refund_at < 0 then
       error('decide.lua: unknown mode ' .. tostring(R.refund_at))
     else

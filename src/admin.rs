@@ -194,27 +194,18 @@ impl Admin {
             .revocations
             .set(store, &r.credential, Some(revocation.clone()), now)
             .await;
-        self.record_revocation(
+        self.changed(
             rt,
             who,
-            "revoke",
-            &r.credential,
-            Some(&r.reason),
-            &done,
-            Some(&revocation),
-        );
-        match done {
-            Ok(_) => respond(
-                201,
-                "application/json",
-                serde_json::json!(revocation).to_string().into_bytes(),
-            ),
-            Err(e) => problem(
-                503,
-                "admin-store-unavailable",
-                &format!("the limit store: {e}"),
-            ),
-        }
+            Change {
+                action: "revoke",
+                target: serde_json::json!({ "credential": r.credential }),
+                reason: Some(&r.reason),
+                done,
+                after: serde_json::json!(revocation),
+                status: 201,
+            },
+        )
     }
 
     /// `PUT /admin/overrides/{tenant}`: another plan or other numbers for
@@ -269,39 +260,18 @@ impl Admin {
             .overrides
             .set(store, tenant, Some(o.clone()), now)
             .await;
-        let (result, before, after) = match &done {
-            Ok(before) => ("ok", serde_json::json!(before), serde_json::json!(o)),
-            Err(e) => (
-                "error",
-                serde_json::Value::Null,
-                serde_json::json!({ "error": e.to_string() }),
-            ),
-        };
-        self.audit(
+        self.changed(
             rt,
-            audit::Entry {
-                time: crate::access_log::timestamp(crate::clock::wall()),
-                actor: who.actor(),
+            who,
+            Change {
                 action: "override",
                 target: serde_json::json!({ "tenant": tenant }),
-                before,
-                after,
                 reason: Some(&o.reason),
-                result,
+                done,
+                after: serde_json::json!(o),
+                status: 200,
             },
-        );
-        match done {
-            Ok(_) => respond(
-                200,
-                "application/json",
-                serde_json::json!(o).to_string().into_bytes(),
-            ),
-            Err(e) => problem(
-                503,
-                "admin-store-unavailable",
-                &format!("the limit store: {e}"),
-            ),
-        }
+        )
     }
 
     /// `DELETE /admin/overrides/{tenant}`.
@@ -327,37 +297,18 @@ impl Admin {
         }
         let store = rt.limiter().shared_store().map(|s| s.as_ref());
         let done = rt.services.overrides.set(store, tenant, None, now).await;
-        let (result, before) = match &done {
-            Ok(before) => ("ok", serde_json::json!(before)),
-            Err(e) => ("error", serde_json::json!({ "error": e.to_string() })),
-        };
-        self.audit(
+        self.changed(
             rt,
-            audit::Entry {
-                time: crate::access_log::timestamp(crate::clock::wall()),
-                actor: who.actor(),
+            who,
+            Change {
                 action: "unoverride",
                 target: serde_json::json!({ "tenant": tenant }),
-                before,
-                after: serde_json::Value::Null,
                 reason: None,
-                result,
+                done,
+                after: serde_json::Value::Null,
+                status: 200,
             },
-        );
-        match done {
-            Ok(_) => respond(
-                200,
-                "application/json",
-                serde_json::json!({ "tenant": tenant, "override": null })
-                    .to_string()
-                    .into_bytes(),
-            ),
-            Err(e) => problem(
-                503,
-                "admin-store-unavailable",
-                &format!("the limit store: {e}"),
-            ),
-        }
+        )
     }
 
     /// `DELETE /admin/revocations/{credential}`.
@@ -381,37 +332,31 @@ impl Admin {
             .revocations
             .set(store, credential, None, now)
             .await;
-        self.record_revocation(rt, who, "unrevoke", credential, None, &done, None);
-        match done {
-            Ok(_) => respond(
-                200,
-                "application/json",
-                serde_json::json!({ "credential": credential, "revoked": false })
-                    .to_string()
-                    .into_bytes(),
-            ),
-            Err(e) => problem(
-                503,
-                "admin-store-unavailable",
-                &format!("the limit store: {e}"),
-            ),
-        }
+        self.changed(
+            rt,
+            who,
+            Change {
+                action: "unrevoke",
+                target: serde_json::json!({ "credential": credential }),
+                reason: None,
+                done,
+                after: serde_json::Value::Null,
+                status: 200,
+            },
+        )
     }
 
-    /// The audit line of a revocation's change.
-    #[allow(clippy::too_many_arguments)]
-    fn record_revocation(
+    /// A change of an admin record, audited with what was in force before
+    /// and after; the answer is `after` (with `status`), or 503 when the
+    /// store failed.
+    fn changed<T: serde::Serialize>(
         &self,
         rt: &Runtime,
         who: &access::Caller,
-        action: &'static str,
-        credential: &str,
-        reason: Option<&str>,
-        done: &Result<Option<crate::revocations::Revocation>, crate::limits::StoreError>,
-        after: Option<&crate::revocations::Revocation>,
-    ) {
-        let (result, before, after) = match done {
-            Ok(before) => ("ok", serde_json::json!(before), serde_json::json!(after)),
+        change: Change<'_, T>,
+    ) -> Response<Vec<u8>> {
+        let (result, before, after) = match &change.done {
+            Ok(before) => ("ok", serde_json::json!(before), change.after.clone()),
             Err(e) => (
                 "error",
                 serde_json::Value::Null,
@@ -423,14 +368,33 @@ impl Admin {
             audit::Entry {
                 time: crate::access_log::timestamp(crate::clock::wall()),
                 actor: who.actor(),
-                action,
-                target: serde_json::json!({ "credential": credential }),
+                action: change.action,
+                target: change.target.clone(),
                 before,
                 after,
-                reason,
+                reason: change.reason,
                 result,
             },
         );
+        match change.done {
+            Ok(_) => {
+                let body = if change.after.is_null() {
+                    serde_json::json!({ "removed": change.target })
+                } else {
+                    change.after
+                };
+                respond(
+                    change.status,
+                    "application/json",
+                    body.to_string().into_bytes(),
+                )
+            }
+            Err(e) => problem(
+                503,
+                "admin-store-unavailable",
+                &format!("the limit store: {e}"),
+            ),
+        }
     }
 
     async fn admin(&self, session: &mut ServerSession, path: &str) -> Response<Vec<u8>> {
@@ -631,6 +595,18 @@ struct Revoke {
     credential: String,
     expires_in_s: u64,
     reason: String,
+}
+
+/// A change of an admin record, for [`Admin::changed`].
+struct Change<'a, T> {
+    action: &'static str,
+    target: serde_json::Value,
+    reason: Option<&'a str>,
+    /// The store's answer: the record in force before.
+    done: Result<Option<T>, crate::limits::StoreError>,
+    /// The record after (`null` when removed).
+    after: serde_json::Value,
+    status: u16,
 }
 
 /// The body of `PUT /admin/overrides/{tenant}`.

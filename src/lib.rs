@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod overrides;
 pub mod pools;
 pub mod proxy;
+pub mod records;
 pub mod reload;
 pub mod respond;
 pub mod revocations;

@@ -12,7 +12,6 @@
 //! instance's.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -21,9 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{override_params, LimitId, PlanId, Policy};
 use crate::limits::algorithm::Params;
 use crate::limits::{LimitStore, StoreError};
-
-/// The kind of admin record overrides are.
-const KIND: &str = "overrides";
+use crate::records::{Record, Records};
 
 /// One tenant's override, as put.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,6 +38,16 @@ pub struct Override {
     pub reason: String,
     /// Who put it.
     pub actor: String,
+}
+
+impl Record for Override {
+    fn id(&self) -> &str {
+        &self.tenant
+    }
+
+    fn expires_at_ms(&self) -> u64 {
+        self.expires_at_ms
+    }
 }
 
 /// An override resolved against one policy.
@@ -118,22 +125,25 @@ struct Resolution {
 /// The overrides this instance applies.
 #[derive(Debug)]
 pub struct Overrides {
-    records: ArcSwap<HashMap<String, Override>>,
+    records: Records<Override>,
     resolved: ArcSwap<Resolution>,
-    /// The store's version they were read at; `u64::MAX` before the first
-    /// read.
-    version: AtomicU64,
 }
 
 impl Default for Overrides {
     fn default() -> Self {
         Self {
-            records: ArcSwap::default(),
-            resolved: ArcSwap::from_pointee(Resolution {
-                generation: u64::MAX,
-                by_tenant: HashMap::new(),
-            }),
-            version: AtomicU64::new(u64::MAX),
+            records: Records::new("overrides"),
+            resolved: ArcSwap::from_pointee(Resolution::stale()),
+        }
+    }
+}
+
+impl Resolution {
+    /// Resolved for no policy: the next lookup resolves the records again.
+    fn stale() -> Self {
+        Self {
+            generation: u64::MAX,
+            by_tenant: HashMap::new(),
         }
     }
 }
@@ -164,22 +174,14 @@ impl Overrides {
 
     /// The overrides in force at `now_ms`, as put.
     pub fn active(&self, now_ms: u64) -> Vec<Override> {
-        let mut out: Vec<Override> = self
-            .records
-            .load()
-            .values()
-            .filter(|o| o.expires_at_ms > now_ms)
-            .cloned()
-            .collect();
-        out.sort_by(|a, b| a.tenant.cmp(&b.tenant));
-        out
+        self.records.active(now_ms)
     }
 
     /// Resolves every record against `policy`; those that no longer fit
     /// are dropped with a warning.
     fn resolve_all(&self, policy: &Policy, generation: u64) {
         let mut by_tenant = HashMap::new();
-        for (tenant, o) in self.records.load().iter() {
+        for (tenant, o) in self.records.all().iter() {
             match resolve(policy, o) {
                 Ok(r) => {
                     by_tenant.insert(tenant.clone(), Arc::new(r));
@@ -197,9 +199,8 @@ impl Overrides {
         }));
     }
 
-    /// Puts (or, with `None`, removes) the override of `tenant`: in the
-    /// shared store when there is one, and here at once. Returns the one
-    /// in force before, if any.
+    /// Puts (or, with `None`, removes) the override of `tenant`, everywhere;
+    /// the one in force before, if any.
     pub async fn set(
         &self,
         store: Option<&dyn LimitStore>,
@@ -207,54 +208,16 @@ impl Overrides {
         o: Option<Override>,
         now_ms: u64,
     ) -> Result<Option<Override>, StoreError> {
-        let before = self
-            .records
-            .load()
-            .get(tenant)
-            .filter(|o| o.expires_at_ms > now_ms)
-            .cloned();
-        if let Some(store) = store {
-            let text = o
-                .as_ref()
-                .map(|o| serde_json::to_string(o).unwrap_or_default());
-            store.put_record(KIND, tenant, text.as_deref()).await?;
-        }
-        self.records.rcu(|current| {
-            let mut next = HashMap::clone(current);
-            next.retain(|_, o| o.expires_at_ms > now_ms);
-            match &o {
-                Some(o) => next.insert(tenant.to_string(), o.clone()),
-                None => next.remove(tenant),
-            };
-            next
-        });
-        self.invalidate();
+        let before = self.records.set(store, tenant, o, now_ms).await?;
+        self.resolved.store(Arc::new(Resolution::stale()));
         Ok(before)
     }
 
-    /// Reads the store's overrides again when their version moved.
+    /// Reads the store's overrides again when they changed.
     pub async fn refresh(&self, store: &dyn LimitStore) -> Result<(), StoreError> {
-        let version = store.records_version().await?;
-        if version == self.version.load(Ordering::Acquire) {
-            return Ok(());
+        if self.records.refresh(store).await? {
+            self.resolved.store(Arc::new(Resolution::stale()));
         }
-        let records = store.records(KIND).await?;
-        let all: HashMap<String, Override> = records
-            .iter()
-            .filter_map(|text| serde_json::from_str::<Override>(text).ok())
-            .map(|o| (o.tenant.clone(), o))
-            .collect();
-        self.records.store(Arc::new(all));
-        self.invalidate();
-        self.version.store(version, Ordering::Release);
         Ok(())
-    }
-
-    /// The next lookup resolves the records again.
-    fn invalidate(&self) {
-        self.resolved.store(Arc::new(Resolution {
-            generation: u64::MAX,
-            by_tenant: HashMap::new(),
-        }));
     }
 }

@@ -8,17 +8,10 @@
 //! all of them within that time (and at once on the one that made it). On
 //! the memory store they are this instance's.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
-use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
 use crate::limits::{LimitStore, StoreError};
-
-/// The kind of admin record revocations are.
-const KIND: &str = "revocations";
+use crate::records::{Record, Records};
 
 /// One revoked credential.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,49 +26,39 @@ pub struct Revocation {
     pub actor: String,
 }
 
+impl Record for Revocation {
+    fn id(&self) -> &str {
+        &self.credential
+    }
+
+    fn expires_at_ms(&self) -> u64 {
+        self.expires_at_ms
+    }
+}
+
 /// The revocations this instance enforces.
 #[derive(Debug)]
-pub struct Revocations {
-    current: ArcSwap<HashMap<String, Revocation>>,
-    /// The store's version they were read at; `u64::MAX` before the first
-    /// read.
-    version: AtomicU64,
-}
+pub struct Revocations(Records<Revocation>);
 
 impl Default for Revocations {
     fn default() -> Self {
-        Self {
-            current: ArcSwap::default(),
-            version: AtomicU64::new(u64::MAX),
-        }
+        Self(Records::new("revocations"))
     }
 }
 
 impl Revocations {
     /// Whether `credential` is refused at `now_ms`.
     pub fn revoked(&self, credential: &str, now_ms: u64) -> bool {
-        self.current
-            .load()
-            .get(credential)
-            .is_some_and(|r| r.expires_at_ms > now_ms)
+        self.0.get(credential, now_ms).is_some()
     }
 
     /// The revocations in force at `now_ms`, by credential.
     pub fn active(&self, now_ms: u64) -> Vec<Revocation> {
-        let mut out: Vec<Revocation> = self
-            .current
-            .load()
-            .values()
-            .filter(|r| r.expires_at_ms > now_ms)
-            .cloned()
-            .collect();
-        out.sort_by(|a, b| a.credential.cmp(&b.credential));
-        out
+        self.0.active(now_ms)
     }
 
-    /// Revokes (or, with `None`, restores) a credential: in the shared
-    /// store when there is one, and here at once. Returns the revocation
-    /// that was in force before, if any.
+    /// Revokes (or, with `None`, restores) a credential, everywhere; the
+    /// revocation in force before, if any.
     pub async fn set(
         &self,
         store: Option<&dyn LimitStore>,
@@ -83,46 +66,12 @@ impl Revocations {
         revocation: Option<Revocation>,
         now_ms: u64,
     ) -> Result<Option<Revocation>, StoreError> {
-        let before = self
-            .current
-            .load()
-            .get(credential)
-            .filter(|r| r.expires_at_ms > now_ms)
-            .cloned();
-        if let Some(store) = store {
-            let text = revocation
-                .as_ref()
-                .map(|r| serde_json::to_string(r).unwrap_or_default());
-            store.put_record(KIND, credential, text.as_deref()).await?;
-        }
-        self.current.rcu(|current| {
-            let mut next = HashMap::clone(current);
-            next.retain(|_, r| r.expires_at_ms > now_ms);
-            match &revocation {
-                Some(r) => next.insert(credential.to_string(), r.clone()),
-                None => next.remove(credential),
-            };
-            next
-        });
-        Ok(before)
+        self.0.set(store, credential, revocation, now_ms).await
     }
 
-    /// Reads the store's revocations again when their version moved since
-    /// the last read.
+    /// Reads the store's revocations again when they changed.
     pub async fn refresh(&self, store: &dyn LimitStore) -> Result<(), StoreError> {
-        let version = store.records_version().await?;
-        if version == self.version.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let records = store.records(KIND).await?;
-        let all: HashMap<String, Revocation> = records
-            .iter()
-            .filter_map(|text| serde_json::from_str::<Revocation>(text).ok())
-            .map(|r| (r.credential.clone(), r))
-            .collect();
-        self.current.store(Arc::new(all));
-        self.version.store(version, Ordering::Release);
-        Ok(())
+        self.0.refresh(store).await.map(drop)
     }
 }
 

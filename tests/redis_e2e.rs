@@ -790,16 +790,7 @@ routes:
     };
     assert_eq!(admitted(&gws[0], 5), 3, "the bucket of 3 is spent");
     let post = |gw: &Gateway, path: &str, token: &str, body: &str| {
-        let mut stream = support::connect(gw.admin, None);
-        let req = format!(
-            "POST {path} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {token}\r\n\
-             content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        std::io::Write::write_all(&mut stream, req.as_bytes()).unwrap();
-        let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut stream, &mut out).unwrap();
-        support::parse(&out)
+        admin_call(gw, "POST", path, token, body)
     };
     let reset = r#"{"limit": "per-tenant", "tenant": "acme", "reason": "outage"}"#;
     assert_eq!(
@@ -869,6 +860,24 @@ routes:
     assert_eq!(credited["after"]["remaining"], 2);
 }
 
+/// A policy with a write token (`oncall-token`) and admin records read
+/// every 200 ms, on `store` (a `store:` value); `rest` follows it.
+fn admin_policy(store: &str, rest: &str) -> String {
+    format!(
+        r#"
+version: 1
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  threads: 1
+  admin_refresh_ms: 200
+  admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
+store: {store}
+{rest}"#,
+        digest("oncall-token")
+    )
+}
+
 /// An admin request with a token and a JSON body, on its own connection.
 fn admin_call(gw: &Gateway, method: &str, path: &str, token: &str, body: &str) -> support::Reply {
     let mut stream = support::connect(gw.admin, None);
@@ -886,28 +895,22 @@ fn admin_call(gw: &Gateway, method: &str, path: &str, token: &str, body: &str) -
 #[test]
 fn a_revoked_key_is_refused_on_every_instance_until_it_is_lifted() {
     let redis = RedisServer::start();
-    let policy = format!(
-        r#"
-version: 1
-server:
-  listen: ["{{listen}}"]
-  admin_listen: "{{admin}}"
-  threads: 1
-  admin_refresh_ms: 200
-  admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
-store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
-auth:
+    let store = format!(
+        "{{ backend: redis, urls: [\"{}\"], timeout_ms: 500 }}",
+        redis.url()
+    );
+    let rest = format!(
+        r#"auth:
   keys:
     - {{ id: leaked, tenant: acme, sha256: "{}" }}
     - {{ id: other, tenant: acme, sha256: "{}" }}
 routes:
   - {{ name: api, path: "/**", respond: {{ status: 200 }} }}
 "#,
-        digest("oncall-token"),
-        redis.url(),
         digest("key-leaked"),
         digest("key-other")
     );
+    let policy = admin_policy(&store, &rest);
     let gws = gateways(2, &policy);
     let status = |gw: &Gateway, key: &str| {
         get(
@@ -1016,17 +1019,12 @@ routes:
 #[test]
 fn a_tenant_override_holds_on_every_instance_until_it_ends() {
     let redis = RedisServer::start();
-    let policy = format!(
-        r#"
-version: 1
-server:
-  listen: ["{{listen}}"]
-  admin_listen: "{{admin}}"
-  threads: 1
-  admin_refresh_ms: 200
-  admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
-store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
-auth:
+    let store = format!(
+        "{{ backend: redis, urls: [\"{}\"], timeout_ms: 500 }}",
+        redis.url()
+    );
+    let rest = format!(
+        r#"auth:
   keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
 limits:
   per-tenant: {{ key: [tenant], capacity: 3, refill_per_second: 0.001 }}
@@ -1035,10 +1033,9 @@ plans:
 routes:
   - {{ name: api, path: "/**", respond: {{ status: 200 }}, limits: [per-tenant] }}
 "#,
-        digest("oncall-token"),
-        redis.url(),
         digest("key-c1")
     );
+    let policy = admin_policy(&store, &rest);
     let gws = gateways(2, &policy);
     let capacity = |gw: &Gateway| {
         let e = get(
@@ -1130,17 +1127,8 @@ routes:
 #[test]
 fn resets_overrides_and_revocations_work_on_a_cluster() {
     let cluster = RedisCluster::start(3);
-    let policy = format!(
-        r#"
-version: 1
-server:
-  listen: ["{{listen}}"]
-  admin_listen: "{{admin}}"
-  threads: 1
-  admin_refresh_ms: 200
-  admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
-store: {}
-auth:
+    let rest = format!(
+        r#"auth:
   keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
 limits:
   per-tenant: {{ key: [tenant], capacity: 10, refill_per_second: 0.001 }}
@@ -1148,10 +1136,9 @@ limits:
 routes:
   - {{ name: api, path: "/**", respond: {{ status: 200 }}, limits: [per-tenant, everyone] }}
 "#,
-        digest("oncall-token"),
-        cluster.store(1000),
         digest("key-c1")
     );
+    let policy = admin_policy(&cluster.store(1000), &rest);
     let gws = gateways(2, &policy);
     let key = [("authorization", "Bearer key-c1")];
     for _ in 0..4 {
