@@ -678,23 +678,9 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
     else {
         return Err(bad(404, format!("no limit {:?}", k.limit)));
     };
-    let credential = match &k.credential {
-        Some(cid) => Some(
-            policy
-                .auth
-                .keys
-                .credentials()
-                .find(|c| *c.id == **cid)
-                .cloned()
-                .ok_or_else(|| bad(404, format!("no credential {cid:?}")))?,
-        ),
-        None => None,
-    };
-    let tenant: Option<Arc<str>> = k
-        .tenant
-        .as_deref()
-        .map(Arc::from)
-        .or_else(|| credential.as_ref().map(|c| c.tenant.clone()));
+    let (credential, tenant) =
+        crate::explain::caller(policy, k.credential.as_deref(), k.tenant.as_deref())
+            .map_err(|id| bad(404, format!("no credential {id:?}")))?;
     if let Some(route) = &k.route {
         if !policy.routes.iter().any(|r| *r.name == **route) {
             return Err(bad(404, format!("no route {route:?}")));
@@ -713,15 +699,7 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
             format!("limit {:?} is keyed by {dim}: give it", k.limit),
         ));
     }
-    let plan = credential.as_ref().and_then(|c| c.plan).or_else(|| {
-        let t = tenant.as_ref()?;
-        policy
-            .auth
-            .keys
-            .credentials()
-            .find(|c| c.tenant == *t)
-            .and_then(|c| c.plan)
-    });
+    let plan = crate::explain::plan_of(policy, credential.as_deref(), tenant.as_ref());
     let who = Identity {
         ip: k
             .ip
@@ -802,14 +780,7 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
         (false, _) => None,
     };
     // The tenant's plan, from its credentials.
-    let plan = tenant.as_ref().and_then(|t| {
-        policy
-            .auth
-            .keys
-            .credentials()
-            .find(|c| c.tenant == *t)
-            .and_then(|c| c.plan)
-    });
+    let plan = crate::explain::plan_of(policy, None, tenant.as_ref());
     let tuned = tenant.as_ref().and_then(|t| rt.tenant_override(t));
     let plan = tuned.as_ref().and_then(|o| o.plan).or(plan);
     let params = tuned

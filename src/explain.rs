@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::admission;
+use crate::auth::Credential;
 use crate::client_ip;
 use crate::config::{LimitId, Mode, PlanId, Policy, Route, Scope};
 use crate::edge::target;
@@ -113,6 +114,52 @@ pub struct Explained<'a> {
     pub limits: Vec<(LimitId, Result<Charge, &'static str>)>,
 }
 
+/// A caller an operator names: its credential, if any, and its tenant.
+pub type Caller = (Option<Arc<Credential>>, Option<Arc<str>>);
+
+/// The caller an operator names: a credential of the policy's keys (`Err`
+/// with its id when there is none) and its tenant, or the tenant given.
+pub fn caller(
+    policy: &Policy,
+    credential: Option<&str>,
+    tenant: Option<&str>,
+) -> Result<Caller, String> {
+    let credential = match credential {
+        Some(id) => Some(
+            policy
+                .auth
+                .keys
+                .credentials()
+                .find(|c| *c.id == *id)
+                .cloned()
+                .ok_or_else(|| id.to_string())?,
+        ),
+        None => None,
+    };
+    let tenant = tenant
+        .map(Arc::from)
+        .or_else(|| credential.as_ref().map(|c| c.tenant.clone()));
+    Ok((credential, tenant))
+}
+
+/// The plan of a caller: its credential's, or for a tenant alone its first
+/// credential's.
+pub fn plan_of(
+    policy: &Policy,
+    credential: Option<&Credential>,
+    tenant: Option<&Arc<str>>,
+) -> Option<PlanId> {
+    credential.and_then(|c| c.plan).or_else(|| {
+        let t = tenant?;
+        policy
+            .auth
+            .keys
+            .credentials()
+            .find(|c| c.tenant == *t)
+            .and_then(|c| c.plan)
+    })
+}
+
 /// Resolves `q` as the gateway would: the normalized path picks the route,
 /// the credential its tenant and plan.
 pub fn resolve<'a>(
@@ -137,25 +184,12 @@ pub fn resolve<'a>(
             kind: "admin-no-route",
             detail: format!("no route serves {} {}", q.method, q.path),
         })?;
-    let credentials = || policy.auth.keys.credentials();
-    let credential = match &q.credential {
-        Some(id) => Some(
-            credentials()
-                .find(|c| *c.id == **id)
-                .ok_or_else(|| Problem {
-                    status: 404,
-                    kind: "admin-unknown-credential",
-                    detail: format!("no credential {id:?} in the policy's keys"),
-                })?
-                .clone(),
-        ),
-        None => None,
-    };
-    let tenant: Option<Arc<str>> = q
-        .tenant
-        .as_deref()
-        .map(Arc::from)
-        .or_else(|| credential.as_ref().map(|c| c.tenant.clone()));
+    let (credential, tenant) = caller(policy, q.credential.as_deref(), q.tenant.as_deref())
+        .map_err(|id| Problem {
+            status: 404,
+            kind: "admin-unknown-credential",
+            detail: format!("no credential {id:?} in the policy's keys"),
+        })?;
     let tuned = tenant.as_deref().and_then(tuned);
     let plan = match &q.plan {
         Some(name) => Some(
@@ -165,12 +199,10 @@ pub fn resolve<'a>(
                 .position(|p| p.name == *name)
                 .ok_or_else(|| bad(format!("unknown plan {name:?}")))?,
         ),
-        None => tuned.as_ref().and_then(|o| o.plan).or_else(|| {
-            credential.as_ref().and_then(|c| c.plan).or_else(|| {
-                let t = tenant.as_ref()?;
-                credentials().find(|c| c.tenant == *t).and_then(|c| c.plan)
-            })
-        }),
+        None => tuned
+            .as_ref()
+            .and_then(|o| o.plan)
+            .or_else(|| plan_of(policy, credential.as_deref(), tenant.as_ref())),
     };
     let network =
         q.ip.map(|ip| client_ip::key_network(ip, policy.client_ip.ipv6_prefix));

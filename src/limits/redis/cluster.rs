@@ -71,20 +71,26 @@ pub fn slot(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % SLOTS
 }
 
+/// The indices of `keys` grouped by hash slot, in order of first use.
+fn by_slot(keys: &[Arc<str>]) -> Vec<(u16, Vec<usize>)> {
+    let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let s = slot(key);
+        match slots.iter_mut().find(|(other, _)| *other == s) {
+            Some((_, members)) => members.push(i),
+            None => slots.push((s, vec![i])),
+        }
+    }
+    slots
+}
+
 impl ClusterStore {
     /// One call per slot of `charges`, all at once, each limit on its own
     /// (no all-or-nothing across them: peeks, resets and credits); the
     /// verdicts in the charges' order.
     async fn per_slot(&self, charges: &[&Charge], mode: u64) -> Result<Vec<Verdict>, StoreError> {
         let keys: Vec<Arc<str>> = charges.iter().map(|c| self.keys.key(c)).collect();
-        let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let s = slot(key);
-            match slots.iter_mut().find(|(other, _)| *other == s) {
-                Some((_, members)) => members.push(i),
-                None => slots.push((s, vec![i])),
-            }
-        }
+        let slots = by_slot(&keys);
         let calls = slots.iter().map(|(s, members)| {
             let picked: Vec<&Charge> = members.iter().map(|&i| charges[i]).collect();
             let keys = members.iter().map(|&i| keys[i].clone()).collect();
@@ -110,14 +116,7 @@ impl LimitStore for ClusterStore {
     ) -> Result<Vec<Verdict>, StoreError> {
         // The request's charges, by slot.
         let keys: Vec<Arc<str>> = charges.iter().map(|c| self.keys.key(c)).collect();
-        let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let s = slot(key);
-            match slots.iter_mut().find(|(other, _)| *other == s) {
-                Some((_, members)) => members.push(i),
-                None => slots.push((s, vec![i])),
-            }
-        }
+        let slots = by_slot(&keys);
         let part = |members: &[usize], refund_at: u64| {
             let picked: Vec<&Charge> = members.iter().map(|&i| charges[i]).collect();
             let keys = members.iter().map(|&i| keys[i].clone()).collect();
