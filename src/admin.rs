@@ -699,7 +699,13 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
             format!("limit {:?} is keyed by {dim}: give it", k.limit),
         ));
     }
-    let plan = crate::explain::plan_of(policy, credential.as_deref(), tenant.as_ref());
+    let tuned = tenant.as_ref().and_then(|t| rt.tenant_override(t));
+    let plan = crate::admission::plan_of(
+        policy,
+        tuned.as_deref(),
+        credential.as_deref(),
+        tenant.as_ref(),
+    );
     let who = Identity {
         ip: k
             .ip
@@ -708,8 +714,6 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
         tenant: tenant.as_ref(),
         route: k.route.as_deref().unwrap_or(""),
     };
-    let tuned = tenant.as_ref().and_then(|t| rt.tenant_override(t));
-    let plan = tuned.as_ref().and_then(|o| o.plan).or(plan);
     Ok(crate::admission::charge(
         policy,
         id,
@@ -779,17 +783,8 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
         }
         (false, _) => None,
     };
-    // The tenant's plan, from its credentials.
-    let plan = crate::explain::plan_of(policy, None, tenant.as_ref());
     let tuned = tenant.as_ref().and_then(|t| rt.tenant_override(t));
-    let plan = tuned.as_ref().and_then(|o| o.plan).or(plan);
-    let params = tuned
-        .as_ref()
-        .and_then(|o| o.params(id))
-        .unwrap_or_else(|| policy.params(id, plan));
-    let Params::Quota(quota) = params else {
-        return text(500, "a plan changed the quota's algorithm\n".into());
-    };
+    let plan = crate::admission::plan_of(policy, tuned.as_deref(), None, tenant.as_ref());
     let who = Identity {
         ip: None,
         credential: None,
@@ -800,6 +795,11 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
     // (a failing one is a 503 here, whatever the limit's failure mode).
     let probe =
         crate::admission::charge(policy, id, &who, plan, tuned.as_deref(), 0, Group::Request);
+    // The quota's numbers as this tenant's charges carry them (plan and
+    // override applied).
+    let Params::Quota(quota) = probe.params else {
+        return text(500, "a plan changed the quota's algorithm\n".into());
+    };
     let verdict = match rt.limiter().peek(std::slice::from_ref(&probe)).await.pop() {
         Some((Ok(v), _)) => v,
         _ => return text(503, "the limit store is unavailable\n".into()),

@@ -223,9 +223,7 @@ pub fn charges(
         route: &route.name,
     };
     // A tenant's override may name another plan, and numbers of its own.
-    let plan = tuned
-        .and_then(|o| o.plan)
-        .or_else(|| credential.and_then(|c| c.plan));
+    let plan = plan_of(policy, tuned, credential, None);
     let mut charges = build_charges(
         policy,
         &route.pre_auth,
@@ -247,6 +245,29 @@ pub fn charges(
         ));
     }
     (charges, authenticated)
+}
+
+/// The plan a caller's limits run under: its tenant's override's, else
+/// its credential's, else (for a tenant named alone) the plan of the
+/// tenant's first credential.
+pub fn plan_of(
+    policy: &Policy,
+    tuned: Option<&Resolved>,
+    credential: Option<&Credential>,
+    tenant: Option<&Arc<str>>,
+) -> Option<PlanId> {
+    tuned
+        .and_then(|o| o.plan)
+        .or_else(|| credential.and_then(|c| c.plan))
+        .or_else(|| {
+            let t = tenant?;
+            policy
+                .auth
+                .keys
+                .credentials()
+                .find(|c| c.tenant == *t)
+                .and_then(|c| c.plan)
+        })
 }
 
 /// What [`conclude`] needs to know beyond the request: plain values, so

@@ -142,24 +142,6 @@ pub fn caller(
     Ok((credential, tenant))
 }
 
-/// The plan of a caller: its credential's, or for a tenant alone its first
-/// credential's.
-pub fn plan_of(
-    policy: &Policy,
-    credential: Option<&Credential>,
-    tenant: Option<&Arc<str>>,
-) -> Option<PlanId> {
-    credential.and_then(|c| c.plan).or_else(|| {
-        let t = tenant?;
-        policy
-            .auth
-            .keys
-            .credentials()
-            .find(|c| c.tenant == *t)
-            .and_then(|c| c.plan)
-    })
-}
-
 /// Resolves `q` as the gateway would: the normalized path picks the route,
 /// the credential its tenant and plan.
 pub fn resolve<'a>(
@@ -199,10 +181,12 @@ pub fn resolve<'a>(
                 .position(|p| p.name == *name)
                 .ok_or_else(|| bad(format!("unknown plan {name:?}")))?,
         ),
-        None => tuned
-            .as_ref()
-            .and_then(|o| o.plan)
-            .or_else(|| plan_of(policy, credential.as_deref(), tenant.as_ref())),
+        None => admission::plan_of(
+            policy,
+            tuned.as_deref(),
+            credential.as_deref(),
+            tenant.as_ref(),
+        ),
     };
     let network =
         q.ip.map(|ip| client_ip::key_network(ip, policy.client_ip.ipv6_prefix));

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use support::{digest, eventually, get, request, Gateway, Upstream};
+use support::{digest, eventually, get, request, request_with_body, Gateway, Upstream};
 
 fn pools_policy(slow: &Upstream, fast: &Upstream) -> String {
     format!(
@@ -604,7 +604,13 @@ fn admin_writes_need_a_write_token_and_json_and_each_leaves_an_audit_line() {
 
     // On the memory store a revocation is this instance's, at once.
     let revoke = br#"{"credential": "c1", "expires_in_s": 60, "reason": "leaked"}"#;
-    let r = request_with_body(&gw, "POST", "/admin/revocations", &[oncall, json], revoke);
+    let r = request_with_body(
+        gw.admin,
+        "POST",
+        "/admin/revocations",
+        &[oncall, json],
+        revoke,
+    );
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(
         gw.get("/limited", &[("authorization", "Bearer k1")]).status,
@@ -614,7 +620,13 @@ fn admin_writes_need_a_write_token_and_json_and_each_leaves_an_audit_line() {
         gw.get("/limited", &[("authorization", "Bearer k2")]).status,
         200
     );
-    let r = request_with_body(&gw, "DELETE", "/admin/revocations/c1", &[oncall, json], b"");
+    let r = request_with_body(
+        gw.admin,
+        "DELETE",
+        "/admin/revocations/c1",
+        &[oncall, json],
+        b"",
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(
         gw.get("/limited", &[("authorization", "Bearer k1")]).status,
@@ -622,31 +634,6 @@ fn admin_writes_need_a_write_token_and_json_and_each_leaves_an_audit_line() {
     );
     let lines = std::fs::read_to_string(&audit).unwrap();
     assert!(lines.contains("\"action\":\"revoke\"") && lines.contains("\"action\":\"unrevoke\""));
-}
-
-/// An admin request with a body, on its own connection.
-fn request_with_body(
-    gw: &Gateway,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> support::Reply {
-    use std::io::Read;
-    let mut stream = support::connect(gw.admin, None);
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    stream.write_all(req.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    let mut out = Vec::new();
-    stream.read_to_end(&mut out).unwrap();
-    support::parse(&out)
 }
 
 #[test]

@@ -570,7 +570,7 @@ fn under_estimated_policy(redis: &RedisServer, route_extra: &str) -> String {
         r#"
 version: 1
 server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 2 }}
-store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+store: {}
 auth:
   keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
 limits:
@@ -585,7 +585,7 @@ routes:
     cost_from_response: {{ header: x-usage-tokens, max: 1000{route_extra} }}
     limits: [tokens]
 "#,
-        redis.url(),
+        redis.store(500),
         digest("key-c1")
     )
 }
@@ -679,7 +679,7 @@ fn explain_reads_every_limit_of_a_route_without_charging() {
         r#"
 version: 1
 server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
-store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+store: {}
 auth:
   keys: [ {{ id: c1, tenant: acme, sha256: "{}", plan: pro }} ]
 limits:
@@ -691,7 +691,7 @@ plans:
 routes:
   - {{ name: api, path: "/v1/**", respond: {{ status: 200 }}, limits: [per-ip, per-tenant, daily], cost: 2 }}
 "#,
-        redis.url(),
+        redis.store(500),
         digest("key-c1")
     );
     let gws = gateways(2, &policy);
@@ -766,7 +766,7 @@ server:
   threads: 1
   admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}, {{ name: viewer, sha256: "{}", role: read }}]
   audit_log: {{ path: "{}" }}
-store: {{ backend: redis, urls: ["{}"], timeout_ms: 500 }}
+store: {}
 auth:
   keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
 limits:
@@ -778,7 +778,7 @@ routes:
         digest("oncall-token"),
         digest("viewer-token"),
         audit.display(),
-        redis.url(),
+        redis.store(500),
         digest("key-c1")
     );
     let gws = gateways(2, &policy);
@@ -880,25 +880,18 @@ store: {store}
 
 /// An admin request with a token and a JSON body, on its own connection.
 fn admin_call(gw: &Gateway, method: &str, path: &str, token: &str, body: &str) -> support::Reply {
-    let mut stream = support::connect(gw.admin, None);
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {token}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    std::io::Write::write_all(&mut stream, req.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    std::io::Read::read_to_end(&mut stream, &mut out).unwrap();
-    support::parse(&out)
+    let auth = format!("Bearer {token}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    support::request_with_body(gw.admin, method, path, &headers, body.as_bytes())
 }
 
 #[test]
 fn a_revoked_key_is_refused_on_every_instance_until_it_is_lifted() {
     let redis = RedisServer::start();
-    let store = format!(
-        "{{ backend: redis, urls: [\"{}\"], timeout_ms: 500 }}",
-        redis.url()
-    );
+    let store = redis.store(500);
     let rest = format!(
         r#"auth:
   keys:
@@ -1019,10 +1012,7 @@ routes:
 #[test]
 fn a_tenant_override_holds_on_every_instance_until_it_ends() {
     let redis = RedisServer::start();
-    let store = format!(
-        "{{ backend: redis, urls: [\"{}\"], timeout_ms: 500 }}",
-        redis.url()
-    );
+    let store = redis.store(500);
     let rest = format!(
         r#"auth:
   keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]

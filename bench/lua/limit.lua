@@ -21,31 +21,11 @@ redis.call("EXPIRE", key, math.ceil(capacity / rate) + 1)
 return allowed
 ]]
 
-local sha = ngx.sha1_bin and ngx.encode_base16 and nil
 local M = {}
-local host, port = "127.0.0.1", tonumber(os.getenv("BENCH_REDIS_PORT") or "6379")
-
-local function digest()
-  if not sha then
-    local bin = ngx.sha1_bin(SCRIPT)
-    sha = (bin:gsub(".", function(c) return string.format("%02x", string.byte(c)) end))
-  end
-  return sha
-end
 
 function M.check()
   local key = "rl:" .. (ngx.var.http_authorization or "anonymous")
-  local args = { "EVALSHA", digest(), 1, key, 1000000000, 1000000000, 1 }
-  local reply, err = resp.call(host, port, args)
-  if reply == nil and err and err:find("^NOSCRIPT") then
-    resp.call(host, port, { "SCRIPT", "LOAD", SCRIPT })
-    reply, err = resp.call(host, port, args)
-  end
-  if reply == nil then
-    ngx.log(ngx.ERR, "redis: ", err)
-    return ngx.exit(503)
-  end
-  if reply ~= 1 then return ngx.exit(429) end
+  return resp.decide(SCRIPT, { key }, { 1000000000, 1000000000, 1 })
 end
 
 return M

@@ -28,14 +28,8 @@ return ok
 ]]
 
 local M = {}
-local host, port = "127.0.0.1", tonumber(os.getenv("BENCH_REDIS_PORT") or "6379")
-local sha
 -- Credentials by the digest of their key.
 local credentials = {}
-
-local function hex(bin)
-  return (bin:gsub(".", function(c) return string.format("%02x", string.byte(c)) end))
-end
 
 function M.init(key)
   credentials[ngx.sha1_bin("Bearer " .. key)] = { id = "bench", tenant = "bench-tenant" }
@@ -44,19 +38,8 @@ end
 function M.check()
   local credential = credentials[ngx.sha1_bin(ngx.var.http_authorization or "")]
   if not credential then return ngx.exit(401) end
-  sha = sha or hex(ngx.sha1_bin(SCRIPT))
-  local args = { "EVALSHA", sha, 3, "rl3:c:" .. credential.id, "rl3:t:" .. credential.tenant, "rl3:g",
-                 1000000000, 1000000000, 1 }
-  local reply, err = resp.call(host, port, args)
-  if reply == nil and err and err:find("^NOSCRIPT") then
-    resp.call(host, port, { "SCRIPT", "LOAD", SCRIPT })
-    reply, err = resp.call(host, port, args)
-  end
-  if reply == nil then
-    ngx.log(ngx.ERR, "redis: ", err)
-    return ngx.exit(503)
-  end
-  if reply ~= 1 then return ngx.exit(429) end
+  resp.decide(SCRIPT, { "rl3:c:" .. credential.id, "rl3:t:" .. credential.tenant, "rl3:g" },
+              { 1000000000, 1000000000, 1 })
   ngx.req.set_header("X-Tenant-Id", credential.tenant)
   ngx.req.set_header("X-Credential-Id", credential.id)
 end

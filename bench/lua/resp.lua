@@ -60,5 +60,33 @@ function resp.call(host, port, args)
   sock:setkeepalive(10000, 64)
   return reply, rerr
 end
+-- Scripts' SHA-1s, as EVALSHA names them.
+local shas = {}
+
+-- Decides a request by `script` (EVALSHA, loaded once when the server
+-- lacks it) with `keys` and `argv`, on BENCH_REDIS_PORT: returns when it
+-- answered 1; otherwise the request ends with 429, or 503 when Redis
+-- failed.
+function resp.decide(script, keys, argv)
+  local port = tonumber(os.getenv("BENCH_REDIS_PORT") or "6379")
+  local sha = shas[script]
+  if not sha then
+    sha = (ngx.sha1_bin(script):gsub(".", function(c) return string.format("%02x", string.byte(c)) end))
+    shas[script] = sha
+  end
+  local args = { "EVALSHA", sha, #keys }
+  for _, k in ipairs(keys) do args[#args + 1] = k end
+  for _, a in ipairs(argv) do args[#args + 1] = a end
+  local reply, err = resp.call("127.0.0.1", port, args)
+  if reply == nil and err and err:find("^NOSCRIPT") then
+    resp.call("127.0.0.1", port, { "SCRIPT", "LOAD", script })
+    reply, err = resp.call("127.0.0.1", port, args)
+  end
+  if reply == nil then
+    ngx.log(ngx.ERR, "redis: ", err)
+    return ngx.exit(503)
+  end
+  if reply ~= 1 then return ngx.exit(429) end
+end
 
 return resp

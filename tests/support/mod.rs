@@ -212,13 +212,38 @@ pub fn request(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Reply {
-    let mut stream = connect(to, from);
+    send(connect(to, from), method, path, headers, None)
+}
+
+/// One request with a body (its `content-length` added) on a fresh
+/// connection.
+pub fn request_with_body(
+    to: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    send(connect(to, None), method, path, headers, Some(body))
+}
+
+fn send(
+    mut stream: TcpStream,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> Reply {
     let mut req = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
+    if let Some(body) = body {
+        req.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
     req.push_str("\r\n");
     stream.write_all(req.as_bytes()).expect("send");
+    stream.write_all(body.unwrap_or_default()).expect("send");
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).expect("read");
     parse(&raw)
