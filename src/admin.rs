@@ -699,7 +699,9 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
             format!("limit {:?} is keyed by {dim}: give it", k.limit),
         ));
     }
-    let tuned = tenant.as_ref().and_then(|t| rt.tenant_override(t));
+    let tuned = tenant
+        .as_ref()
+        .and_then(|t| rt.tenant_override(t, crate::clock::wall_ms()));
     let plan = crate::admission::plan_of(
         policy,
         tuned.as_deref(),
@@ -728,9 +730,11 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
 /// `GET /admin/explain?path=…`: the route a request takes and, for every
 /// limit of it, its parameters and state, read without charging.
 async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
-    let explained = match crate::explain::Query::parse(query)
-        .and_then(|q| crate::explain::resolve(&rt.policy, &q, |t| rt.tenant_override(t)))
-    {
+    let explained = match crate::explain::Query::parse(query).and_then(|q| {
+        crate::explain::resolve(&rt.policy, &q, |t| {
+            rt.tenant_override(t, crate::clock::wall_ms())
+        })
+    }) {
         Ok(e) => e,
         Err(p) => return problem(p.status, p.kind, &p.detail),
     };
@@ -783,7 +787,9 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
         }
         (false, _) => None,
     };
-    let tuned = tenant.as_ref().and_then(|t| rt.tenant_override(t));
+    let tuned = tenant
+        .as_ref()
+        .and_then(|t| rt.tenant_override(t, crate::clock::wall_ms()));
     let plan = crate::admission::plan_of(policy, tuned.as_deref(), None, tenant.as_ref());
     let who = Identity {
         ip: None,

@@ -173,23 +173,21 @@ fn plan_into<'a>(
         return Err(Rejection::PayloadTooLarge);
     }
 
-    let credential = if route.auth_required {
+    let verified = if route.auth_required {
         auth::presented_key(&req.headers, &policy.auth.header)
             .and_then(|key| policy.auth.keys.verify(key))
-            // A revoked key is refused as an unknown one is.
-            .filter(|c| {
-                !rt.services
-                    .revocations
-                    .revoked(&c.id, crate::clock::wall_ms())
-            })
     } else {
         None
     };
+    // Revocations and overrides hold until a wall-clock expiry: read once.
+    let now = verified.as_ref().map_or(0, |_| crate::clock::wall_ms());
+    // A revoked key is refused as an unknown one is.
+    let credential = verified.filter(|c| !rt.services.revocations.revoked(&c.id, now));
     facts.credential.clone_from(&credential);
     let network = client_ip::key_network(ip, policy.client_ip.ipv6_prefix);
     let tuned = credential
         .as_ref()
-        .and_then(|c| rt.tenant_override(&c.tenant));
+        .and_then(|c| rt.tenant_override(&c.tenant, now));
     let (charges, authenticated) = charges(
         policy,
         route,

@@ -78,14 +78,16 @@ impl Runtime {
         }
     }
 
-    /// The override of `tenant` in force now, resolved against this policy.
-    pub fn tenant_override(&self, tenant: &str) -> Option<Arc<crate::overrides::Resolved>> {
-        self.services.overrides.of(
-            &self.policy,
-            self.generation,
-            tenant,
-            crate::clock::wall_ms(),
-        )
+    /// The override of `tenant` in force at `now_ms` (wall clock),
+    /// resolved against this policy.
+    pub fn tenant_override(
+        &self,
+        tenant: &str,
+        now_ms: u64,
+    ) -> Option<Arc<crate::overrides::Resolved>> {
+        self.services
+            .overrides
+            .of(&self.policy, self.generation, tenant, now_ms)
     }
 
     /// The process-wide limiter.
