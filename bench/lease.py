@@ -17,7 +17,8 @@ exact limiter may admit) for exact and for lease (units 50). Then an
 abused key: three gateways, capacity 200 refilling 100 a second, lease
 units 10, twelve clients (demand many times the refill): overage and
 script calls per request, which a refusal remembered until a whole lease
-would fit keeps at about refill / units per instance.
+would fit keeps at about refill / units per instance; and the same key
+flooded by one wrk per gateway (tens of times the refill).
 
     python3 bench/lease.py [--duration 8] [--rounds 3] [--connections 32] [--accuracy-only]
 
@@ -67,7 +68,19 @@ def start(bench, name, backend, lease, capacity=run.MAX, rate=run.MAX):
                           env={"TOLLGATE_KEY_SECRET": run.SECRET, "RUST_LOG": "warn"})
     run.wait_port(port)
     bench.ports[name] = port
+    bench.ports[name + "/admin"] = admin
     return port, p
+
+
+def lease_calls(admin):
+    """The gateway's lease store calls by kind (take, renew, return)."""
+    calls = {}
+    _, body = run.http_get(admin, "/metrics")
+    for line in body.decode().splitlines():
+        m = re.match(r'tollgate_lease_calls_total\{.*kind="(\w+)".*\} (\S+)', line)
+        if m:
+            calls[m[1]] = calls.get(m[1], 0) + float(m[2])
+    return calls
 
 
 def script_calls(port):
@@ -126,8 +139,49 @@ def accuracy(bench, args, instances=4, capacity=100, rate=50, units=50, clients=
         out[label] = (admitted[0], capacity + rate * elapsed, sent[0], (script_calls(redis) - calls) / sent[0])
         print(f"accuracy {label}: admitted {admitted[0]} of at most {capacity + rate * elapsed:.0f} "
               f"({sent[0]} sent, {out[label][3]:.3f} script calls per request)", flush=True)
+        if lease:
+            kinds = {}
+            for i in range(instances):
+                for kind, n in lease_calls(bench.ports[f"acc_{label}_{i}/admin"]).items():
+                    kinds[kind] = kinds.get(kind, 0) + n
+            print("  lease calls per request by kind: " +
+                  ", ".join(f"{k} {n / sent[0]:.3f}" for k, n in sorted(kinds.items())), flush=True)
         for i in range(instances):
             bench.procs.stop(f"acc_{label}_{i}")
+    return out
+
+
+def flooded(bench, args, instances=3, capacity=200, rate=100, units=10, connections=4):
+    """The abused key under wrk: one wrk per gateway at once, so demand is
+    tens of times the refill. Admitted = the 2xx answers."""
+    out = {}
+    for lease in (0, units):
+        label = f"lease, units {lease}" if lease else "exact"
+        redis = bench.ports["redis"]
+        run.redis_cli(redis, "FLUSHALL")
+        ports = [start(bench, f"flood_{label}_{i}", "redis", lease, capacity, rate)[0] for i in range(instances)]
+        calls = script_calls(redis)
+        results = [None] * instances
+        start_at = time.time()
+
+        def load(i):
+            results[i] = run.wrk(ports[i], int(args.seconds), connections, path="/x")
+
+        threads = [threading.Thread(target=load, args=(i,)) for i in range(instances)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.time() - start_at
+        sent = sum(r["requests"] for r in results)
+        admitted = sent - sum(r["errors"] for r in results)
+        per_request = (script_calls(redis) - calls) / sent
+        out[label] = (admitted, capacity + rate * elapsed, sent, per_request, sent / elapsed / rate)
+        print(f"flooded {label}: admitted {admitted} of at most {capacity + rate * elapsed:.0f} "
+              f"({sent} sent, {sent / elapsed / rate:.0f} × the refill, {per_request:.4f} script calls per request)",
+              flush=True)
+        for i in range(instances):
+            bench.procs.stop(f"flood_{label}_{i}")
     return out
 
 
@@ -146,6 +200,7 @@ def main():
         results = {} if args.accuracy_only else throughput(bench, args)
         acc = accuracy(bench, args)
         abused = accuracy(bench, args, instances=3, capacity=200, rate=100, units=10, clients=12)
+        flood = flooded(bench, args)
     finally:
         bench.procs.stop_all()
     print("\n| Hot key decided | req/s (median) | p99 ms | CPU µs/request | script calls/request |")
@@ -163,6 +218,12 @@ def main():
     print("|---|---|---|---|---|---|")
     for label, (admitted, bound, sent, calls) in abused.items():
         print(f"| {label} | {admitted} | {bound:.0f} | {max(0, admitted - int(bound))} | {sent} | {calls:.3f} |")
+    print("\n| Flooded key (3 gateways × wrk -c4, capacity 200, 100/s) | admitted | at most | overage | sent "
+          "| × refill | calls/request |")
+    print("|---|---|---|---|---|---|---|")
+    for label, (admitted, bound, sent, calls, times) in flood.items():
+        print(f"| {label} | {admitted} | {bound:.0f} | {max(0, admitted - int(bound))} | {sent} | {times:.0f} "
+              f"| {calls:.4f} |")
 
 
 if __name__ == "__main__":

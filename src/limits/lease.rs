@@ -31,6 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus::IntGauge;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 
 use super::{Charge, LeaseTerms, Op, Verdict};
 use crate::metrics::Metrics;
@@ -46,6 +48,9 @@ struct Held {
     units: u64,
     /// Units asked for by store calls in flight.
     pending: u64,
+    /// Requests' takes in flight (renewals not counted: they wait for the
+    /// keeper, and no request waits for them).
+    taking: u32,
     /// The lease's size now: what a take or renewal fills up to, from
     /// `terms.units` up to `terms.max_units`.
     size: u64,
@@ -71,6 +76,8 @@ struct Held {
     shared_remaining: u64,
     reset_ms: u64,
     gauge: IntGauge,
+    /// Woken whenever a take or renewal for this key lands.
+    landed: Arc<Notify>,
 }
 
 impl Held {
@@ -107,6 +114,15 @@ pub struct Renewal {
     pub charge: Charge,
     /// The lease's epoch when it was asked for.
     pub epoch: u64,
+}
+
+/// Who sent a take: a request short of units, or the lease keeper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taker {
+    /// A request's own store call, charging its cost and taking more.
+    Request,
+    /// A background renewal.
+    Renewal,
 }
 
 /// Proof of a spend from a lease, to undo it.
@@ -190,6 +206,7 @@ impl Leases {
                     terms,
                     units: 0,
                     pending: 0,
+                    taking: 0,
                     size: terms.units,
                     asked_at: 0,
                     expires_at: 0,
@@ -200,6 +217,7 @@ impl Leases {
                     shared_remaining: 0,
                     reset_ms: 0,
                     gauge: self.metrics.lease_units.with_label_values(&[&c.name]),
+                    landed: Arc::default(),
                 };
                 shard.insert(c.key.clone(), held);
             }
@@ -229,7 +247,11 @@ impl Leases {
                     held.taken_at,
                 );
                 let outstanding = held.units + held.pending;
-                if outstanding <= held.size / 2 {
+                // A renewal only when the store had the units to spare at
+                // the last take: a contended key's renewal would come back
+                // with crumbs, a store call for next to nothing.
+                if outstanding <= held.size / 2 && held.shared_remaining >= held.size - outstanding
+                {
                     // Half spent within half its time: demand is steady,
                     // so the next take brings more, up to `max_units`.
                     if now.saturating_sub(held.asked_at) < terms.ttl_ms / 2 {
@@ -264,6 +286,7 @@ impl Leases {
                 let want = held.size.saturating_sub(held.units + held.pending);
                 held.asked_at = now;
                 held.pending += want;
+                held.taking += 1;
                 Spend::Short {
                     want,
                     epoch: held.epoch,
@@ -279,6 +302,21 @@ impl Leases {
             self.wake.notify_one();
         }
         spend
+    }
+
+    /// When what is held cannot pay `c.cost` and a request's take for its
+    /// key is in flight: the landing to wait for, so that a request finding
+    /// the lease empty a moment after another asked the store does not ask
+    /// too. What the take brings pays for it, or the refusal it remembers
+    /// refuses it here; either way with no call of its own. (Concurrent
+    /// requests of an abused key each asked the store when a remembered
+    /// refusal ended: a call per request in flight instead of one.)
+    pub fn landing(&self, c: &Charge) -> Option<OwnedNotified> {
+        let shard = self.shard(&c.key);
+        let held = shard.get(&c.key)?;
+        // Registered before the lock is let go, so no landing is missed.
+        (held.taking > 0 && held.units < c.cost && held.charge.params == c.params)
+            .then(|| held.landed.clone().notified_owned())
     }
 
     /// Undoes a [`Spend::Held`] (a later part of the same decision denied):
@@ -332,13 +370,15 @@ impl Leases {
         }
     }
 
-    /// A take asked for `asked` units beyond the cost has ended: with the
-    /// store's verdict when the charge was spent (its `granted` units now
-    /// held), `None` when it was not or the call failed. `sent_at` is this
-    /// process's time when the call was sent.
+    /// A take (`by` a request or a renewal) that asked for `asked` units
+    /// beyond the cost has ended: with the store's verdict when the charge
+    /// was spent (its `granted` units now held), `None` when it was not or
+    /// the call failed. `sent_at` is this process's time when the call was
+    /// sent.
     pub fn landed(
         &self,
         c: &Charge,
+        by: Taker,
         asked: u64,
         epoch: u64,
         spent: Option<&Verdict>,
@@ -349,8 +389,11 @@ impl Leases {
             let held = shard.get_mut(&c.key);
             if let Some(held) = held {
                 held.pending = held.pending.saturating_sub(asked);
+                if by == Taker::Request {
+                    held.taking = held.taking.saturating_sub(1);
+                }
             }
-            match (shard.get_mut(&c.key), spent) {
+            let back = match (shard.get_mut(&c.key), spent) {
                 (Some(held), Some(v)) if held.epoch == epoch => self.hold(held, v, sent_at),
                 // Taken for a lease that has moved on: straight back.
                 (_, spent) => spent.filter(|v| v.granted > 0).map(|v| GiveBack {
@@ -361,7 +404,11 @@ impl Leases {
                     },
                     spent_at: v.at,
                 }),
+            };
+            if let Some(held) = shard.get(&c.key) {
+                held.landed.notify_waiters();
             }
+            back
         };
         self.give_back_later(back);
     }
@@ -385,8 +432,15 @@ impl Leases {
         held.units += v.granted;
         held.gauge.add(v.granted as i64);
         if v.remaining == 0 {
-            // The take emptied the shared budget: others want it too.
+            // The take emptied the shared budget: others want it too, and
+            // a take before a whole lease has refilled would be refused or
+            // come back with crumbs. So when these units run out, requests
+            // are refused here until then, as after a refusal.
             held.size = held.terms.units;
+            let refill_ms = held.charge.params.refill_ms(held.terms.units);
+            held.refused_until = held
+                .refused_until
+                .max(sent_at + refill_ms.min(held.terms.ttl_ms));
         }
         held.taken_at = v.at;
         held.valid_until = valid_until;
@@ -454,7 +508,14 @@ impl Leases {
     /// that would only be given back.
     pub fn drop_renewals(&self) {
         for r in self.take_renewals() {
-            self.landed(&r.charge, r.charge.op.units(), r.epoch, None, 0);
+            self.landed(
+                &r.charge,
+                Taker::Renewal,
+                r.charge.op.units(),
+                r.epoch,
+                None,
+                0,
+            );
         }
     }
 

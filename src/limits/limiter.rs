@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::breaker::{Breaker, Permit};
-use super::lease::{GiveBack, Leases, Spend, Token};
+use super::lease::{GiveBack, Leases, Spend, Taker, Token};
 use super::memory::MemoryStore;
 use super::plan::{in_order, part_gate, settle, settlement, DebtBound, Fallback, Part, Split};
 use super::{gate, undone, Charge, Gate, LimitStore, Op, Overload, Source, StoreError, Verdict};
@@ -120,6 +120,13 @@ impl<C: Clock> Limiter<C> {
         };
         if charges.iter().all(|c| c.local) {
             return self.local.decide_now(charges, Gate::Open).0;
+        }
+        // A take in flight for a leased key this request cannot pay for
+        // from what is held: its landing decides this request too.
+        for c in charges.iter().filter(|c| c.lease.is_some() && !c.local) {
+            if let Some(landing) = self.leases.landing(c) {
+                let _ = tokio::time::timeout(shared.timeout, landing).await;
+            }
         }
         let now = self.clock.now_ms();
 
@@ -253,12 +260,20 @@ impl<C: Clock> Limiter<C> {
         landing.armed = false;
         for (i, take, epoch) in &takes {
             let v = &verdicts[*i];
-            let spent = v.allowed && final_gate.admits(take.group);
-            self.leases
-                .landed(take, take.op.units(), *epoch, spent.then_some(v), now);
+            // A refusal is remembered before the requests waiting for this
+            // take are woken by its landing.
             if !v.allowed {
                 self.leases.refused(take, v.wait_ms, now);
             }
+            let spent = v.allowed && final_gate.admits(take.group);
+            self.leases.landed(
+                take,
+                Taker::Request,
+                take.op.units(),
+                *epoch,
+                spent.then_some(v),
+                now,
+            );
         }
         verdicts
     }
@@ -304,6 +319,7 @@ impl<C: Clock> Limiter<C> {
                 let v = result.as_ref().ok().map(|v| &v[i]);
                 self.leases.landed(
                     &r.charge,
+                    Taker::Renewal,
                     r.charge.op.units(),
                     r.epoch,
                     v.filter(|v| v.allowed),
@@ -617,8 +633,14 @@ impl Drop for Landing<'_> {
     fn drop(&mut self) {
         if self.armed {
             for (_, take, epoch) in self.takes {
-                self.leases
-                    .landed(take, take.op.units(), *epoch, None, self.sent_at);
+                self.leases.landed(
+                    take,
+                    Taker::Request,
+                    take.op.units(),
+                    *epoch,
+                    None,
+                    self.sent_at,
+                );
             }
         }
     }

@@ -652,3 +652,102 @@ async fn a_request_dropped_while_taking_leaves_nothing_asked_for() {
     assert!(limiter.decide(std::slice::from_ref(&hot)).await[0].allowed);
     assert_eq!(limiter.lease_units(), 10);
 }
+
+#[tokio::test]
+async fn an_abused_key_costs_each_instance_a_call_per_lease_of_refill() {
+    // Three instances share 200 tokens refilling 100 a second in leases of
+    // 10; each gets a request every millisecond (30 × the refill), and its
+    // keeper runs after each.
+    let clock = ManualClock::new(1_000_000);
+    let store = Store::new(&clock);
+    let fleet: Vec<_> = (0..3).map(|_| instance(&clock, &store, 3)).collect();
+    let c = leased(bucket_params(200, 100), 10, 1_000, 1);
+    let mut admitted = 0;
+    let mut calls_after_drain = 0;
+    for ms in 0..2_000 {
+        if ms == 500 {
+            calls_after_drain = store.calls();
+        }
+        clock.advance(1);
+        for limiter in &fleet {
+            admitted += u64::from(limiter.decide(std::slice::from_ref(&c)).await[0].allowed);
+            limiter.keep_leases().await;
+        }
+    }
+    // Never more than the budget: 200 and two seconds of refill.
+    assert!(admitted <= 400, "admitted {admitted}");
+    // Under-use within what the instances hold at once.
+    assert!(admitted + 3 * 10 >= 400, "admitted {admitted}");
+    // Once the first budget is spent, at most one call per instance for
+    // each 10 units of refill (every 100 ms), and one per `ttl_ms`.
+    let calls = store.calls() - calls_after_drain;
+    assert!(calls <= 3 * (15 + 2), "{calls} calls in 1.5 s");
+}
+
+#[tokio::test]
+async fn requests_finding_the_lease_empty_during_a_take_wait_for_it_and_ask_nothing() {
+    let clock = ManualClock::new(1_000_000);
+    let store = Store::new(&clock);
+    let limiter = Arc::new(instance(&clock, &store, 1));
+    let hot = leased(bucket_params(100, 1), 10, 60_000, 1);
+    // R1 holds nothing: its call charges its cost and takes a lease, and
+    // waits on the store.
+    *store.stall.lock().unwrap() = Some("hot".into());
+    let decide = |limiter: &Arc<Limiter<ManualClock>>| {
+        let (limiter, hot) = (limiter.clone(), hot.clone());
+        tokio::spawn(async move { limiter.decide(std::slice::from_ref(&hot)).await })
+    };
+    let r1 = decide(&limiter);
+    while store.calls() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Four more while the take is out: none asks the store.
+    let others: Vec<_> = (0..4).map(|_| decide(&limiter)).collect();
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.calls(), 1, "one call for the five requests");
+    // The take lands: the four are paid from it.
+    store.release.notify_one();
+    assert!(r1.await.unwrap()[0].allowed);
+    for r in others {
+        assert!(r.await.unwrap()[0].allowed);
+    }
+    assert_eq!(store.calls(), 1);
+    // R1 charged its cost and took a lease of 10 beyond it.
+    assert_eq!(limiter.lease_units(), 10 - 4);
+}
+
+#[tokio::test]
+async fn requests_waiting_for_a_refused_take_are_refused_with_no_call() {
+    let clock = ManualClock::new(1_000_000);
+    let store = Store::new(&clock);
+    let limiter = Arc::new(instance(&clock, &store, 1));
+    // A budget of one, spent elsewhere: the next take is refused.
+    let hot = leased(bucket_params(1, 1), 10, 60_000, 1);
+    let _ = store.inner.decide_now(&[&hot], Gate::Open);
+    *store.stall.lock().unwrap() = Some("hot".into());
+    let decide = |limiter: &Arc<Limiter<ManualClock>>| {
+        let (limiter, hot) = (limiter.clone(), hot.clone());
+        tokio::spawn(async move { limiter.decide(std::slice::from_ref(&hot)).await })
+    };
+    let r1 = decide(&limiter);
+    while store.calls() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let others: Vec<_> = (0..4).map(|_| decide(&limiter)).collect();
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.calls(), 1, "the four wait for the take in flight");
+    store.release.notify_one();
+    assert!(!r1.await.unwrap()[0].allowed);
+    for r in others {
+        assert!(!r.await.unwrap()[0].allowed, "refused as remembered");
+    }
+    assert_eq!(
+        store.calls(),
+        1,
+        "the refusal was remembered, not asked again"
+    );
+}
