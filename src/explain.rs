@@ -334,3 +334,154 @@ pub fn to_json(
         "limits": limits,
     })
 }
+
+/// How `tollgate explain` shows a shared limit's store key.
+pub enum StoreKeys<'a> {
+    /// Hashed as the gateway hashes it.
+    Hashed(&'a crate::limits::keys::KeyHasher),
+    /// Not computed: why (the secret's variable is unset).
+    Unknown(String),
+    /// The memory store: keys never leave the process.
+    InProcess,
+}
+
+/// The static half of an explanation as text, for `tollgate explain`: the
+/// route, the caller, and per limit its effective parameters, its store
+/// key and what a request of this cost needs of it.
+pub fn to_text(
+    policy: &Policy,
+    q: &Query,
+    explained: &Explained<'_>,
+    keys: &StoreKeys<'_>,
+) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let route = explained.route;
+    let _ = writeln!(out, "route: {} ({} {})", route.name, q.method, q.path);
+    let who = match (&q.credential, &q.tenant) {
+        (Some(c), _) => format!("credential {c}"),
+        (None, Some(t)) => format!("tenant {t}"),
+        (None, None) => "anonymous".into(),
+    };
+    let plan = explained
+        .plan
+        .map_or("none", |p| policy.plans[p].name.as_str());
+    let _ = writeln!(out, "caller: {who}, plan {plan}");
+    if explained.limits.is_empty() {
+        let _ = writeln!(out, "limits: none");
+    } else {
+        let _ = writeln!(out, "limits, in the order they are decided:");
+    }
+    for (id, charge) in &explained.limits {
+        let l = &policy.limits[*id];
+        let params = match charge {
+            Ok(c) => c.params,
+            Err(_) => policy.params(*id, explained.plan),
+        };
+        let dims: Vec<&str> = [
+            (l.key.ip, "ip"),
+            (l.key.credential, "credential"),
+            (l.key.tenant, "tenant"),
+            (l.key.route, "route"),
+        ]
+        .into_iter()
+        .filter_map(|(on, dim)| on.then_some(dim))
+        .collect();
+        let numbers = params_json(&params)
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, v)| match (v.as_str(), v.as_f64()) {
+                        (Some(text), _) => format!("{k} {text}"),
+                        (None, Some(n)) => format!("{k} {}", number(n)),
+                        (None, None) => format!("{k} {v}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {} ({}, key [{}]): {}, {numbers}; {}, {}, {}",
+            l.name,
+            if l.scope == Scope::PreAuth {
+                "pre_auth"
+            } else {
+                "request"
+            },
+            dims.join(", "),
+            algorithm(&params),
+            if l.local { "local" } else { "shared" },
+            if l.lease.is_some() { "lease" } else { "exact" },
+            if l.mode == Mode::Enforce {
+                "enforce"
+            } else {
+                "shadow"
+            },
+        );
+        match charge {
+            Err(dim) => {
+                let _ = writeln!(out, "    store key: needs the caller's {dim} (--{dim})");
+            }
+            Ok(c) => {
+                let key = match keys {
+                    StoreKeys::InProcess => "in process (backend: memory)".to_string(),
+                    _ if c.local => "in process (store: local)".to_string(),
+                    StoreKeys::Hashed(hasher) => hasher.key(c),
+                    StoreKeys::Unknown(why) => format!("not computed: {why}"),
+                };
+                let _ = writeln!(out, "    store key: {key}");
+                let _ = writeln!(out, "    {}", needs(&params, c.cost));
+            }
+        }
+    }
+    out
+}
+
+/// A number as a policy writes it: `20`, `0.5`, at most three decimals.
+fn number(n: f64) -> String {
+    let text = format!("{n:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// What a request of `cost` needs of a limit, in its own terms.
+fn needs(params: &Params, cost: u64) -> String {
+    let cost_f = cost.max(1) as f64;
+    let fits = |budget: f64| (budget / cost_f).floor();
+    let per_second = |rate: f64| number(rate / cost_f);
+    let head = format!("a request costs {cost}");
+    match params {
+        Params::TokenBucket(b) | Params::Gcra(b) => {
+            let capacity = (b.capacity / MICRO) as f64;
+            if cost as f64 > capacity {
+                return format!("{head}: more than the capacity {capacity}, never admitted");
+            }
+            let rate = b.per_ms as f64 * 1000.0 / MICRO as f64;
+            format!(
+                "{head}: {} from a full budget, then {} a second",
+                fits(capacity),
+                per_second(rate)
+            )
+        }
+        Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => {
+            if cost > w.limit {
+                return format!("{head}: more than the limit {}, never admitted", w.limit);
+            }
+            format!(
+                "{head}: {} a window of {} s",
+                fits(w.limit as f64),
+                number(w.window_ms as f64 / 1000.0)
+            )
+        }
+        Params::Quota(q) => {
+            if cost > q.limit {
+                return format!("{head}: more than the limit {}, never admitted", q.limit);
+            }
+            let period = match q.period {
+                crate::limits::algorithm::Period::Day => "day",
+                _ => "month",
+            };
+            format!("{head}: {} a {period}", fits(q.limit as f64))
+        }
+    }
+}

@@ -6,6 +6,7 @@ pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod auth;
+pub mod changes;
 pub mod client_ip;
 pub mod clock;
 pub mod config;

@@ -70,12 +70,56 @@ enum Command {
     Check {
         #[arg(long, short)]
         config: PathBuf,
+        /// Also list what changes against this (older) policy: limits and
+        /// routes added, removed and changed, and which budgets go down.
+        #[arg(long)]
+        against: Option<PathBuf>,
     },
     /// Read a raw API key on stdin, print its SHA-256 in hex.
     HashKey,
+    /// Show what the policy does with a request: its route, and per limit
+    /// the numbers after plan overrides, the store key and what a request
+    /// needs of it. The static half of `GET /admin/explain`.
+    Explain(ExplainArgs),
+    /// Print the JSON Schema (draft 2020-12) of a policy file, for editors.
+    Schema {
+        /// The schema of a keys file (`auth.keys_file`) instead.
+        #[arg(long)]
+        keys_file: bool,
+    },
     /// Replay an access log against a policy (or two) in virtual time and
     /// report what would have been admitted, refused and flagged.
     Simulate(SimulateArgs),
+}
+
+#[derive(clap::Args)]
+struct ExplainArgs {
+    #[arg(long, short)]
+    config: PathBuf,
+    /// The request path, as a client sends it.
+    #[arg(long)]
+    path: String,
+    #[arg(long, default_value = "GET")]
+    method: String,
+    /// The request's Host header.
+    #[arg(long)]
+    host: Option<String>,
+    /// A credential id of the policy's keys.
+    #[arg(long, conflicts_with = "key")]
+    credential: Option<String>,
+    /// `-`: read the caller's raw API key from stdin (a key on the command
+    /// line would stay in shell history and `ps`).
+    #[arg(long)]
+    key: Option<String>,
+    /// A tenant, for limits keyed by tenant without a credential.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// The client address, for limits keyed by ip.
+    #[arg(long)]
+    ip: Option<std::net::IpAddr>,
+    /// The cost to explain for; the route's when absent.
+    #[arg(long)]
+    cost: Option<u64>,
 }
 
 #[derive(clap::Args)]
@@ -110,12 +154,27 @@ struct SimulateArgs {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Check { config } => match config::load(&config) {
+        Command::Check { config, against } => match config::load(&config) {
             Ok(policy) => {
                 for warning in policy.warnings() {
                     eprintln!("{}: warning: {warning}", config.display());
                 }
                 println!("{}: {}", config.display(), policy.summary());
+                if let Some(old) = against {
+                    // The exit code is the new policy's: an old one that
+                    // no longer loads is said, not failed on.
+                    match config::load(&old) {
+                        Ok(old_policy) => {
+                            let changes = tollgate::changes::lines(&old_policy, &policy);
+                            let none = if changes.is_empty() { " none" } else { "" };
+                            println!("changes against {}:{none}", old.display());
+                            for line in changes {
+                                println!("  {line}");
+                            }
+                        }
+                        Err(e) => eprintln!("--against: cannot compare: {e}"),
+                    }
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -124,6 +183,33 @@ fn main() -> ExitCode {
             }
         },
         Command::Simulate(args) => match simulate(&args) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tollgate: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Schema { keys_file } => {
+            let schema = if keys_file {
+                config::schema::keys_file_schema()
+            } else {
+                config::schema::policy_schema()
+            };
+            match serde_json::to_string_pretty(&schema) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("tollgate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Explain(args) => match explain(&args) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
@@ -209,18 +295,69 @@ fn simulate(args: &SimulateArgs) -> anyhow::Result<String> {
     Ok(out)
 }
 
-fn hash_key() -> anyhow::Result<String> {
+/// A raw API key read from stdin, without the newline `echo` adds.
+fn key_from_stdin() -> anyhow::Result<Vec<u8>> {
     let mut raw = Vec::new();
     std::io::stdin()
         .read_to_end(&mut raw)
         .context("reading stdin")?;
-    // A key typed or piped with `echo` ends in a newline that is not part of it.
-    let key = raw
-        .strip_suffix(b"\n")
-        .map(|k| k.strip_suffix(b"\r").unwrap_or(k))
-        .unwrap_or(&raw);
-    anyhow::ensure!(!key.is_empty(), "no key on stdin");
-    Ok(hex::encode(tollgate::auth::digest(key)))
+    if raw.ends_with(b"\n") {
+        raw.pop();
+        if raw.ends_with(b"\r") {
+            raw.pop();
+        }
+    }
+    anyhow::ensure!(!raw.is_empty(), "no key on stdin");
+    Ok(raw)
+}
+
+fn hash_key() -> anyhow::Result<String> {
+    Ok(hex::encode(tollgate::auth::digest(&key_from_stdin()?)))
+}
+
+/// `tollgate explain`: the request resolved as `/admin/explain` resolves
+/// it, shown with the store keys the gateway would use.
+fn explain(args: &ExplainArgs) -> anyhow::Result<String> {
+    use tollgate::explain::{resolve, to_text, Query, StoreKeys};
+    let policy = config::load(&args.config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let credential = match args.key.as_deref() {
+        Some("-") => {
+            let key = key_from_stdin()?;
+            let found = policy
+                .auth
+                .keys
+                .verify(&key)
+                .context("the key on stdin is none of the policy's keys")?;
+            Some(found.id.to_string())
+        }
+        Some(_) => anyhow::bail!("--key takes `-` and reads the key from stdin"),
+        None => args.credential.clone(),
+    };
+    let q = Query {
+        path: args.path.clone(),
+        method: args.method.to_ascii_uppercase(),
+        host: args.host.clone(),
+        credential,
+        tenant: args.tenant.clone(),
+        ip: args.ip,
+        plan: None,
+        cost: args.cost,
+    };
+    anyhow::ensure!(q.path.starts_with('/'), "--path must start with \"/\"");
+    let explained = resolve(&policy, &q, |_| None).map_err(|p| anyhow::anyhow!("{}", p.detail))?;
+    let store = &policy.store;
+    let secret = std::env::var(&store.key_secret_env)
+        .ok()
+        .filter(|s| !s.is_empty());
+    let hasher = secret
+        .as_ref()
+        .map(|s| tollgate::limits::keys::KeyHasher::new(&store.key_prefix, s.as_bytes()));
+    let keys = match (&hasher, store.backend) {
+        (_, Backend::Memory) => StoreKeys::InProcess,
+        (Some(h), _) => StoreKeys::Hashed(h),
+        (None, _) => StoreKeys::Unknown(format!("{} is not set", store.key_secret_env)),
+    };
+    Ok(to_text(&policy, &q, &explained, &keys))
 }
 
 /// Installs the log subscriber; the limiter of client-caused lines, whose

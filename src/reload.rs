@@ -85,6 +85,7 @@ impl Reloader {
             );
         }
         let version = policy.policy_version.clone();
+        let changes = crate::changes::lines(&old.policy, &policy);
         self.services
             .client_log
             .set_rate(policy.server.log_client_errors_per_s);
@@ -98,7 +99,12 @@ impl Reloader {
             .config_info
             .with_label_values(&[version.as_str()])
             .set(1);
-        tracing::info!(policy_version = %version, "policy reloaded");
+        let changes = if changes.is_empty() {
+            "none".to_string()
+        } else {
+            changes.join("; ")
+        };
+        tracing::info!(policy_version = %version, %changes, "policy reloaded");
         Ok(version)
     }
 }

@@ -26,12 +26,12 @@ fn example_policies_are_valid() {
 }
 
 const FIXTURES: &[(&str, &str)] = &[
-    ("unknown_field", "tests/config/unknown_field.yaml:6:5: routes[0]: unknown field `limtis`, expected one of `name`, `methods`, `path`, `auth`, `upstream`, `respond`, `cost`, `limits`, `max_body_bytes`, `upgrade`, `hosts`, `timeout_ms`, `priority`, `cost_from_response`"),
+    ("unknown_field", "tests/config/unknown_field.yaml:6:5: unknown key limtis at routes[0]; did you mean limits?"),
     ("unknown_algorithm", "tests/config/unknown_algorithm.yaml:3:43: limits.per-tenant.algorithm: unknown variant `leaky_bucket`, expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log`, `quota`"),
     ("yaml_syntax", "tests/config/yaml_syntax.yaml:4:1: did not find expected ',' or '}' at line 4 column 1, while parsing a flow mapping at line 3 column 5"),
-    ("dangling_limit", "tests/config/dangling_limit.yaml: routes[0].limits[1]: unknown limit \"per-tenat\""),
-    ("dangling_upstream", "tests/config/dangling_upstream.yaml: routes[0].upstream: unknown upstream \"apii\""),
-    ("dangling_plan_limit", "tests/config/dangling_plan_limit.yaml: plans.pro.per-tenat: unknown limit \"per-tenat\""),
+    ("dangling_limit", "tests/config/dangling_limit.yaml: routes[0].limits[1]: unknown limit \"per-tenat\"; did you mean \"per-tenant\"?"),
+    ("dangling_upstream", "tests/config/dangling_upstream.yaml: routes[0].upstream: unknown upstream \"apii\"; did you mean \"api\"?"),
+    ("dangling_plan_limit", "tests/config/dangling_plan_limit.yaml: plans.pro.per-tenat: unknown limit \"per-tenat\"; did you mean \"per-tenant\"?"),
     ("dangling_key_plan", "tests/config/dangling_key_plan.yaml: auth.keys[0].plan: unknown plan \"enterprise\""),
     ("non_finite", "tests/config/non_finite.yaml: limits.per-tenant.capacity: must be a finite number, got inf"),
     ("out_of_range", "tests/config/out_of_range.yaml: limits.per-tenant.capacity: must be at most 1000000000, got 2000000000"),
@@ -71,6 +71,11 @@ const FIXTURES: &[(&str, &str)] = &[
     ("delay_on_window", "tests/config/delay_on_window.yaml: limits.b.max_delay_ms: only read with on_limit: delay\ntests/config/delay_on_window.yaml: limits.w.on_limit: delay schedules an admission ahead, which token_bucket and gcra can; a window's count belongs to the window it is made in"),
     ("cost_from_response_log", "tests/config/cost_from_response_log.yaml: routes[0].cost_from_response.header: \"x usage\" is not a header name\ntests/config/cost_from_response_log.yaml: routes[0].cost_from_response.max: must be at least the route's cost 10 (the estimate), got 5\ntests/config/cost_from_response_log.yaml: routes[0].cost_from_response: limit \"exact\" is a sliding_log, whose entries cannot be given back in part"),
     ("url_password_hidden", "tests/config/url_password_hidden.yaml: store.urls[0]: \"http://gate:***@127.0.0.1:6379\" is not a redis:// or rediss:// url"),
+    ("schema_misspelled_key", "tests/config/schema_misspelled_key.yaml:3:46: unknown key refil_per_second at limits.per-tenant; did you mean refill_per_second?"),
+    ("schema_wrong_enum", "tests/config/schema_wrong_enum.yaml:3:84: limits.per-tenant.on_store_error: unknown variant `maybe`, expected one of `open`, `closed`, `local`"),
+    ("schema_wrong_type", "tests/config/schema_wrong_type.yaml:3:10: server.http2: invalid type: string \"yes please\", expected a boolean"),
+    ("schema_threads_zero", "tests/config/schema_threads_zero.yaml: server.threads: must be between 1 and 256, got 0"),
+    ("schema_routes_not_a_list", "tests/config/schema_routes_not_a_list.yaml:3:3: routes: invalid type: map, expected a sequence"),
 ];
 
 #[test]

@@ -232,6 +232,16 @@ fn a_reload_changes_limits_for_new_requests() {
     gw.rewrite(&reload_policy("v2", 5), Some(&upstream));
     let r = reload(&gw);
     assert_eq!((r.status, r.body.as_str()), (200, "reloaded: policy v2\n"));
+    // The reload's log line says what changed, and which way.
+    let log = gw.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("policy reloaded"))
+        .expect("a reload line");
+    assert!(
+        line.contains("~ limit per-credential: capacity 2 → 5 (budgets go up)"),
+        "{line}"
+    );
     assert_eq!(
         gw.metric("tollgate_config_info{policy_version=\"v2\"}"),
         1.0
@@ -272,7 +282,9 @@ fn a_broken_file_is_rejected_and_the_old_policy_keeps_serving() {
     let r = reload(&gw);
     assert_eq!(r.status, 400);
     assert!(
-        r.body.contains("unknown field `refill_per_secnd`"),
+        r.body.contains(
+            "unknown key refill_per_secnd at limits.per-credential; did you mean refill_per_second?"
+        ),
         "{}",
         r.body
     );

@@ -1,8 +1,10 @@
 //! Configuration: the YAML schema, its strict validation into a typed
 //! [`Policy`], and the errors that point operators at the offending line.
 
+pub mod bounds;
 mod policy;
 pub mod schema;
+mod suggest;
 mod validate;
 
 use std::fmt;
@@ -177,6 +179,9 @@ fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, C
             if let Some(stripped) = message.strip_suffix(&suffix) {
                 message = stripped.to_string();
             }
+        }
+        if let Some(suggested) = suggest::parser_message(&message) {
+            message = suggested;
         }
         ConfigError::Syntax {
             file: path.display().to_string(),

@@ -336,7 +336,7 @@ pub struct CostFromResponse {
 /// client went away (connection closed, stream reset) before its cost
 /// arrived. Hanging up just before the end of every answer must not make
 /// a client pay only estimates.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnAbandon {
     /// At `max`.
@@ -348,7 +348,7 @@ pub enum OnAbandon {
 
 /// `cost_from_response.reserve`: what admission charges before the actual
 /// cost is known.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Reserve {
     /// The estimate (the route's cost); the settlement charges the rest.
@@ -445,7 +445,19 @@ impl Policy {
 
 /// The values of `routes[].priority`: who waits first and is shed last when
 /// a pool is full.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
     /// Served first, and alone in the reserved share.
@@ -469,7 +481,7 @@ impl Priority {
 }
 
 /// The HTTP version spoken to a pool's servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum UpstreamProtocol {
     /// HTTP/1.1 only.
@@ -492,7 +504,9 @@ pub struct AdminToken {
 }
 
 /// What an admin token may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AdminRole {
     /// Read: `GET /admin/*`.

@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 
+use schemars::JsonSchema;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use super::bounds;
 use super::policy::{AdminRole, OnAbandon, Priority, Reserve, UpstreamProtocol};
 use crate::edge::target::{Case, PathParams, TrailingSlash};
 
@@ -48,11 +50,51 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
     }
 }
 
+/// In the schema, a mapping of names to `V` (a repeated name is refused by
+/// the loader: YAML editors flag duplicate keys themselves).
+impl<V: JsonSchema> JsonSchema for UniqueMap<V> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        format!("Map_of_{}", V::schema_name()).into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        <BTreeMap<String, V>>::json_schema(generator)
+    }
+}
+
+/// What the schema cannot say, in its description: `check` stays the
+/// authority for it.
+const SCHEMA_LIMITS: &str = "The shape of a tollgate policy: keys, types, \
+enums, defaults and numeric bounds. Rules that span keys are not in this \
+schema and `tollgate check` enforces them: names referred to (limits, plans, \
+upstreams, routes, keys files) must exist and be unique, a route's cost must \
+fit every limit it charges, algorithms take their own parameters, leases and \
+delays combine only with some algorithms, and addresses, networks, digests \
+and templates must parse. Run `tollgate check --config FILE` before a reload.";
+
+/// The JSON Schema (draft 2020-12) of a policy file, from the structs the
+/// loader deserializes: `tollgate schema`.
+pub fn policy_schema() -> schemars::Schema {
+    let mut schema = schemars::schema_for!(RawConfig);
+    schema.insert("title".into(), "tollgate policy".into());
+    schema.insert("description".into(), SCHEMA_LIMITS.into());
+    schema
+}
+
+/// The JSON Schema of a keys file (`auth.keys_file`): `tollgate schema
+/// --keys-file`.
+pub fn keys_file_schema() -> schemars::Schema {
+    let mut schema = schemars::schema_for!(RawKeysFile);
+    schema.insert("title".into(), "tollgate keys file".into());
+    schema
+}
+
 /// A whole policy file, as parsed.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// Schema version of the file; must be `1`.
+    #[schemars(extend("const" = 1))]
     pub version: u32,
     /// Free label shown by `check`, in logs, by `/readyz` and in `tollgate_config_info`;
     /// `"unversioned"` when absent.
@@ -90,7 +132,7 @@ pub struct RawConfig {
 }
 
 /// The `server` section: listeners, threads, shutdown and edge bounds.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     /// Client listeners as `ip:port`; `["0.0.0.0:8080"]` when absent.
@@ -98,6 +140,7 @@ pub struct RawServer {
     /// Address of the admin listener (`/healthz`, `/readyz`, `/metrics`, `/admin/*`), if any.
     pub admin_listen: Option<String>,
     /// Worker threads, 1-256; the number of CPUs available when absent.
+    #[schemars(transform = bounds::THREADS.schema())]
     pub threads: Option<usize>,
     /// Name of the environment variable whose value guards `/admin/*` as a bearer token
     /// (a `write` token named `env`).
@@ -110,8 +153,10 @@ pub struct RawServer {
     pub audit_log: Option<RawAuditLog>,
     /// How often each instance reads the admin records (revocations) of the shared
     /// store again, 100-60000 ms; default 1000.
+    #[schemars(transform = bounds::ADMIN_REFRESH_MS.schema())]
     pub admin_refresh_ms: Option<u64>,
     /// How long requests in flight may run after SIGTERM, 0-3600; default 10.
+    #[schemars(transform = bounds::SHUTDOWN_GRACE_SECONDS.schema())]
     pub shutdown_grace_seconds: Option<u64>,
     /// Connection, header and body bounds (`server.limits`).
     pub limits: Option<RawServerLimits>,
@@ -134,17 +179,20 @@ pub struct RawServer {
     /// Concurrent streams an HTTP/2 client may open on one connection
     /// (`SETTINGS_MAX_CONCURRENT_STREAMS`), 1-10000; default 100. Read at
     /// start.
+    #[schemars(transform = bounds::HTTP2_MAX_STREAMS.schema())]
     pub http2_max_streams: Option<u32>,
     /// Open connections of the admin listener, 1-100000; default 256.
+    #[schemars(transform = bounds::ADMIN_MAX_CONNECTIONS.schema())]
     pub admin_max_connections: Option<u64>,
     /// Lines a client can cause (proxy errors, store warnings, sampled
     /// denials) written a second, per kind, 0-10000; default 1. The rest
     /// are counted and summarized.
+    #[schemars(transform = bounds::LOG_CLIENT_ERRORS_PER_S.schema())]
     pub log_client_errors_per_s: Option<u32>,
 }
 
 /// The `server.tls` section.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
     /// The TLS listeners, `ip:port`.
@@ -156,7 +204,7 @@ pub struct RawTls {
 }
 
 /// The `server.access_log` section.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAccessLog {
     /// A file (created mode 0600, appended to) or `stdout`.
@@ -166,47 +214,59 @@ pub struct RawAccessLog {
 }
 
 /// The `server.limits` section: bounds on what a client may send.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawServerLimits {
     /// Open client connections per listener; beyond, new ones are closed at once. Default 10000.
+    #[schemars(transform = bounds::MAX_CONNECTIONS.schema())]
     pub max_connections: Option<u64>,
     /// Largest request line and headers; above is a 431. Default 65536.
+    #[schemars(transform = bounds::MAX_HEADER_BYTES.schema())]
     pub max_header_bytes: Option<u64>,
     /// Default of `routes[].max_body_bytes`; default 10485760.
+    #[schemars(transform = bounds::MAX_BODY_BYTES.schema())]
     pub max_body_bytes: Option<u64>,
     /// Request bodies up to this size are read whole before the request
     /// takes a pool permit, 0-65536 (0: none); default 65536.
+    #[schemars(transform = bounds::BUFFER_BODY_BYTES.schema())]
     pub buffer_body_bytes: Option<u64>,
     /// All bodies read whole at once, together, at most; beyond, 503
     /// overloaded. 0-17179869184; default 268435456.
+    #[schemars(transform = bounds::BUFFERED_BYTES_TOTAL.schema())]
     pub buffered_bytes_total: Option<u64>,
 }
 
 /// The `server.timeouts` section, all in milliseconds.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTimeouts {
     /// From a request's first byte to the end of its headers (→ 408); default 10000.
+    #[schemars(transform = bounds::HEADER_READ_MS.schema())]
     pub header_read_ms: Option<u64>,
     /// Idle time allowed between requests on a connection; default 60000.
+    #[schemars(transform = bounds::KEEPALIVE_IDLE_MS.schema())]
     pub keepalive_idle_ms: Option<u64>,
     /// Longest wait for the next bytes of a request body (→ 408); default 30000.
+    #[schemars(transform = bounds::BODY_READ_MS.schema())]
     pub body_read_ms: Option<u64>,
     /// Longest time a client may leave a response write pending; default 30000.
+    #[schemars(transform = bounds::SEND_MS.schema())]
     pub send_ms: Option<u64>,
     /// Least average rate of a request body, bytes a second since it
     /// started, once `body_grace_ms` passed, 1-1073741824; default 1024.
+    #[schemars(transform = bounds::BODY_MIN_RATE.schema())]
     pub body_min_rate: Option<u64>,
     /// How long a body may run before its rate is held to `body_min_rate`;
     /// default 5000.
+    #[schemars(transform = bounds::BODY_GRACE_MS.schema())]
     pub body_grace_ms: Option<u64>,
     /// Longest time a request body may take in all; default 300000.
+    #[schemars(transform = bounds::BODY_TOTAL_MS.schema())]
     pub body_total_ms: Option<u64>,
 }
 
 /// `routes[].upgrade`: a flag or the protocol tokens.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged, expecting = "true, false or a list of protocol tokens")]
 pub enum RawUpgrade {
     /// `true` is `[websocket]`; `false` is none.
@@ -222,7 +282,7 @@ impl Default for RawUpgrade {
 }
 
 /// One `server.admin_tokens` entry.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdminToken {
     /// Who holds it: the audit log's `actor`.
@@ -234,7 +294,7 @@ pub struct RawAdminToken {
 }
 
 /// The `server.audit_log` section.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAuditLog {
     /// A file, appended to (created mode 0600); the process log when absent.
@@ -243,7 +303,7 @@ pub struct RawAuditLog {
 
 /// The `server.path` section: what `;` parameters, a trailing `/` and
 /// ASCII case do to routing.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPath {
     /// `;` parameters (raw or `%3B`): `reject` (400, the default), `strip`
@@ -258,7 +318,7 @@ pub struct RawPath {
 }
 
 /// The values of `server.encoded_slash`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EncodedSlashName {
     /// A `%2F` in the path is a 400.
@@ -268,7 +328,7 @@ pub enum EncodedSlashName {
 }
 
 /// The values of `store.backend`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
     /// State in this process only: one instance, no Redis.
@@ -295,7 +355,7 @@ impl fmt::Display for Backend {
 }
 
 /// The `store` section: the backend of shared limits and how to call it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
     /// `memory`, `redis`, `redis_cluster` or `redis_sentinel`; `memory` when absent.
@@ -310,9 +370,11 @@ pub struct RawStore {
     /// Bound on every store call, 1-10000 ms; default 20. A decision that
     /// waits this long while the store answers other calls is shed (503
     /// overloaded), not counted as a store failure.
+    #[schemars(transform = bounds::STORE_TIMEOUT_MS.schema())]
     pub timeout_ms: Option<u64>,
     /// Decisions waiting for the store (queued or in flight) at most,
     /// 1-1000000; beyond, 503 overloaded. Default 4096.
+    #[schemars(transform = bounds::MAX_PENDING.schema())]
     pub max_pending: Option<u64>,
     /// Prepended to every Redis key; `"tg:"` when absent.
     pub key_prefix: Option<String>,
@@ -322,21 +384,24 @@ pub struct RawStore {
     /// When to stop calling a failing store (`store.circuit_breaker`).
     pub circuit_breaker: Option<RawBreaker>,
     /// Instances sharing the store; `on_store_error: local` enforces 1/this of a budget. Default 1.
+    #[schemars(transform = bounds::EXPECTED_INSTANCES.schema())]
     pub expected_instances: Option<u32>,
 }
 
 /// The `store.circuit_breaker` section.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawBreaker {
     /// Failed store calls in a row that open the breaker, 1-1000; default 5.
+    #[schemars(transform = bounds::FAILURE_THRESHOLD.schema())]
     pub failure_threshold: Option<u32>,
     /// How long the breaker stays open before a trial call, 1-600000 ms; default 1000.
+    #[schemars(transform = bounds::OPEN_MS.schema())]
     pub open_ms: Option<u64>,
 }
 
 /// The `client_ip` section: where the client address comes from.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawClientIp {
     /// Networks (CIDR or bare address) whose forwarding header is believed.
@@ -346,11 +411,12 @@ pub struct RawClientIp {
     #[serde(default)]
     pub header: HeaderName,
     /// Length of the network IPv6 clients are keyed by, 1-128; default 64.
+    #[schemars(transform = bounds::IPV6_PREFIX.schema())]
     pub ipv6_prefix: Option<u8>,
 }
 
 /// The values of `client_ip.header`.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema)]
 pub enum HeaderName {
     /// `X-Forwarded-For`, walked from the nearest hop.
     #[default]
@@ -365,7 +431,7 @@ pub enum HeaderName {
 }
 
 /// The `ip_rules` section, applied to the resolved client IP before routing.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawIpRules {
     /// Networks whose clients get a 403.
@@ -377,7 +443,7 @@ pub struct RawIpRules {
 }
 
 /// The `auth` section: the key header and the credentials.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAuth {
     /// Header carrying the API key; `authorization` (as `Bearer <key>`) when absent.
@@ -393,7 +459,7 @@ pub struct RawAuth {
 }
 
 /// The schema of `auth.keys_file`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawKeysFile {
     /// The credentials, with the same entries as `auth.keys`.
@@ -401,7 +467,7 @@ pub struct RawKeysFile {
 }
 
 /// One entry of `auth.keys` or of the keys file.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawKey {
     /// The credential id: stable, not secret, sent upstream.
@@ -415,14 +481,17 @@ pub struct RawKey {
 }
 
 /// A plan's replacement numbers for one limit.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawOverride {
     /// Replacement `capacity` of a `token_bucket` or `gcra` limit.
+    #[schemars(transform = bounds::amount)]
     pub capacity: Option<f64>,
     /// Replacement `refill_per_second` of a `token_bucket` or `gcra` limit.
+    #[schemars(transform = bounds::amount)]
     pub refill_per_second: Option<f64>,
     /// Replacement `limit` of a window limit.
+    #[schemars(transform = bounds::amount)]
     pub limit: Option<f64>,
     /// Replacement `window_seconds` of a window limit.
     pub window_seconds: Option<f64>,
@@ -431,7 +500,7 @@ pub struct RawOverride {
 }
 
 /// The values of `limits.*.scope`: when a limit runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
     /// Before authentication; the key may only use `ip` and `route`.
@@ -442,7 +511,7 @@ pub enum Scope {
 }
 
 /// One part of a limit's `key`: what its budgets are counted per.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Dimension {
     /// The client IP (IPv6 by its `client_ip.ipv6_prefix` network).
@@ -456,7 +525,7 @@ pub enum Dimension {
 }
 
 /// The values of `limits.*.algorithm`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AlgorithmName {
     /// `capacity` tokens refilled at `refill_per_second`.
@@ -488,7 +557,7 @@ impl fmt::Display for AlgorithmName {
 }
 
 /// The values of `limits.*.store`: where a limit is decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Placement {
     /// In this instance, with no store call.
@@ -498,7 +567,7 @@ pub enum Placement {
 }
 
 /// One entry of `limits`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
     /// `pre_auth` or `request`; `request` when absent.
@@ -511,10 +580,13 @@ pub struct RawLimit {
     #[serde(default)]
     pub algorithm: AlgorithmName,
     /// `token_bucket`, `gcra`: the largest burst, 1 to 1e9.
+    #[schemars(transform = bounds::amount)]
     pub capacity: Option<f64>,
     /// `token_bucket`, `gcra`: tokens added per second, at most 1e9.
+    #[schemars(transform = bounds::amount)]
     pub refill_per_second: Option<f64>,
     /// Window algorithms: the cost admitted per window, a whole number.
+    #[schemars(transform = bounds::amount)]
     pub limit: Option<f64>,
     /// Window algorithms: the window length, at most 86400.
     pub window_seconds: Option<f64>,
@@ -537,11 +609,12 @@ pub struct RawLimit {
     #[serde(default)]
     pub on_limit: OnLimit,
     /// With `on_limit: delay`: the longest a request is held, 1-60000 ms.
+    #[schemars(transform = bounds::MAX_DELAY_MS.schema())]
     pub max_delay_ms: Option<u64>,
 }
 
 /// The values of `limits.*.on_limit`: what a request over the limit gets.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnLimit {
     /// 429 at once.
@@ -552,7 +625,7 @@ pub enum OnLimit {
 }
 
 /// The values of `limits.*.sync`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LimitSync {
     /// Every decision in the shared store.
@@ -563,7 +636,7 @@ pub enum LimitSync {
 }
 
 /// The `limits.*.lease` section.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawLease {
     /// Units an instance holds at most per key, 1 to the limit's capacity.
@@ -578,20 +651,23 @@ pub struct RawLease {
 }
 
 /// One entry of `upstreams`: a pool of servers.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     /// The servers as `host:port`, resolved when the policy is loaded.
     pub servers: Vec<String>,
     /// Requests forwarded to the pool at once, 1-1000000; default 256.
+    #[schemars(transform = bounds::MAX_IN_FLIGHT.schema())]
     pub max_in_flight: Option<u32>,
     /// Requests that may wait for a permit, and for how long (`queue`).
     pub queue: Option<RawQueue>,
     /// Bound on connecting to a server, 1-60000 ms; default 3500 (two SYN
     /// retransmissions, at 1 s and 3 s).
+    #[schemars(transform = bounds::CONNECT_TIMEOUT_MS.schema())]
     pub connect_timeout_ms: Option<u64>,
     /// Further tries after a failed connect, or a reused connection that
     /// failed before any response byte, 0-10; default 2.
+    #[schemars(transform = bounds::RETRIES.schema())]
     pub retries: Option<u32>,
     /// The `Host` the upstream receives: `preserve` (the client's, the
     /// default), `upstream` (the server's `host:port` as configured), or
@@ -603,6 +679,7 @@ pub struct RawUpstream {
     /// `auto` with `tls`, `http1` without.
     pub protocol: Option<UpstreamProtocol>,
     /// Bound on reading from a server, 1-3600000 ms; default 30000.
+    #[schemars(transform = bounds::READ_TIMEOUT_MS.schema())]
     pub read_timeout_ms: Option<u64>,
     /// Active health checks; without them every server counts as healthy.
     pub health_check: Option<RawHealthCheck>,
@@ -611,13 +688,14 @@ pub struct RawUpstream {
 }
 
 /// The `routes[].cost_from_response` section.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCostFromResponse {
     /// The response header (or trailer) holding the actual cost, a whole
     /// number.
     pub header: String,
     /// The most a response may be charged, whatever it reports.
+    #[schemars(transform = bounds::amount)]
     pub max: f64,
     /// Whether the client sees the header; `false` when absent.
     #[serde(default)]
@@ -630,11 +708,12 @@ pub struct RawCostFromResponse {
     pub reserve: Option<Reserve>,
     /// How deep into debt settlements may push a limit, in units; default
     /// 10 × (`max` − cost), at least the limit's capacity.
+    #[schemars(transform = bounds::amount)]
     pub max_debt: Option<f64>,
 }
 
 /// The `upstreams.*.reserve` section.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawReserve {
     /// The share of `max_in_flight` only critical routes may take, 0 to
@@ -643,7 +722,7 @@ pub struct RawReserve {
 }
 
 /// The `upstreams.*.tls` section.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstreamTls {
     /// The name sent in SNI and verified; the first server's host when absent.
@@ -656,33 +735,39 @@ pub struct RawUpstreamTls {
 }
 
 /// The `upstreams.*.health_check` section.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawHealthCheck {
     /// Time between probes of the pool's servers, 10-3600000 ms; default 2000.
+    #[schemars(transform = bounds::HEALTH_INTERVAL_MS.schema())]
     pub interval_ms: Option<u64>,
     /// Bound on one probe, 1-60000 ms; default 1000.
+    #[schemars(transform = bounds::HEALTH_TIMEOUT_MS.schema())]
     pub timeout_ms: Option<u64>,
     /// Path probed with `GET` (2xx or 3xx is healthy); a TCP connect when absent.
     pub path: Option<String>,
     /// Good probes in a row to return to the rotation, 1-100; default 1.
+    #[schemars(transform = bounds::HEALTHY_AFTER.schema())]
     pub healthy_after: Option<u32>,
     /// Failed probes in a row to leave it, 1-100; default 2.
+    #[schemars(transform = bounds::UNHEALTHY_AFTER.schema())]
     pub unhealthy_after: Option<u32>,
 }
 
 /// The `upstreams.*.queue` section: waiting for a pool permit.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawQueue {
     /// Requests that may wait for a permit, 0-1000000; `max_in_flight` when absent.
+    #[schemars(transform = bounds::QUEUE_MAX_WAITING.schema())]
     pub max_waiting: Option<u32>,
     /// Longest wait for a permit before a 503, 0-60000 ms; default 100.
+    #[schemars(transform = bounds::QUEUE_TIMEOUT_MS.schema())]
     pub timeout_ms: Option<u64>,
 }
 
 /// The values of `routes[].auth`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AuthMode {
     /// The request needs a valid API key.
@@ -693,7 +778,7 @@ pub enum AuthMode {
 }
 
 /// One entry of `routes`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
     /// The route class: unique, used in metrics and sent upstream.
@@ -711,11 +796,13 @@ pub struct RawRoute {
     /// A fixed response given by the gateway itself, instead of an upstream.
     pub respond: Option<RawRespond>,
     /// What one request charges each of its limits, a whole number; default 1.
+    #[schemars(transform = bounds::amount)]
     pub cost: Option<f64>,
     /// Names of the limits applied; `pre_auth` ones run before authentication.
     #[serde(default)]
     pub limits: Vec<String>,
     /// Largest request body (→ 413); `server.limits.max_body_bytes` when absent.
+    #[schemars(transform = bounds::ROUTE_MAX_BODY_BYTES.schema())]
     pub max_body_bytes: Option<u64>,
     /// The protocols an `Upgrade` request may name: `true` (WebSocket),
     /// `false` (the default: the header is removed) or a list of tokens
@@ -728,6 +815,7 @@ pub struct RawRoute {
     pub hosts: Vec<String>,
     /// The longest wait for the upstream's response (to its first byte, and
     /// between reads), 1-3600000 ms; the pool's `read_timeout_ms` when absent.
+    #[schemars(transform = bounds::ROUTE_TIMEOUT_MS.schema())]
     pub timeout_ms: Option<u64>,
     /// `critical`, `normal` or `sheddable` when its pool is full; `normal`
     /// when absent.
@@ -739,10 +827,11 @@ pub struct RawRoute {
 }
 
 /// The `routes[].respond` section: a response made by the gateway.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRespond {
     /// The status code, 200-599.
+    #[schemars(transform = bounds::RESPOND_STATUS.schema())]
     pub status: u16,
     /// The body; empty when absent, and must be empty with 204 and 304.
     #[serde(default)]
@@ -752,7 +841,7 @@ pub struct RawRespond {
 }
 
 /// The values of `responses.ratelimit_headers`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RateLimitHeaders {
     /// No rate-limit headers on responses.
@@ -763,7 +852,7 @@ pub enum RateLimitHeaders {
 }
 
 /// The `responses` section.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawResponses {
     /// `none` or `draft`; `none` when absent.

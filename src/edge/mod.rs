@@ -118,21 +118,48 @@ pub struct EdgeSettings {
     pub http2: bool,
 }
 
+/// The edge's defaults, which the policy's bounds state and `check` applies.
+pub mod defaults {
+    /// `server.limits.max_connections`.
+    pub const MAX_CONNECTIONS: u64 = 10_000;
+    /// `server.limits.max_header_bytes`.
+    pub const MAX_HEADER_BYTES: u64 = 65_536;
+    /// `server.limits.max_body_bytes`.
+    pub const MAX_BODY_BYTES: u64 = 10 << 20;
+    /// `server.limits.buffer_body_bytes`.
+    pub const BUFFER_BODY_BYTES: u64 = 65_536;
+    /// `server.timeouts.header_read_ms`.
+    pub const HEADER_READ_MS: u64 = 10_000;
+    /// `server.timeouts.keepalive_idle_ms`.
+    pub const KEEPALIVE_IDLE_MS: u64 = 60_000;
+    /// `server.timeouts.body_read_ms`.
+    pub const BODY_READ_MS: u64 = 30_000;
+    /// `server.timeouts.send_ms`.
+    pub const SEND_MS: u64 = 30_000;
+    /// `server.timeouts.body_min_rate`.
+    pub const BODY_MIN_RATE: u64 = 1_024;
+    /// `server.timeouts.body_grace_ms`.
+    pub const BODY_GRACE_MS: u64 = 5_000;
+    /// `server.timeouts.body_total_ms`.
+    pub const BODY_TOTAL_MS: u64 = 300_000;
+}
+
 impl Default for EdgeSettings {
-    /// The defaults of DESIGN §11.
+    /// The policy's defaults ([`defaults`]).
     fn default() -> Self {
+        use defaults::*;
         Self {
-            max_connections: 10_000,
-            max_header_bytes: 65_536,
-            max_body_bytes: 10 * 1024 * 1024,
-            header_read: Duration::from_secs(10),
-            keepalive_idle: Duration::from_secs(60),
-            body_read: Duration::from_secs(30),
-            send: Duration::from_secs(30),
-            buffer_body_bytes: 65_536,
-            body_min_rate: 1_024,
-            body_grace: Duration::from_secs(5),
-            body_total: Duration::from_secs(300),
+            max_connections: MAX_CONNECTIONS as usize,
+            max_header_bytes: MAX_HEADER_BYTES as usize,
+            max_body_bytes: MAX_BODY_BYTES,
+            header_read: Duration::from_millis(HEADER_READ_MS),
+            keepalive_idle: Duration::from_millis(KEEPALIVE_IDLE_MS),
+            body_read: Duration::from_millis(BODY_READ_MS),
+            send: Duration::from_millis(SEND_MS),
+            buffer_body_bytes: BUFFER_BODY_BYTES,
+            body_min_rate: BODY_MIN_RATE,
+            body_grace: Duration::from_millis(BODY_GRACE_MS),
+            body_total: Duration::from_millis(BODY_TOTAL_MS),
             path: PathRules::default(),
             http2: false,
         }

@@ -29,7 +29,7 @@ pub enum EncodedSlash {
 /// Spring) drop them before routing, so `/v1/reports;x/3` is
 /// `/v1/reports/3` to them while a gateway that kept them classifies
 /// another path.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PathParams {
     /// A 400: no upstream can read the path another way.
@@ -46,7 +46,7 @@ pub enum PathParams {
 /// Whether a route's path template also matches the path with one trailing
 /// `/` (`server.path.trailing_slash`): Express, Rails and older Spring
 /// serve `/a/` as `/a`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TrailingSlash {
     /// `/a` matches `/a` only.
@@ -58,7 +58,7 @@ pub enum TrailingSlash {
 
 /// Whether matching ignores ASCII case (`server.path.case`): IIS and
 /// ASP.NET serve `/V1/REPORTS/3` as `/v1/reports/3`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Case {
     /// Literal segments match exactly.

@@ -46,7 +46,7 @@ pub struct Quota {
 }
 
 /// A calendar period, in UTC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Period {
     /// From midnight to midnight.

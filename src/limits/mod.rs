@@ -39,7 +39,7 @@ pub struct KeyDims {
 }
 
 /// What a shared limit does while the store is failing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnStoreError {
     /// Admit.
@@ -52,7 +52,7 @@ pub enum OnStoreError {
 }
 
 /// Whether a limit may deny.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Denials refuse the request.

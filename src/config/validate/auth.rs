@@ -66,7 +66,9 @@ pub(super) fn add_keys(
         let plan = k.plan.as_ref().and_then(|p| {
             let id = plan_ids.get(p).copied();
             if id.is_none() {
-                c.fail(format!("{path}.plan"), format!("unknown plan {p:?}"));
+                let message = format!("unknown plan {p:?}");
+                let names = plan_ids.keys().map(String::as_str);
+                c.fail(format!("{path}.plan"), with_nearest(message, p, names));
             }
             id
         });

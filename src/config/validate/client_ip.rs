@@ -42,11 +42,10 @@ pub(super) fn client_ip(c: &mut Checker, raw: RawClientIp) -> ClientIpConfig {
             HeaderName::Forwarded => ForwardHeader::Forwarded,
             HeaderName::XRealIp => ForwardHeader::XRealIp,
         },
-        ipv6_prefix: c.range(
+        ipv6_prefix: c.bounded(
             "client_ip.ipv6_prefix",
-            raw.ipv6_prefix.unwrap_or(64),
-            1,
-            128,
+            raw.ipv6_prefix,
+            bounds::IPV6_PREFIX,
         ),
     }
 }

@@ -201,7 +201,11 @@ pub(super) fn delay(c: &mut Checker, path: &str, l: &RawLimit, params: &Params) 
                     "a leased limit admits from what an instance holds: use sync: exact to delay",
                 );
             }
-            c.range(&format!("{path}.max_delay_ms"), ms, 1, 60_000)
+            c.bounded(
+                &format!("{path}.max_delay_ms"),
+                Some(ms),
+                bounds::MAX_DELAY_MS,
+            )
         }
     }
 }
@@ -314,7 +318,11 @@ pub(super) fn plans(
         for (limit, numbers) in overrides.0 {
             let path = format!("plans.{name}.{limit}");
             let Some(&(id, algorithm)) = limit_ids.get(&limit) else {
-                c.fail(path, format!("unknown limit {limit:?}"));
+                let names = limit_ids.keys().map(String::as_str);
+                c.fail(
+                    path,
+                    with_nearest(format!("unknown limit {limit:?}"), &limit, names),
+                );
                 continue;
             };
             let Some(id) = id else { continue };
@@ -363,7 +371,11 @@ pub fn override_params(
         .enumerate()
         .find(|(_, l)| *l.name == *name)
     else {
-        c.fail(&path, format!("unknown limit {name:?}"));
+        let names = policy.limits.iter().map(|l| &*l.name);
+        c.fail(
+            &path,
+            with_nearest(format!("unknown limit {name:?}"), name, names),
+        );
         return Err(c.problems);
     };
     if limit.scope == Scope::PreAuth {

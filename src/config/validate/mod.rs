@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use super::bounds::{self, Bound, MAX_AMOUNT};
 use super::policy::*;
 use super::schema::*;
+use super::suggest::with_nearest;
 use super::{load_keys_file, ConfigError, Problem};
 use crate::access_log::{AccessLogSettings, Destination};
 use crate::auth::{parse_digest, Credential, KeyTable};
@@ -43,21 +45,11 @@ use server::*;
 use store::*;
 use upstreams::*;
 
-/// Capacities, limits and rates are bounded by this.
-const MAX_AMOUNT: f64 = 1e9;
-
 /// Sliding logs keep one entry per admitted request.
 const MAX_LOG_LIMIT: f64 = 10_000.0;
 
 /// Longest window: one day.
 const MAX_WINDOW_SECONDS: f64 = 86_400.0;
-
-/// The largest `max_body_bytes`: 1 TiB.
-const MAX_BODY_BYTES: u64 = 1 << 40;
-
-/// The most `server.limits.buffer_body_bytes` may be: what Pingora's retry
-/// buffer holds, so that a body read whole can be sent on.
-const MAX_BUFFER_BODY_BYTES: u64 = 65_536;
 
 /// Products the Redis scripts compute must stay exact in a Lua double.
 const MAX_EXACT: u64 = 1 << 53;
@@ -117,6 +109,19 @@ impl Checker {
             );
         }
         value
+    }
+
+    /// `value`, or the bound's default, checked against the bound.
+    fn bounded<T>(&mut self, path: &str, value: Option<T>, bound: Bound) -> T
+    where
+        T: Copy + Default + TryInto<u64> + TryFrom<u64>,
+    {
+        let value = value
+            .and_then(|v| v.try_into().ok())
+            .or(bound.default)
+            .unwrap_or(bound.min);
+        // Within the type: the value came from it, or is a bound's default.
+        T::try_from(self.range(path, value, bound.min, bound.max)).unwrap_or_default()
     }
 
     fn required<T>(&mut self, path: &str, what: &str, value: Option<T>) -> Option<T> {

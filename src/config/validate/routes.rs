@@ -108,11 +108,10 @@ pub(super) fn routes(
             let limits = pre_auth.iter().chain(&request).map(|&id| &ctx.limits[id]);
             cost_from_response(c, &path, raw, cost, limits)
         });
-        let max_body_bytes = c.range(
+        let max_body_bytes = c.bounded(
             &format!("{path}.max_body_bytes"),
-            r.max_body_bytes.unwrap_or(max_body_bytes),
-            0,
-            MAX_BODY_BYTES,
+            r.max_body_bytes.or(Some(max_body_bytes)),
+            bounds::ROUTE_MAX_BODY_BYTES,
         );
         if let (Some(template), Some(target)) = (template, target) {
             // A name that is no header value already failed the name check,
@@ -131,7 +130,11 @@ pub(super) fn routes(
                 max_body_bytes,
                 upgrade: upgrade(c, &format!("{path}.upgrade"), r.upgrade),
                 timeout: r.timeout_ms.map(|ms| {
-                    Duration::from_millis(c.range(&format!("{path}.timeout_ms"), ms, 1, 3_600_000))
+                    Duration::from_millis(c.bounded(
+                        &format!("{path}.timeout_ms"),
+                        Some(ms),
+                        bounds::ROUTE_TIMEOUT_MS,
+                    ))
                 }),
                 priority: r.priority,
                 cost_from_response,
@@ -188,9 +191,10 @@ pub(super) fn target(
         (Some(name), None) => {
             let id = pool_ids.get(&name).copied();
             if id.is_none() {
+                let names = pool_ids.keys().map(String::as_str);
                 c.fail(
                     format!("{path}.upstream"),
-                    format!("unknown upstream {name:?}"),
+                    with_nearest(format!("unknown upstream {name:?}"), &name, names),
                 );
             }
             id.map(Target::Upstream)
@@ -198,7 +202,11 @@ pub(super) fn target(
         (None, Some(r)) => {
             // 1xx and 101 would switch or hold the connection; 204 and 304
             // have no body by definition.
-            c.range(&format!("{path}.respond.status"), r.status, 200, 599);
+            c.bounded(
+                &format!("{path}.respond.status"),
+                Some(r.status),
+                bounds::RESPOND_STATUS,
+            );
             if matches!(r.status, 204 | 304) && !r.body.is_empty() {
                 c.fail(
                     format!("{path}.respond.body"),
@@ -235,7 +243,11 @@ pub(super) fn route_limits(
     for (i, name) in names.iter().enumerate() {
         let at = format!("{path}.limits[{i}]");
         let Some(&(id, _)) = ctx.limit_ids.get(name) else {
-            c.fail(at, format!("unknown limit {name:?}"));
+            let names = ctx.limit_ids.keys().map(String::as_str);
+            c.fail(
+                at,
+                with_nearest(format!("unknown limit {name:?}"), name, names),
+            );
             continue;
         };
         let Some(id) = id else { continue };

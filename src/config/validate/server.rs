@@ -26,58 +26,51 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
         .admin_listen
         .and_then(|a| socket_addr(c, "server.admin_listen", &a));
     let default_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = c.range(
+    let threads = c.bounded(
         "server.threads",
-        raw.threads.unwrap_or(default_threads),
-        1,
-        256,
+        raw.threads.or(Some(default_threads)),
+        bounds::THREADS,
     );
-    let grace = c.range(
+    let grace = c.bounded(
         "server.shutdown_grace_seconds",
-        raw.shutdown_grace_seconds.unwrap_or(10),
-        0,
-        3600,
+        raw.shutdown_grace_seconds,
+        bounds::SHUTDOWN_GRACE_SECONDS,
     );
     if let Some(env) = &raw.admin_token_env {
         env_name(c, "server.admin_token_env", env);
     }
     let limits = raw.limits.unwrap_or_default();
-    let buffered_bytes_total = c.range(
+    let buffered_bytes_total = c.bounded(
         "server.limits.buffered_bytes_total",
-        limits.buffered_bytes_total.unwrap_or(256 << 20),
-        0,
-        16 << 30,
+        limits.buffered_bytes_total,
+        bounds::BUFFERED_BYTES_TOTAL,
     );
     ServerSettings {
         listen,
         admin_listen,
-        admin_max_connections: c.range(
+        admin_max_connections: c.bounded(
             "server.admin_max_connections",
-            raw.admin_max_connections.unwrap_or(256),
-            1,
-            100_000,
+            raw.admin_max_connections,
+            bounds::ADMIN_MAX_CONNECTIONS,
         ) as usize,
-        http2_max_streams: c.range(
+        http2_max_streams: c.bounded(
             "server.http2_max_streams",
-            raw.http2_max_streams.unwrap_or(100),
-            1,
-            10_000,
+            raw.http2_max_streams,
+            bounds::HTTP2_MAX_STREAMS,
         ),
-        log_client_errors_per_s: c.range(
+        log_client_errors_per_s: c.bounded(
             "server.log_client_errors_per_s",
-            raw.log_client_errors_per_s.unwrap_or(1),
-            0,
-            10_000,
+            raw.log_client_errors_per_s,
+            bounds::LOG_CLIENT_ERRORS_PER_S,
         ),
         buffered_bytes_total,
         threads,
         admin_token_env: raw.admin_token_env,
         admin_tokens: admin_tokens(c, raw.admin_tokens),
-        admin_refresh: Duration::from_millis(c.range(
+        admin_refresh: Duration::from_millis(c.bounded(
             "server.admin_refresh_ms",
-            raw.admin_refresh_ms.unwrap_or(1_000),
-            100,
-            60_000,
+            raw.admin_refresh_ms,
+            bounds::ADMIN_REFRESH_MS,
         )),
         audit_log: raw.audit_log.and_then(|a| match a.path.as_str() {
             "" => {
@@ -189,59 +182,66 @@ pub(super) fn edge(
     limits: RawServerLimits,
     timeouts: RawTimeouts,
 ) -> EdgeSettings {
-    let d = EdgeSettings::default();
-    let ms = |c: &mut Checker, name: &str, value: Option<u64>, default: Duration| {
-        let path = format!("server.timeouts.{name}");
-        let v = c.range(
-            &path,
-            value.unwrap_or(default.as_millis() as u64),
-            1,
-            3_600_000,
-        );
-        Duration::from_millis(v)
+    let ms = |c: &mut Checker, name: &str, value: Option<u64>, bound: Bound| {
+        Duration::from_millis(c.bounded(&format!("server.timeouts.{name}"), value, bound))
     };
     EdgeSettings {
-        max_connections: c.range(
+        max_connections: c.bounded(
             "server.limits.max_connections",
-            limits.max_connections.unwrap_or(d.max_connections as u64),
-            1,
-            1_000_000,
+            limits.max_connections,
+            bounds::MAX_CONNECTIONS,
         ) as usize,
-        max_header_bytes: c.range(
+        max_header_bytes: c.bounded(
             "server.limits.max_header_bytes",
-            limits.max_header_bytes.unwrap_or(d.max_header_bytes as u64),
-            1_024,
-            1_048_576,
+            limits.max_header_bytes,
+            bounds::MAX_HEADER_BYTES,
         ) as usize,
-        max_body_bytes: c.range(
+        max_body_bytes: c.bounded(
             "server.limits.max_body_bytes",
-            limits.max_body_bytes.unwrap_or(d.max_body_bytes),
-            0,
-            MAX_BODY_BYTES,
+            limits.max_body_bytes,
+            bounds::MAX_BODY_BYTES,
         ),
-        header_read: ms(c, "header_read_ms", timeouts.header_read_ms, d.header_read),
+        header_read: ms(
+            c,
+            "header_read_ms",
+            timeouts.header_read_ms,
+            bounds::HEADER_READ_MS,
+        ),
         keepalive_idle: ms(
             c,
             "keepalive_idle_ms",
             timeouts.keepalive_idle_ms,
-            d.keepalive_idle,
+            bounds::KEEPALIVE_IDLE_MS,
         ),
-        body_read: ms(c, "body_read_ms", timeouts.body_read_ms, d.body_read),
-        send: ms(c, "send_ms", timeouts.send_ms, d.send),
-        buffer_body_bytes: c.range(
+        body_read: ms(
+            c,
+            "body_read_ms",
+            timeouts.body_read_ms,
+            bounds::BODY_READ_MS,
+        ),
+        send: ms(c, "send_ms", timeouts.send_ms, bounds::SEND_MS),
+        buffer_body_bytes: c.bounded(
             "server.limits.buffer_body_bytes",
-            limits.buffer_body_bytes.unwrap_or(d.buffer_body_bytes),
-            0,
-            MAX_BUFFER_BODY_BYTES,
+            limits.buffer_body_bytes,
+            bounds::BUFFER_BODY_BYTES,
         ),
-        body_min_rate: c.range(
+        body_min_rate: c.bounded(
             "server.timeouts.body_min_rate",
-            timeouts.body_min_rate.unwrap_or(d.body_min_rate),
-            1,
-            1 << 30,
+            timeouts.body_min_rate,
+            bounds::BODY_MIN_RATE,
         ),
-        body_grace: ms(c, "body_grace_ms", timeouts.body_grace_ms, d.body_grace),
-        body_total: ms(c, "body_total_ms", timeouts.body_total_ms, d.body_total),
+        body_grace: ms(
+            c,
+            "body_grace_ms",
+            timeouts.body_grace_ms,
+            bounds::BODY_GRACE_MS,
+        ),
+        body_total: ms(
+            c,
+            "body_total_ms",
+            timeouts.body_total_ms,
+            bounds::BODY_TOTAL_MS,
+        ),
         path: PathRules::default(),
         http2: false,
     }

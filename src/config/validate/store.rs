@@ -59,37 +59,28 @@ pub(super) fn store(c: &mut Checker, raw: RawStore) -> StoreSettings {
         backend: raw.backend,
         urls: raw.urls,
         master_name: raw.master_name,
-        timeout: Duration::from_millis(c.range(
+        timeout: Duration::from_millis(c.bounded(
             "store.timeout_ms",
-            raw.timeout_ms.unwrap_or(20),
-            1,
-            10_000,
+            raw.timeout_ms,
+            bounds::STORE_TIMEOUT_MS,
         )),
-        max_pending: c.range(
-            "store.max_pending",
-            raw.max_pending.unwrap_or(4_096),
-            1,
-            1_000_000,
-        ) as usize,
+        max_pending: c.bounded("store.max_pending", raw.max_pending, bounds::MAX_PENDING) as usize,
         key_prefix: raw.key_prefix.unwrap_or_else(|| "tg:".into()),
         key_secret_env,
-        failure_threshold: c.range(
+        failure_threshold: c.bounded(
             "store.circuit_breaker.failure_threshold",
-            breaker.failure_threshold.unwrap_or(5),
-            1,
-            1_000,
+            breaker.failure_threshold,
+            bounds::FAILURE_THRESHOLD,
         ),
-        open_for: Duration::from_millis(c.range(
+        open_for: Duration::from_millis(c.bounded(
             "store.circuit_breaker.open_ms",
-            breaker.open_ms.unwrap_or(1_000),
-            1,
-            600_000,
+            breaker.open_ms,
+            bounds::OPEN_MS,
         )),
-        expected_instances: c.range(
+        expected_instances: c.bounded(
             "store.expected_instances",
-            raw.expected_instances.unwrap_or(1),
-            1,
-            10_000,
+            raw.expected_instances,
+            bounds::EXPECTED_INSTANCES,
         ),
     }
 }

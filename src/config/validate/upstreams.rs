@@ -33,19 +33,15 @@ pub(super) fn upstreams(
                 ),
             }
         }
-        let max_in_flight = c.range(
+        let max_in_flight = c.bounded(
             &format!("{path}.max_in_flight"),
-            u.max_in_flight.unwrap_or(256),
-            1,
-            1_000_000,
+            u.max_in_flight,
+            bounds::MAX_IN_FLIGHT,
         );
-        let (waiting, wait_ms) = match u.queue {
-            Some(q) => (
-                q.max_waiting.unwrap_or(max_in_flight),
-                q.timeout_ms.unwrap_or(100),
-            ),
-            None => (max_in_flight, 100),
-        };
+        let (waiting, wait_ms) = u
+            .queue
+            .as_ref()
+            .map_or((None, None), |q| (q.max_waiting, q.timeout_ms));
         if u.protocol == Some(UpstreamProtocol::Auto) && u.tls.is_none() {
             c.fail(
                 format!("{path}.protocol"),
@@ -63,20 +59,22 @@ pub(super) fn upstreams(
             name: name.into(),
             servers,
             max_in_flight,
-            queue_max_waiting: c.range(&format!("{path}.queue.max_waiting"), waiting, 0, 1_000_000),
-            queue_timeout: Duration::from_millis(c.range(
+            queue_max_waiting: c.bounded(
+                &format!("{path}.queue.max_waiting"),
+                waiting.or(Some(max_in_flight)),
+                bounds::QUEUE_MAX_WAITING,
+            ),
+            queue_timeout: Duration::from_millis(c.bounded(
                 &format!("{path}.queue.timeout_ms"),
                 wait_ms,
-                0,
-                60_000,
+                bounds::QUEUE_TIMEOUT_MS,
             )),
-            connect_timeout: Duration::from_millis(c.range(
+            connect_timeout: Duration::from_millis(c.bounded(
                 &format!("{path}.connect_timeout_ms"),
-                u.connect_timeout_ms.unwrap_or(3_500),
-                1,
-                60_000,
+                u.connect_timeout_ms,
+                bounds::CONNECT_TIMEOUT_MS,
             )),
-            retries: c.range(&format!("{path}.retries"), u.retries.unwrap_or(2), 0, 10),
+            retries: c.bounded(&format!("{path}.retries"), u.retries, bounds::RETRIES),
             protocol: u.protocol.unwrap_or(if u.tls.is_some() {
                 UpstreamProtocol::Auto
             } else {
@@ -100,11 +98,10 @@ pub(super) fn upstreams(
                     }
                 },
             },
-            read_timeout: Duration::from_millis(c.range(
+            read_timeout: Duration::from_millis(c.bounded(
                 &format!("{path}.read_timeout_ms"),
-                u.read_timeout_ms.unwrap_or(30_000),
-                1,
-                3_600_000,
+                u.read_timeout_ms,
+                bounds::READ_TIMEOUT_MS,
             )),
             health: u
                 .health_check
@@ -204,33 +201,29 @@ pub(super) fn health_check(c: &mut Checker, path: &str, h: RawHealthCheck) -> He
             );
         }
     }
-    let interval = c.range(
+    let interval = c.bounded(
         &format!("{path}.interval_ms"),
-        h.interval_ms.unwrap_or(2_000),
-        10,
-        3_600_000,
+        h.interval_ms,
+        bounds::HEALTH_INTERVAL_MS,
     );
-    let timeout = c.range(
+    let timeout = c.bounded(
         &format!("{path}.timeout_ms"),
-        h.timeout_ms.unwrap_or(1_000),
-        1,
-        60_000,
+        h.timeout_ms,
+        bounds::HEALTH_TIMEOUT_MS,
     );
     HealthCheck {
         interval: Duration::from_millis(interval),
         timeout: Duration::from_millis(timeout),
         path: h.path,
-        healthy_after: c.range(
+        healthy_after: c.bounded(
             &format!("{path}.healthy_after"),
-            h.healthy_after.unwrap_or(1),
-            1,
-            100,
+            h.healthy_after,
+            bounds::HEALTHY_AFTER,
         ),
-        unhealthy_after: c.range(
+        unhealthy_after: c.bounded(
             &format!("{path}.unhealthy_after"),
-            h.unhealthy_after.unwrap_or(2),
-            1,
-            100,
+            h.unhealthy_after,
+            bounds::UNHEALTHY_AFTER,
         ),
     }
 }
