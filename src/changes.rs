@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::config::{Limit, Mode, Policy, Route, Scope, Target};
-use crate::explain::{algorithm, params_json};
+use crate::explain::{algorithm, key_dims, number, params_json};
 use crate::limits::algorithm::Params;
 
 /// Which way a changed budget moves.
@@ -37,18 +37,15 @@ fn limit_settings(policy: &Policy, l: &Limit, params: &Params) -> BTreeMap<&'sta
                 "period" => "period",
                 _ => continue,
             };
-            out.insert(name, v.as_str().map_or_else(|| number(&v), str::to_owned));
+            let text = match (v.as_str(), v.as_f64()) {
+                (Some(text), _) => text.to_owned(),
+                (None, Some(n)) => number(n),
+                (None, None) => v.to_string(),
+            };
+            out.insert(name, text);
         }
     }
-    let dims: Vec<&str> = [
-        (l.key.ip, "ip"),
-        (l.key.credential, "credential"),
-        (l.key.tenant, "tenant"),
-        (l.key.route, "route"),
-    ]
-    .into_iter()
-    .filter_map(|(on, d)| on.then_some(d))
-    .collect();
+    let dims = key_dims(l);
     out.insert("key", format!("[{}]", dims.join(", ")));
     let scope = if l.scope == Scope::PreAuth {
         "pre_auth"
@@ -87,14 +84,6 @@ fn limit_settings(policy: &Policy, l: &Limit, params: &Params) -> BTreeMap<&'sta
         out.insert("max_delay_ms", l.max_delay_ms.to_string());
     }
     out
-}
-
-fn number(v: &Value) -> String {
-    match v.as_f64() {
-        Some(n) if n.fract() == 0.0 => format!("{}", n as i64),
-        Some(n) => format!("{n}"),
-        None => v.to_string(),
-    }
 }
 
 /// Whether the budget numbers went down: less capacity, refill or limit,

@@ -253,6 +253,19 @@ pub fn params_json(params: &Params) -> Value {
     }
 }
 
+/// The dimensions a limit's key is made of, as the policy names them.
+pub fn key_dims(l: &crate::config::Limit) -> Vec<&'static str> {
+    [
+        (l.key.ip, "ip"),
+        (l.key.credential, "credential"),
+        (l.key.tenant, "tenant"),
+        (l.key.route, "route"),
+    ]
+    .into_iter()
+    .filter_map(|(on, dim)| on.then_some(dim))
+    .collect()
+}
+
 /// The algorithm's name in the policy.
 pub fn algorithm(params: &Params) -> &'static str {
     match params {
@@ -282,17 +295,7 @@ pub fn to_json(
                 Ok(c) => c.params,
                 Err(_) => policy.params(*id, explained.plan),
             };
-            let mut key = Vec::new();
-            for (on, dim) in [
-                (l.key.ip, "ip"),
-                (l.key.credential, "credential"),
-                (l.key.tenant, "tenant"),
-                (l.key.route, "route"),
-            ] {
-                if on {
-                    key.push(dim);
-                }
-            }
+            let key = key_dims(l);
             let mut out = json!({
                 "name": l.name.as_ref(),
                 "scope": if l.scope == Scope::PreAuth { "pre_auth" } else { "request" },
@@ -378,15 +381,7 @@ pub fn to_text(
             Ok(c) => c.params,
             Err(_) => policy.params(*id, explained.plan),
         };
-        let dims: Vec<&str> = [
-            (l.key.ip, "ip"),
-            (l.key.credential, "credential"),
-            (l.key.tenant, "tenant"),
-            (l.key.route, "route"),
-        ]
-        .into_iter()
-        .filter_map(|(on, dim)| on.then_some(dim))
-        .collect();
+        let dims = key_dims(l);
         let numbers = params_json(&params)
             .as_object()
             .map(|o| {
@@ -439,7 +434,7 @@ pub fn to_text(
 }
 
 /// A number as a policy writes it: `20`, `0.5`, at most three decimals.
-fn number(n: f64) -> String {
+pub fn number(n: f64) -> String {
     let text = format!("{n:.3}");
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }

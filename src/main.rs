@@ -182,53 +182,21 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Simulate(args) => match simulate(&args) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("tollgate: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Simulate(args) => printed(simulate(&args)),
         Command::Schema { keys_file } => {
             let schema = if keys_file {
                 config::schema::keys_file_schema()
             } else {
                 config::schema::policy_schema()
             };
-            match serde_json::to_string_pretty(&schema) {
-                Ok(text) => {
-                    println!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("tollgate: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            printed(
+                serde_json::to_string_pretty(&schema)
+                    .map(|text| text + "\n")
+                    .map_err(Into::into),
+            )
         }
-        Command::Explain(args) => match explain(&args) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("tollgate: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::HashKey => match hash_key() {
-            Ok(hex) => {
-                println!("{hex}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("tollgate: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Explain(args) => printed(explain(&args)),
+        Command::HashKey => printed(hash_key().map(|hex| hex + "\n")),
         Command::Run { config, log_json } => {
             let client_log = init_logs(log_json);
             if let Err(e) = run(config, client_log) {
@@ -236,6 +204,20 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
             ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Prints a command's text, or its error; the exit code says which.
+fn printed(result: anyhow::Result<String>) -> ExitCode {
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tollgate: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -106,6 +106,8 @@ pub const OPEN_MS: Bound = Bound::new(1, 600_000, 1_000);
 pub const EXPECTED_INSTANCES: Bound = Bound::new(1, 10_000, 1);
 /// `limits.*.max_delay_ms`.
 pub const MAX_DELAY_MS: Bound = Bound::computed(1, 60_000);
+/// `limits.*.lease.ttl_ms`.
+pub const LEASE_TTL_MS: Bound = Bound::computed(10, 60_000);
 /// `routes[].timeout_ms`.
 pub const ROUTE_TIMEOUT_MS: Bound = Bound::computed(1, HOUR_MS);
 /// `routes[].respond.status`.

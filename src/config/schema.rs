@@ -640,8 +640,10 @@ pub enum LimitSync {
 #[serde(deny_unknown_fields)]
 pub struct RawLease {
     /// Units an instance holds at most per key, 1 to the limit's capacity.
+    #[schemars(transform = bounds::amount)]
     pub units: f64,
     /// Units unspent this long after they were taken go back, 10-60000 ms.
+    #[schemars(transform = bounds::LEASE_TTL_MS.schema())]
     pub ttl_ms: f64,
     /// The most an instance may hold per key, `units` to the limit's
     /// capacity; default `units` (a fixed size). A lease grows towards it

@@ -276,7 +276,14 @@ pub(super) fn lease(
     }
     let capacity = params.quota();
     let units = whole(c, &format!("{path}.lease.units"), raw.units, 1, capacity);
-    let ttl_ms = whole(c, &format!("{path}.lease.ttl_ms"), raw.ttl_ms, 10, 60_000);
+    let ttl = bounds::LEASE_TTL_MS;
+    let ttl_ms = whole(
+        c,
+        &format!("{path}.lease.ttl_ms"),
+        raw.ttl_ms,
+        ttl.min,
+        ttl.max,
+    );
     let units = units?;
     let max_units = match raw.max_units {
         Some(m) => whole(c, &format!("{path}.lease.max_units"), m, units, capacity)?,

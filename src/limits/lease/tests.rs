@@ -693,16 +693,12 @@ async fn requests_finding_the_lease_empty_during_a_take_wait_for_it_and_ask_noth
     // R1 holds nothing: its call charges its cost and takes a lease, and
     // waits on the store.
     *store.stall.lock().unwrap() = Some("hot".into());
-    let decide = |limiter: &Arc<Limiter<ManualClock>>| {
-        let (limiter, hot) = (limiter.clone(), hot.clone());
-        tokio::spawn(async move { limiter.decide(std::slice::from_ref(&hot)).await })
-    };
-    let r1 = decide(&limiter);
+    let r1 = spawn_decide(&limiter, &hot);
     while store.calls() == 0 {
         tokio::task::yield_now().await;
     }
     // Four more while the take is out: none asks the store.
-    let others: Vec<_> = (0..4).map(|_| decide(&limiter)).collect();
+    let others: Vec<_> = (0..4).map(|_| spawn_decide(&limiter, &hot)).collect();
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
@@ -727,15 +723,11 @@ async fn requests_waiting_for_a_refused_take_are_refused_with_no_call() {
     let hot = leased(bucket_params(1, 1), 10, 60_000, 1);
     let _ = store.inner.decide_now(&[&hot], Gate::Open);
     *store.stall.lock().unwrap() = Some("hot".into());
-    let decide = |limiter: &Arc<Limiter<ManualClock>>| {
-        let (limiter, hot) = (limiter.clone(), hot.clone());
-        tokio::spawn(async move { limiter.decide(std::slice::from_ref(&hot)).await })
-    };
-    let r1 = decide(&limiter);
+    let r1 = spawn_decide(&limiter, &hot);
     while store.calls() == 0 {
         tokio::task::yield_now().await;
     }
-    let others: Vec<_> = (0..4).map(|_| decide(&limiter)).collect();
+    let others: Vec<_> = (0..4).map(|_| spawn_decide(&limiter, &hot)).collect();
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
@@ -750,4 +742,13 @@ async fn requests_waiting_for_a_refused_take_are_refused_with_no_call() {
         1,
         "the refusal was remembered, not asked again"
     );
+}
+
+/// One request's decision of `c`, running on its own task.
+fn spawn_decide(
+    limiter: &Arc<Limiter<ManualClock>>,
+    c: &Charge,
+) -> tokio::task::JoinHandle<Vec<Verdict>> {
+    let (limiter, c) = (limiter.clone(), c.clone());
+    tokio::spawn(async move { limiter.decide(std::slice::from_ref(&c)).await })
 }
