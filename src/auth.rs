@@ -2,7 +2,6 @@
 //! key. The configuration never holds a plaintext key, and the raw key never
 //! leaves this module: it is hashed and forgotten.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -29,33 +28,113 @@ impl Credential {
     /// A credential, or `None` when the id or tenant cannot be sent to the
     /// upstream as a header value.
     pub fn new(id: &str, tenant: &str, plan: Option<PlanId>) -> Option<Self> {
+        Self::of_tenant(id, &Tenant::new(tenant)?, plan)
+    }
+
+    /// A credential of a tenant made once for all its credentials (a keys
+    /// file of a million keys has far fewer tenants); `None` when the id
+    /// cannot be sent to the upstream as a header value.
+    pub fn of_tenant(id: &str, tenant: &Tenant, plan: Option<PlanId>) -> Option<Self> {
         Some(Self {
             id_header: HeaderValue::from_str(id).ok()?,
-            tenant_header: HeaderValue::from_str(tenant).ok()?,
+            tenant_header: tenant.header.clone(),
             id: id.into(),
-            tenant: tenant.into(),
+            tenant: tenant.name.clone(),
             plan,
         })
     }
 }
 
-/// Credentials by the SHA-256 digest of their raw key.
+/// A tenant's name and its `x-tenant-id` value, shared by its credentials.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    name: Arc<str>,
+    header: HeaderValue,
+}
+
+impl Tenant {
+    /// `None` when the name cannot be sent to the upstream as a header value.
+    pub fn new(name: &str) -> Option<Self> {
+        Some(Self {
+            header: HeaderValue::from_str(name).ok()?,
+            name: name.into(),
+        })
+    }
+}
+
+/// Credentials by the SHA-256 digest of their raw key: built with
+/// [`KeyTable::builder`], then read only.
+///
+/// A million keys must fit in a few hundred megabytes, so the table is one
+/// array sorted by digest (40 bytes a key, where a hash map spends about
+/// twice that in empty buckets) with an index of where each leading-bits
+/// prefix starts. SHA-256 digests are uniform, so a prefix holds about
+/// eight entries and a lookup is one index read and a short binary search.
 #[derive(Debug, Default)]
 pub struct KeyTable {
-    by_digest: HashMap<[u8; 32], Arc<Credential>, ahash::RandomState>,
+    by_digest: Vec<([u8; 32], Arc<Credential>)>,
+    /// `starts[p]..starts[p + 1]`: the entries whose digest begins with
+    /// prefix `p` of `bits` bits.
+    starts: Vec<u32>,
+    bits: u32,
+}
+
+/// Two credentials listed with one key digest: the one kept, and the other.
+pub type SameDigest = (Arc<Credential>, Arc<Credential>);
+
+/// Credentials being added to a [`KeyTable`].
+#[derive(Debug, Default)]
+pub struct KeyTableBuilder {
+    entries: Vec<([u8; 32], Arc<Credential>)>,
+}
+
+impl KeyTableBuilder {
+    /// Adds a credential.
+    pub fn insert(&mut self, digest: [u8; 32], credential: Credential) {
+        self.entries.push((digest, Arc::new(credential)));
+    }
+
+    /// The table, and the pairs of credentials listed with the same digest
+    /// (the first of each pair is kept).
+    pub fn build(mut self) -> (KeyTable, Vec<SameDigest>) {
+        self.entries.sort_unstable_by_key(|e| e.0);
+        let mut twice = Vec::new();
+        self.entries.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                twice.push((kept.1.clone(), later.1.clone()));
+            }
+            same
+        });
+        self.entries.shrink_to_fit();
+        // About eight entries a prefix; at most 2^20 prefixes (4 MiB).
+        let bits = (self.entries.len() / 8).max(1).ilog2().min(20);
+        let mut starts = vec![0u32; (1 << bits) + 1];
+        for (digest, _) in &self.entries {
+            starts[prefix(digest, bits) + 1] += 1;
+        }
+        for p in 1..starts.len() {
+            starts[p] += starts[p - 1];
+        }
+        let table = KeyTable {
+            by_digest: self.entries,
+            starts,
+            bits,
+        };
+        (table, twice)
+    }
+}
+
+/// The first `bits` bits of a digest.
+fn prefix(digest: &[u8; 32], bits: u32) -> usize {
+    let lead = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    lead.checked_shr(32 - bits).unwrap_or(0) as usize
 }
 
 impl KeyTable {
-    /// Adds a credential; returns false when the digest is already present.
-    pub fn insert(&mut self, digest: [u8; 32], credential: Credential) -> bool {
-        use std::collections::hash_map::Entry;
-        match self.by_digest.entry(digest) {
-            Entry::Occupied(_) => false,
-            Entry::Vacant(slot) => {
-                slot.insert(Arc::new(credential));
-                true
-            }
-        }
+    /// An empty builder.
+    pub fn builder() -> KeyTableBuilder {
+        KeyTableBuilder::default()
     }
 
     /// Number of credentials.
@@ -70,12 +149,21 @@ impl KeyTable {
 
     /// Every credential, in no particular order.
     pub fn credentials(&self) -> impl Iterator<Item = &Arc<Credential>> {
-        self.by_digest.values()
+        self.by_digest.iter().map(|(_, c)| c)
     }
 
     /// The credential a raw key belongs to, if any.
     pub fn verify(&self, raw_key: &[u8]) -> Option<Arc<Credential>> {
-        self.by_digest.get(&digest(raw_key)).cloned()
+        let digest = digest(raw_key);
+        let p = prefix(&digest, self.bits);
+        let (from, to) = match (self.starts.get(p), self.starts.get(p + 1)) {
+            (Some(&from), Some(&to)) => (from as usize, to as usize),
+            _ => return None,
+        };
+        let run = &self.by_digest[from..to];
+        run.binary_search_by(|(d, _)| d.cmp(&digest))
+            .ok()
+            .map(|i| run[i].1.clone())
     }
 }
 
@@ -124,11 +212,41 @@ mod tests {
     use super::*;
 
     fn table() -> KeyTable {
-        let mut t = KeyTable::default();
+        let mut t = KeyTable::builder();
         let c = Credential::new("ci", "acme", None).unwrap();
-        assert!(t.insert(digest(b"secret-key"), c.clone()));
-        assert!(!t.insert(digest(b"secret-key"), c), "duplicate digest");
-        t
+        t.insert(digest(b"secret-key"), c.clone());
+        t.insert(digest(b"secret-key"), c);
+        let (table, twice) = t.build();
+        assert_eq!(twice.len(), 1, "the duplicate digest is reported");
+        assert_eq!(table.len(), 1);
+        table
+    }
+
+    #[test]
+    fn every_key_of_a_large_table_is_found_and_no_other() {
+        for n in [0usize, 1, 7, 100, 5_000] {
+            let mut t = KeyTable::builder();
+            for i in 0..n {
+                let id = format!("c{i}");
+                t.insert(
+                    digest(id.as_bytes()),
+                    Credential::new(&id, "t", None).unwrap(),
+                );
+            }
+            let (table, twice) = t.build();
+            assert!(twice.is_empty());
+            assert_eq!(table.len(), n);
+            for i in 0..n {
+                let id = format!("c{i}");
+                assert_eq!(
+                    table.verify(id.as_bytes()).map(|c| c.id.clone()),
+                    Some(id.into())
+                );
+            }
+            for i in n..n + 200 {
+                assert!(table.verify(format!("c{i}").as_bytes()).is_none());
+            }
+        }
     }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {

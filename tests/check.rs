@@ -42,7 +42,7 @@ const FIXTURES: &[(&str, &str)] = &[
     ("cost_exceeds_plan_capacity", "tests/config/cost_exceeds_plan_capacity.yaml: routes[0].limits[0]: route cost 5 exceeds the capacity 4 of limit \"per-tenant\" (plan \"free\"): it could never be admitted"),
     ("duplicate_route", "tests/config/duplicate_route.yaml: routes[1].name: duplicate route name \"r\""),
     ("duplicate_limit", "tests/config/duplicate_limit.yaml:3:3: limits: duplicate name \"per-tenant\""),
-    ("duplicate_credential", "tests/config/duplicate_credential.yaml: auth.keys[1].id: duplicate credential id \"ci\""),
+    ("duplicate_credential", "tests/config/duplicate_credential.yaml: auth: duplicate credential id \"ci\""),
     ("bad_digest", "tests/config/bad_digest.yaml: auth.keys[0].sha256: must be 64 hex digits (the SHA-256 of the raw key; see `tollgate hash-key`)"),
     ("bad_template", "tests/config/bad_template.yaml: routes[0].path: \"**\" may only be the last segment"),
     ("pre_auth_by_tenant", "tests/config/pre_auth_by_tenant.yaml: limits.guard.key: a pre_auth limit runs before authentication: its key may only use ip and route"),

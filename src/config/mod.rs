@@ -191,10 +191,55 @@ fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, C
     })
 }
 
-/// Reads the separate keys file named by `auth.keys_file`.
-fn load_keys_file(path: &Path) -> Result<schema::RawKeysFile, ConfigError> {
-    let text = read(path)?;
-    parse(path, &text)
+/// A keys file larger than this is refused unread. It only holds
+/// credentials, read line by line in the line format, so it may be far
+/// larger than a policy.
+const MAX_KEYS_FILE_BYTES: u64 = 512 << 20;
+
+/// A keys file: YAML (`.yaml`, `.yml`; at most a policy's size), or the
+/// line format (any other name), read as it is checked.
+enum KeysFile {
+    Yaml(schema::RawKeysFile),
+    Lines(std::io::BufReader<std::fs::File>),
+}
+
+/// Opens the separate keys file named by `auth.keys_file`.
+fn load_keys_file(path: &Path) -> Result<KeysFile, ConfigError> {
+    let yaml = path.extension().is_some_and(|x| x == "yaml" || x == "yml");
+    if yaml {
+        let too_large = std::fs::metadata(path).is_ok_and(|m| m.len() > MAX_FILE_BYTES);
+        if too_large {
+            return Err(ConfigError::Syntax {
+                file: path.display().to_string(),
+                location: Location(None),
+                message: format!(
+                    "file is larger than {} MiB; a keys file in the line format \
+                     (not named .yaml) may be up to {} MiB",
+                    MAX_FILE_BYTES >> 20,
+                    MAX_KEYS_FILE_BYTES >> 20
+                ),
+            });
+        }
+        let text = read(path)?;
+        return parse(path, &text).map(KeysFile::Yaml);
+    }
+    let read_error = |source| ConfigError::Read {
+        file: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let size = file.metadata().map_err(read_error)?.len();
+    if size > MAX_KEYS_FILE_BYTES {
+        return Err(ConfigError::Syntax {
+            file: path.display().to_string(),
+            location: Location(None),
+            message: format!("file is larger than {} MiB", MAX_KEYS_FILE_BYTES >> 20),
+        });
+    }
+    Ok(KeysFile::Lines(std::io::BufReader::with_capacity(
+        1 << 20,
+        file,
+    )))
 }
 
 #[cfg(test)]

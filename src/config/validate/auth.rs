@@ -19,16 +19,20 @@ pub(super) fn auth(
             http::header::AUTHORIZATION
         }
     };
-    let mut keys = KeyTable::default();
-    let mut ids = HashSet::new();
-    add_keys(c, "auth.keys", raw.keys, plan_ids, &mut keys, &mut ids);
+    let mut keys = KeysLoader::new(plan_ids);
+    for (i, k) in raw.keys.iter().enumerate() {
+        keys.add(c, &format!("auth.keys[{i}]"), Entry::from(k));
+    }
     if let Some(file) = raw.keys_file {
         let path: PathBuf = base.join(file);
         match load_keys_file(&path) {
-            Ok(extra) => {
-                let prefix = format!("{}: keys", path.display());
-                add_keys(c, &prefix, extra.keys, plan_ids, &mut keys, &mut ids);
+            Ok(KeysFile::Yaml(extra)) => {
+                for (i, k) in extra.keys.iter().enumerate() {
+                    let at = format!("{}: keys[{i}]", path.display());
+                    keys.add(c, &at, Entry::from(k));
+                }
             }
+            Ok(KeysFile::Lines(reader)) => keys.add_lines(c, &path, reader),
             // A missing file is a problem of this one; a broken one names itself.
             Err(ConfigError::Read { file, source }) => {
                 c.fail("auth.keys_file", format!("cannot read {file}: {source}"))
@@ -36,6 +40,7 @@ pub(super) fn auth(
             Err(e) => return Err(e),
         }
     }
+    let keys = keys.finish(c);
     Ok(AuthSettings {
         header,
         keys,
@@ -43,54 +48,156 @@ pub(super) fn auth(
     })
 }
 
-pub(super) fn add_keys(
-    c: &mut Checker,
-    prefix: &str,
-    raw: Vec<RawKey>,
-    plan_ids: &HashMap<String, PlanId>,
-    table: &mut KeyTable,
-    ids: &mut HashSet<String>,
-) {
-    for (i, k) in raw.into_iter().enumerate() {
-        let path = format!("{prefix}[{i}]");
-        c.name(&format!("{path}.id"), &k.id);
+/// One credential as written, in `auth.keys`, a YAML keys file or a line.
+pub(super) struct Entry<'e> {
+    id: &'e str,
+    tenant: &'e str,
+    plan: Option<&'e str>,
+    sha256: &'e str,
+}
+
+impl<'e> From<&'e RawKey> for Entry<'e> {
+    fn from(k: &'e RawKey) -> Self {
+        Self {
+            id: &k.id,
+            tenant: &k.tenant,
+            plan: k.plan.as_deref(),
+            sha256: &k.sha256,
+        }
+    }
+}
+
+/// Problems a keys file may report before the rest of it is not read: a
+/// file broken on every line says so without a million lines of it.
+const MAX_KEY_PROBLEMS: usize = 100;
+
+/// Credentials being loaded: the table (whose ids are one space for every
+/// source, checked once all are read) and each tenant made once for all
+/// its credentials.
+pub(super) struct KeysLoader<'p> {
+    plan_ids: &'p HashMap<String, PlanId>,
+    table: KeyTableBuilder,
+    tenants: HashMap<Box<str>, Tenant, ahash::RandomState>,
+}
+
+impl<'p> KeysLoader<'p> {
+    pub(super) fn new(plan_ids: &'p HashMap<String, PlanId>) -> Self {
+        Self {
+            plan_ids,
+            table: KeyTable::builder(),
+            tenants: HashMap::default(),
+        }
+    }
+
+    /// Checks one credential and adds it; problems at `path`.
+    pub(super) fn add(&mut self, c: &mut Checker, path: &str, k: Entry<'_>) {
+        c.name(&format!("{path}.id"), k.id);
         if k.tenant.is_empty() || k.tenant.len() > 256 {
             c.fail(format!("{path}.tenant"), "must be 1-256 characters");
         }
-        if !ids.insert(k.id.clone()) {
-            c.fail(
-                format!("{path}.id"),
-                format!("duplicate credential id {:?}", k.id),
-            );
-        }
-        let plan = k.plan.as_ref().and_then(|p| {
-            let id = plan_ids.get(p).copied();
+        let plan = k.plan.and_then(|p| {
+            let id = self.plan_ids.get(p).copied();
             if id.is_none() {
                 let message = format!("unknown plan {p:?}");
-                let names = plan_ids.keys().map(String::as_str);
+                let names = self.plan_ids.keys().map(String::as_str);
                 c.fail(format!("{path}.plan"), with_nearest(message, p, names));
             }
             id
         });
-        let Some(digest) = parse_digest(&k.sha256).filter(|_| k.sha256.len() == 64) else {
+        let Some(digest) = parse_digest(k.sha256).filter(|_| k.sha256.len() == 64) else {
             c.fail(
                 format!("{path}.sha256"),
                 "must be 64 hex digits (the SHA-256 of the raw key; see `tollgate hash-key`)",
             );
-            continue;
+            return;
         };
-        let Some(credential) = Credential::new(&k.id, &k.tenant, plan) else {
+        let tenant = match self.tenants.get(k.tenant) {
+            Some(t) => Some(t.clone()),
+            None => Tenant::new(k.tenant).inspect(|t| {
+                self.tenants.insert(k.tenant.into(), t.clone());
+            }),
+        };
+        let Some(credential) = tenant.and_then(|t| Credential::of_tenant(k.id, &t, plan)) else {
             c.fail(
                 format!("{path}.tenant"),
                 "must be printable text: it is sent to the upstream in x-tenant-id",
             );
-            continue;
+            return;
         };
-        if !table.insert(digest, credential) {
-            c.fail(
-                format!("{path}.sha256"),
-                "the same key digest is listed twice",
+        self.table.insert(digest, credential);
+    }
+
+    /// The line format of a keys file: `<sha256> <id> <tenant> [<plan>]` per
+    /// line, blank lines and `#` comments skipped; problems at
+    /// `file:line`.
+    pub(super) fn add_lines(&mut self, c: &mut Checker, file: &Path, mut reader: impl BufRead) {
+        let before = c.problems.len();
+        let mut line = String::new();
+        let mut number = 0usize;
+        loop {
+            line.clear();
+            number += 1;
+            let at = || format!("{}:{number}", file.display());
+            match reader.read_line(&mut line) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    c.fail(at(), format!("cannot read: {e}"));
+                    break;
+                }
+            }
+            if c.problems.len() - before >= MAX_KEY_PROBLEMS {
+                c.fail(at(), format!("stopped after {MAX_KEY_PROBLEMS} problems"));
+                break;
+            }
+            let text = line.trim();
+            if text.is_empty() || text.starts_with('#') {
+                continue;
+            }
+            let mut fields = text.split_ascii_whitespace();
+            let (Some(sha256), Some(id), Some(tenant), plan, None) = (
+                fields.next(),
+                fields.next(),
+                fields.next(),
+                fields.next(),
+                fields.next(),
+            ) else {
+                c.fail(at(), "expected `<sha256> <id> <tenant> [<plan>]`");
+                continue;
+            };
+            self.add(
+                c,
+                &at(),
+                Entry {
+                    id,
+                    tenant,
+                    plan,
+                    sha256,
+                },
             );
         }
+    }
+
+    /// The table; two credentials of one key digest are a problem.
+    pub(super) fn finish(self, c: &mut Checker) -> KeyTable {
+        let (table, twice) = self.table.build();
+        // Sorted references, not a set of a million ids: no more memory
+        // than a pointer a key while checking.
+        let mut ids: Vec<&str> = table.credentials().map(|c| &*c.id).collect();
+        ids.sort_unstable();
+        for pair in ids.windows(2).filter(|p| p[0] == p[1]) {
+            c.fail("auth", format!("duplicate credential id {:?}", pair[0]));
+        }
+        drop(ids);
+        for (kept, again) in twice {
+            c.fail(
+                "auth",
+                format!(
+                    "credentials {:?} and {:?} have the same key digest: a key must name one caller",
+                    kept.id, again.id
+                ),
+            );
+        }
+        table
     }
 }

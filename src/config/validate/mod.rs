@@ -7,6 +7,7 @@
 //! the checker they share.
 
 use std::collections::{HashMap, HashSet};
+use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,9 +18,9 @@ use super::bounds::{self, Bound, MAX_AMOUNT};
 use super::policy::*;
 use super::schema::*;
 use super::suggest::with_nearest;
-use super::{load_keys_file, ConfigError, Problem};
+use super::{load_keys_file, ConfigError, KeysFile, Problem};
 use crate::access_log::{AccessLogSettings, Destination};
-use crate::auth::{parse_digest, Credential, KeyTable};
+use crate::auth::{parse_digest, Credential, KeyTable, KeyTableBuilder, Tenant};
 use crate::client_ip::{ClientIpConfig, ForwardHeader};
 use crate::edge::{EdgeSettings, EncodedSlash, PathRules};
 use crate::limits::algorithm::{Bucket, Params, Quota, Window, MICRO};
