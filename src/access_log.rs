@@ -62,6 +62,8 @@ pub struct Line<'a> {
     pub tenant: Option<&'a str>,
     /// The credential id, null before authentication.
     pub credential: Option<&'a str>,
+    /// Which source identified the caller (`file`, `jwt`), null when none.
+    pub auth_source: Option<&'a str>,
     /// The client's network as limits key it (`203.0.113.7/32`, an IPv6 /64).
     pub client: Option<String>,
     /// The request's cost.
@@ -264,6 +266,7 @@ mod tests {
             outcome: Some("allowed"),
             tenant: Some("acme"),
             credential: Some("c1"),
+            auth_source: Some("file"),
             client: Some("203.0.113.7/32".into()),
             cost: 1,
             violated: vec![],
@@ -314,6 +317,7 @@ mod tests {
             outcome: Some("not_found"),
             tenant: None,
             credential: None,
+            auth_source: None,
             client: None,
             cost: 1,
             violated: vec![],

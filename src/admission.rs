@@ -33,6 +33,9 @@ pub struct Facts {
     pub route_header: Option<http::HeaderValue>,
     /// The credential of a valid API key.
     pub credential: Option<Arc<Credential>>,
+    /// Which source identified the caller: `file` (the policy's keys and
+    /// its keys file) or `jwt`.
+    pub auth_source: Option<&'static str>,
     /// `RateLimit-Policy` and `RateLimit` values, when the policy asks for them.
     pub rate_headers: Option<RateHeaders>,
     /// The matched route's cost, charged to each of its limits.
@@ -174,15 +177,34 @@ fn plan_into<'a>(
     }
 
     let verified = if route.auth_required {
-        auth::presented_key(&req.headers, &policy.auth.header)
-            .and_then(|key| policy.auth.keys.verify(key))
+        let (verified, failure) = authenticate(policy, &req.headers);
+        if let Some(reason) = failure {
+            rt.services
+                .metrics
+                .auth_failures
+                .with_label_values(&[reason])
+                .inc();
+        }
+        verified
     } else {
         None
     };
     // Revocations and overrides hold until a wall-clock expiry: read once.
     let now = verified.as_ref().map_or(0, |_| crate::clock::wall_ms());
     // A revoked key is refused as an unknown one is.
-    let credential = verified.filter(|c| !rt.services.revocations.revoked(&c.id, now));
+    let credential = verified.filter(|(c, _)| {
+        let revoked = rt.services.revocations.revoked(&c.id, now);
+        if revoked {
+            rt.services
+                .metrics
+                .auth_failures
+                .with_label_values(&["revoked"])
+                .inc();
+        }
+        !revoked
+    });
+    facts.auth_source = credential.as_ref().map(|(_, source)| *source);
+    let credential = credential.map(|(c, _)| c);
     facts.credential.clone_from(&credential);
     let network = client_ip::key_network(ip, policy.client_ip.ipv6_prefix);
     let tuned = credential
@@ -243,6 +265,32 @@ pub fn charges(
         ));
     }
     (charges, authenticated)
+}
+
+/// The caller a request's key names, and the source that knew it (`file`
+/// for the policy's keys and its keys file, `jwt`); else the failure's
+/// reason. A JWT that fails is refused, never tried as an API key.
+fn authenticate(
+    policy: &Policy,
+    headers: &http::HeaderMap,
+) -> (
+    Option<(Arc<Credential>, &'static str)>,
+    Option<&'static str>,
+) {
+    let Some(key) = auth::presented_key(headers, &policy.auth.header) else {
+        return (None, Some("missing"));
+    };
+    if !policy.auth.jwt.is_empty() && crate::jwt::looks_like_jwt(key) {
+        let plans = |name: &str| policy.plans.iter().position(|p| p.name == name);
+        return match policy.auth.jwt.verify(key, plans) {
+            Ok(c) => (Some((Arc::new(c), "jwt")), None),
+            Err(failure) => (None, Some(failure.reason())),
+        };
+    }
+    match policy.auth.keys.verify(key) {
+        Some(c) => (Some((c, "file")), None),
+        None => (None, Some("unknown")),
+    }
 }
 
 /// The plan a caller's limits run under: its tenant's override's, else

@@ -38,6 +38,9 @@ pub struct Query {
     pub plan: Option<String>,
     /// The cost to read the limits for; the route's when absent.
     pub cost: Option<u64>,
+    /// A caller already identified (a verified JWT, for `tollgate explain
+    /// --key -`), used instead of looking `credential` up in the keys.
+    pub verified: Option<Arc<Credential>>,
 }
 
 /// Why a query cannot be explained: a status and what to say.
@@ -166,12 +169,16 @@ pub fn resolve<'a>(
             kind: "admin-no-route",
             detail: format!("no route serves {} {}", q.method, q.path),
         })?;
-    let (credential, tenant) = caller(policy, q.credential.as_deref(), q.tenant.as_deref())
-        .map_err(|id| Problem {
-            status: 404,
-            kind: "admin-unknown-credential",
-            detail: format!("no credential {id:?} in the policy's keys"),
-        })?;
+    let (credential, tenant) = match &q.verified {
+        Some(c) => (Some(c.clone()), Some(c.tenant.clone())),
+        None => {
+            caller(policy, q.credential.as_deref(), q.tenant.as_deref()).map_err(|id| Problem {
+                status: 404,
+                kind: "admin-unknown-credential",
+                detail: format!("no credential {id:?} in the policy's keys"),
+            })?
+        }
+    };
     let tuned = tenant.as_deref().and_then(tuned);
     let plan = match &q.plan {
         Some(name) => Some(
@@ -361,10 +368,11 @@ pub fn to_text(
     let mut out = String::new();
     let route = explained.route;
     let _ = writeln!(out, "route: {} ({} {})", route.name, q.method, q.path);
-    let who = match (&q.credential, &q.tenant) {
-        (Some(c), _) => format!("credential {c}"),
-        (None, Some(t)) => format!("tenant {t}"),
-        (None, None) => "anonymous".into(),
+    let who = match (&q.verified, &q.credential, &q.tenant) {
+        (Some(c), ..) => format!("credential {} of tenant {} (from a JWT)", c.id, c.tenant),
+        (None, Some(c), _) => format!("credential {c} (from the keys)"),
+        (None, None, Some(t)) => format!("tenant {t}"),
+        (None, None, None) => "anonymous".into(),
     };
     let plan = explained
         .plan

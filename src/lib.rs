@@ -14,6 +14,7 @@ pub mod drain;
 pub mod edge;
 pub mod explain;
 pub mod health;
+pub mod jwt;
 pub mod limits;
 pub mod logs;
 pub mod metrics;

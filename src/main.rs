@@ -302,18 +302,27 @@ fn hash_key() -> anyhow::Result<String> {
 fn explain(args: &ExplainArgs) -> anyhow::Result<String> {
     use tollgate::explain::{resolve, to_text, Query, StoreKeys};
     let policy = config::load(&args.config).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let credential = match args.key.as_deref() {
+    let (credential, verified) = match args.key.as_deref() {
         Some("-") => {
             let key = key_from_stdin()?;
-            let found = policy
-                .auth
-                .keys
-                .verify(&key)
-                .context("the key on stdin is none of the policy's keys")?;
-            Some(found.id.to_string())
+            let jwt = &policy.auth.jwt;
+            if !jwt.is_empty() && tollgate::jwt::looks_like_jwt(&key) {
+                let plans = |name: &str| policy.plans.iter().position(|p| p.name == name);
+                let caller = jwt
+                    .verify(&key, plans)
+                    .map_err(|f| anyhow::anyhow!("the JWT on stdin is refused ({})", f.reason()))?;
+                (None, Some(Arc::new(caller)))
+            } else {
+                let found = policy
+                    .auth
+                    .keys
+                    .verify(&key)
+                    .context("the key on stdin is none of the policy's keys")?;
+                (Some(found.id.to_string()), None)
+            }
         }
         Some(_) => anyhow::bail!("--key takes `-` and reads the key from stdin"),
-        None => args.credential.clone(),
+        None => (args.credential.clone(), None),
     };
     let q = Query {
         path: args.path.clone(),
@@ -324,6 +333,7 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<String> {
         ip: args.ip,
         plan: None,
         cost: args.cost,
+        verified,
     };
     anyhow::ensure!(q.path.starts_with('/'), "--path must start with \"/\"");
     let explained = resolve(&policy, &q, |_| None).map_err(|p| anyhow::anyhow!("{}", p.detail))?;

@@ -72,6 +72,10 @@ pub struct Metrics {
     /// `tollgate_lease_units{limit}`: units this instance holds under
     /// `sync: lease`.
     pub lease_units: IntGaugeVec,
+    /// `tollgate_auth_failures_total{reason}`: callers refused by
+    /// authentication (`missing`, `unknown`, `expired`, `bad_signature`,
+    /// `bad_claims`, `revoked`).
+    pub auth_failures: IntCounterVec,
     /// `tollgate_lease_calls_total{limit,kind}`: lease store calls (`take`
     /// by a request, `renew` in the background, `return`).
     pub lease_calls: IntCounterVec,
@@ -229,6 +233,26 @@ impl Metrics {
                 "Units this instance holds under sync: lease.",
                 &["limit"],
             ),
+            auth_failures: {
+                let c = counter(
+                    &r,
+                    "tollgate_auth_failures_total",
+                    "Callers refused by authentication, by reason.",
+                    &["reason"],
+                );
+                // Every reason from the start, so alerts see zeros.
+                for reason in [
+                    "missing",
+                    "unknown",
+                    "expired",
+                    "bad_signature",
+                    "bad_claims",
+                    "revoked",
+                ] {
+                    c.with_label_values(&[reason]);
+                }
+                c
+            },
             lease_calls: counter(
                 &r,
                 "tollgate_lease_calls_total",

@@ -648,6 +648,7 @@ fn access(
         outcome: ctx.outcome.map(Outcome::as_str),
         tenant: credential.map(|c| c.tenant.as_ref()),
         credential: credential.map(|c| c.id.as_ref()),
+        auth_source: ctx.facts.auth_source,
         client,
         cost: ctx.facts.cost,
         violated: ctx.facts.violated.iter().map(|v| v.as_ref()).collect(),

@@ -42,6 +42,14 @@ pub struct LogLine {
     pub path: Option<String>,
     /// The credential id, when the request was authenticated.
     pub credential: Option<String>,
+    /// The credential's tenant.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Which source identified the caller (`file`, `jwt`). Callers of
+    /// sources the policy holds no list of (a JWT's) are replayed as the
+    /// line names them: its credential and tenant, no plan.
+    #[serde(default)]
+    pub auth_source: Option<String>,
     /// The client network as keyed (`203.0.113.7/32`), or a bare address
     /// (keyed here as the policy's `client_ip` would).
     pub client: Option<String>,
@@ -138,6 +146,8 @@ impl LogReader {
             host: None,
             path: None,
             credential,
+            tenant: None,
+            auth_source: None,
             client: Some(addr.to_owned()),
             target: Some(target.to_owned()),
         };
@@ -301,11 +311,15 @@ impl Simulation {
             .unwrap_or_else(|| {
                 ipnet::IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED))
             });
-        let credential = line
-            .credential
-            .as_deref()
-            .and_then(|id| self.credentials.get(id))
-            .cloned();
+        let credential = match (line.credential.as_deref(), line.auth_source.as_deref()) {
+            (Some(id), Some("jwt")) => line
+                .tenant
+                .as_deref()
+                .and_then(|tenant| Credential::new(id, tenant, None))
+                .map(Arc::new),
+            (Some(id), _) => self.credentials.get(id).cloned(),
+            (None, _) => None,
+        };
         let (charges, authenticated) =
             admission::charges(&self.policy, route, network, credential.as_deref(), None);
         let verdicts = self.store.decide_now(&charges, Gate::Open).0;

@@ -423,6 +423,7 @@ fn the_access_log_has_one_json_line_per_request_as_the_client_saw_it() {
         "outcome",
         "tenant",
         "credential",
+        "auth_source",
         "client",
         "cost",
         "violated",
@@ -442,6 +443,7 @@ fn the_access_log_has_one_json_line_per_request_as_the_client_saw_it() {
     assert_eq!(lines[0]["status"], 200);
     assert_eq!(lines[0]["outcome"], "allowed");
     assert_eq!(lines[0]["credential"], "a1");
+    assert_eq!(lines[0]["auth_source"], "file");
     assert_eq!(lines[0]["tenant"], "acme");
     assert_eq!(lines[0]["client"], "127.0.0.1/32");
     assert_eq!(lines[0]["upstream"], upstream.addr.to_string());

@@ -108,6 +108,8 @@ pub const EXPECTED_INSTANCES: Bound = Bound::new(1, 10_000, 1);
 pub const MAX_DELAY_MS: Bound = Bound::computed(1, 60_000);
 /// `limits.*.lease.ttl_ms`.
 pub const LEASE_TTL_MS: Bound = Bound::computed(10, 60_000);
+/// `auth.jwt[].leeway_s`.
+pub const JWT_LEEWAY_S: Bound = Bound::new(0, 300, 30);
 /// `routes[].timeout_ms`.
 pub const ROUTE_TIMEOUT_MS: Bound = Bound::computed(1, HOUR_MS);
 /// `routes[].respond.status`.

@@ -141,6 +141,8 @@ pub struct AuthSettings {
     pub keys: KeyTable,
     /// Whether the upstream receives the API key (`auth.forward_key`).
     pub forward_key: bool,
+    /// The issuers of JWT callers (`auth.jwt`).
+    pub jwt: crate::jwt::Issuers,
 }
 
 /// Per-plan replacement parameters for some limits.

@@ -448,7 +448,9 @@ pub struct RawIpRules {
 pub struct RawAuth {
     /// Header carrying the API key; `authorization` (as `Bearer <key>`) when absent.
     pub header: Option<String>,
-    /// Path of a YAML file with more `keys`, relative to the policy file's directory.
+    /// Path of a file with more `keys`, relative to the policy file's
+    /// directory: YAML when named `.yaml` or `.yml`, else one credential a
+    /// line (`<sha256> <id> <tenant> [<plan>]`).
     pub keys_file: Option<String>,
     /// Credentials written in the policy itself.
     #[serde(default)]
@@ -456,6 +458,42 @@ pub struct RawAuth {
     /// Whether the upstream receives the key header; removed by default.
     #[serde(default)]
     pub forward_key: bool,
+    /// Issuers of JSON Web Tokens whose callers are admitted: a bearer
+    /// token of three base64url segments is verified against them.
+    #[serde(default)]
+    pub jwt: Vec<RawJwt>,
+}
+
+/// One `auth.jwt` issuer.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    /// The issuer's name: its callers' credentials are `jwt:<name>:<sub>`.
+    pub name: String,
+    /// The `iss` its tokens carry.
+    pub issuer: String,
+    /// Accepted `aud` values; a token must name one.
+    pub audiences: Vec<String>,
+    /// A JWKS file (JSON, public keys with a `kid` each), relative to the
+    /// policy file's directory; read again on reload.
+    pub jwks_file: String,
+    /// Signature algorithms its tokens may use: RS256-512, PS256-512,
+    /// ES256, ES384, EdDSA. HMAC and `none` are refused.
+    pub algorithms: Vec<String>,
+    /// The claim holding the tenant.
+    pub tenant_claim: String,
+    /// Put before the tenant claim's value; give each issuer its own when
+    /// several share a deployment. Default empty.
+    #[serde(default)]
+    pub tenant_prefix: String,
+    /// The claim holding the caller's id; default `sub`.
+    pub credential_claim: Option<String>,
+    /// A claim naming a plan of the policy; a value naming none leaves the
+    /// limits unchanged.
+    pub plan_claim: Option<String>,
+    /// Clock skew allowed on `exp` and `nbf`, 0-300 s; default 30.
+    #[schemars(transform = bounds::JWT_LEEWAY_S.schema())]
+    pub leeway_s: Option<u64>,
 }
 
 /// The schema of `auth.keys_file`.

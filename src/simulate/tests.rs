@@ -236,3 +236,24 @@ fn a_json_key_field_names_the_member_holding_the_credential() {
         Some("c1")
     );
 }
+
+#[test]
+fn jwt_callers_are_replayed_as_their_lines_name_them() {
+    // Thirty requests at once from a JWT caller of tenant acme: not in the
+    // policy's keys, yet limited as its tenant, as the gateway limited it.
+    let mut log = String::new();
+    for i in 0..30 {
+        let mut l: serde_json::Value =
+            serde_json::from_str(&line(i, Some("jwt:main:alice"), Some("/v1/x"))).unwrap();
+        l["tenant"] = "acme".into();
+        l["auth_source"] = "jwt".into();
+        log += &l.to_string();
+        log.push('\n');
+    }
+    // The same caller without a source is unknown to the policy: no tenant.
+    log += &line(40, Some("jwt:main:alice"), Some("/v1/x"));
+    log.push('\n');
+    let mut sims = [Simulation::new(policy())];
+    replay(log, &mut sims);
+    assert_eq!(sims[0].callers["acme"].refused.0, 20);
+}

@@ -41,11 +41,92 @@ pub(super) fn auth(
         }
     }
     let keys = keys.finish(c);
+    let jwt = jwt_issuers(c, raw.jwt, base);
     Ok(AuthSettings {
         header,
         keys,
         forward_key: raw.forward_key,
+        jwt,
     })
+}
+
+/// `auth.jwt`: each issuer with its keys read from its JWKS file.
+fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::jwt::Issuers {
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, j) in raw.into_iter().enumerate() {
+        let path = format!("auth.jwt[{i}]");
+        c.name(&format!("{path}.name"), &j.name);
+        if !names.insert(j.name.clone()) {
+            c.fail(
+                format!("{path}.name"),
+                format!("duplicate issuer name {:?}", j.name),
+            );
+        }
+        if j.issuer.is_empty() {
+            c.fail(
+                format!("{path}.issuer"),
+                "must name the `iss` of its tokens",
+            );
+        }
+        if j.audiences.is_empty() {
+            c.fail(format!("{path}.audiences"), "needs at least one audience");
+        }
+        if j.algorithms.is_empty() {
+            c.fail(format!("{path}.algorithms"), "needs at least one algorithm");
+        }
+        let algorithms: Vec<_> = j
+            .algorithms
+            .iter()
+            .enumerate()
+            .filter_map(|(k, name)| {
+                crate::jwt::algorithm(name)
+                    .map_err(|e| c.fail(format!("{path}.algorithms[{k}]"), e))
+                    .ok()
+            })
+            .collect();
+        let file = base.join(&j.jwks_file);
+        let jwks = match std::fs::read(&file) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| {
+                    c.fail(
+                        format!("{path}.jwks_file"),
+                        format!("{}: not a JWKS: {e}", file.display()),
+                    )
+                })
+                .ok(),
+            Err(e) => {
+                c.fail(
+                    format!("{path}.jwks_file"),
+                    format!("cannot read {}: {e}", file.display()),
+                );
+                None
+            }
+        };
+        let leeway_s = c.bounded(
+            &format!("{path}.leeway_s"),
+            j.leeway_s,
+            bounds::JWT_LEEWAY_S,
+        );
+        let Some(jwks) = jwks else { continue };
+        let settings = crate::jwt::IssuerSettings {
+            name: j.name,
+            issuer: j.issuer,
+            audiences: j.audiences,
+            algorithms,
+            jwks,
+            tenant_claim: j.tenant_claim,
+            tenant_prefix: j.tenant_prefix,
+            credential_claim: j.credential_claim.unwrap_or_else(|| "sub".into()),
+            plan_claim: j.plan_claim,
+            leeway_s,
+        };
+        match crate::jwt::Issuer::new(settings) {
+            Ok(issuer) => out.push(issuer),
+            Err(e) => c.fail(format!("{path}.jwks_file"), e),
+        }
+    }
+    crate::jwt::Issuers::new(out)
 }
 
 /// One credential as written, in `auth.keys`, a YAML keys file or a line.
