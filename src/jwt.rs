@@ -14,6 +14,10 @@
 //! policy's JWKS only.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+
+use arc_swap::ArcSwap;
 
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
@@ -68,6 +72,29 @@ pub fn looks_like_jwt(key: &[u8]) -> bool {
     segments == 3
 }
 
+/// Where an issuer's keys come from.
+#[derive(Debug)]
+pub enum Jwks {
+    /// A JWKS read with the policy (and again on every reload).
+    Set(JwkSet),
+    /// A JWKS fetched from a URL by the running gateway: at once, every
+    /// `refresh`, and when a token names a `kid` it does not hold (at most
+    /// once per [`DEMAND_INTERVAL`]). A failed fetch keeps the last good
+    /// set.
+    Url {
+        /// `https://`, or `http://` to a loopback address.
+        url: String,
+        /// Time between fetches.
+        refresh: std::time::Duration,
+    },
+}
+
+/// The least time between fetches asked for by unknown `kid`s.
+pub const DEMAND_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The largest JWKS document fetched.
+const MAX_JWKS_BYTES: u64 = 1 << 20;
+
 /// One issuer's settings, validated by the policy loader.
 #[derive(Debug)]
 pub struct IssuerSettings {
@@ -79,8 +106,8 @@ pub struct IssuerSettings {
     pub audiences: Vec<String>,
     /// The algorithms its tokens may be signed with (no HMAC, no `none`).
     pub algorithms: Vec<Algorithm>,
-    /// Its public keys.
-    pub jwks: JwkSet,
+    /// Where its public keys come from.
+    pub jwks: Jwks,
     /// The claim holding the tenant.
     pub tenant_claim: String,
     /// Put before the tenant claim, to keep issuers apart.
@@ -100,7 +127,8 @@ pub struct Issuer {
     /// One validation per algorithm listed: a validation's algorithms must
     /// all be of the verifying key's family.
     validations: Vec<(Algorithm, Validation)>,
-    keys: HashMap<String, DecodingKey>,
+    keys: Arc<Keys>,
+    remote: Option<Arc<Remote>>,
     tenant_claim: String,
     tenant_prefix: String,
     credential_claim: String,
@@ -112,32 +140,113 @@ impl std::fmt::Debug for Issuer {
         f.debug_struct("Issuer")
             .field("name", &self.name)
             .field("issuer", &self.issuer)
-            .field("keys", &self.keys.len())
+            .field("keys", &self.keys.current.load().len())
             .finish()
+    }
+}
+
+/// An issuer's keys by `kid`, replaced whole when a fetch brings new ones.
+struct Keys {
+    current: ArcSwap<HashMap<String, DecodingKey>>,
+}
+
+/// The keys of a JWKS, or why it cannot be used.
+fn parse_keys(jwks: &JwkSet) -> Result<HashMap<String, DecodingKey>, String> {
+    let mut keys = HashMap::new();
+    for (i, jwk) in jwks.keys.iter().enumerate() {
+        let Some(kid) = &jwk.common.key_id else {
+            return Err(format!("key {i} of the JWKS has no `kid`"));
+        };
+        if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)) {
+            return Err(format!(
+                "key {kid:?} is a shared secret (`oct`); only public keys verify callers"
+            ));
+        }
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {kid:?}: {e}"))?;
+        if keys.insert(kid.clone(), key).is_some() {
+            return Err(format!("two keys of the JWKS have kid {kid:?}"));
+        }
+    }
+    if keys.is_empty() {
+        return Err("the JWKS holds no key".into());
+    }
+    Ok(keys)
+}
+
+/// A JWKS fetched by the running gateway.
+struct Remote {
+    url: String,
+    refresh: std::time::Duration,
+    /// Set when a token names an unknown `kid`; the fetcher wakes on it.
+    wanted: Mutex<bool>,
+    wake: Condvar,
+    /// When a fetch was last asked for by an unknown `kid` (wall-clock
+    /// ms), to ask at most once per [`DEMAND_INTERVAL`].
+    demanded_at: AtomicU64,
+    fetches: AtomicU64,
+}
+
+impl Remote {
+    /// Asks for a fetch now, unless one was asked for lately or the first
+    /// one has not been made yet (it is on its way).
+    fn demand(&self) {
+        if self.fetches.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let now = crate::clock::wall_ms();
+        let last = self.demanded_at.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= DEMAND_INTERVAL.as_millis() as u64;
+        if due
+            && self
+                .demanded_at
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            *self.wanted.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            self.wake.notify_one();
+        }
+    }
+
+    /// One fetch: the keys, or why there are none.
+    fn fetch(&self) -> Result<HashMap<String, DecodingKey>, String> {
+        self.fetches.fetch_add(1, Ordering::Relaxed);
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(std::time::Duration::from_secs(5)))
+            .max_redirects(0)
+            .build()
+            .into();
+        let mut response = agent.get(&self.url).call().map_err(|e| e.to_string())?;
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_JWKS_BYTES)
+            .read_to_vec()
+            .map_err(|e| e.to_string())?;
+        let set: JwkSet = serde_json::from_slice(&body).map_err(|e| format!("not a JWKS: {e}"))?;
+        parse_keys(&set)
     }
 }
 
 impl Issuer {
     /// The issuer, or why its keys cannot be used.
     pub fn new(s: IssuerSettings) -> Result<Self, String> {
-        let mut keys = HashMap::new();
-        for (i, jwk) in s.jwks.keys.iter().enumerate() {
-            let Some(kid) = &jwk.common.key_id else {
-                return Err(format!("key {i} of the JWKS has no `kid`"));
-            };
-            if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)) {
-                return Err(format!(
-                    "key {kid:?} is a shared secret (`oct`); only public keys verify callers"
-                ));
+        let (keys, remote) = match s.jwks {
+            Jwks::Set(set) => (parse_keys(&set)?, None),
+            Jwks::Url { url, refresh } => {
+                let remote = Remote {
+                    url,
+                    refresh,
+                    wanted: Mutex::new(true),
+                    wake: Condvar::new(),
+                    demanded_at: AtomicU64::new(0),
+                    fetches: AtomicU64::new(0),
+                };
+                (HashMap::new(), Some(Arc::new(remote)))
             }
-            let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {kid:?}: {e}"))?;
-            if keys.insert(kid.clone(), key).is_some() {
-                return Err(format!("two keys of the JWKS have kid {kid:?}"));
-            }
-        }
-        if keys.is_empty() {
-            return Err("the JWKS holds no key".into());
-        }
+        };
+        let keys = Arc::new(Keys {
+            current: ArcSwap::from_pointee(keys),
+        });
         if s.algorithms.is_empty() {
             return Err("needs at least one algorithm".into());
         }
@@ -159,6 +268,7 @@ impl Issuer {
             issuer: s.issuer,
             validations,
             keys,
+            remote,
             tenant_claim: s.tenant_claim,
             tenant_prefix: s.tenant_prefix,
             credential_claim: s.credential_claim,
@@ -177,6 +287,33 @@ impl Issuers {
     /// The policy's issuers.
     pub fn new(issuers: Vec<Issuer>) -> Self {
         Self { issuers }
+    }
+
+    /// Starts a fetcher thread for each issuer whose keys come from a
+    /// URL. Each ends once this policy is dropped (within a second).
+    pub fn start_fetching(&self) {
+        for issuer in &self.issuers {
+            let Some(remote) = &issuer.remote else {
+                continue;
+            };
+            let (remote, keys) = (Arc::downgrade(remote), Arc::downgrade(&issuer.keys));
+            let name = issuer.name.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("jwks-{name}"))
+                .spawn(move || fetch_loop(&name, &remote, &keys));
+            if let Err(e) = spawned {
+                tracing::error!(issuer = %issuer.name, error = %e, "cannot start the JWKS fetcher");
+            }
+        }
+    }
+
+    /// Fetches made for the issuer named `name` so far.
+    pub fn fetches(&self, name: &str) -> u64 {
+        self.issuers
+            .iter()
+            .find(|i| i.name == name)
+            .and_then(|i| i.remote.as_ref())
+            .map_or(0, |r| r.fetches.load(Ordering::Relaxed))
     }
 
     /// Whether the policy accepts JWTs at all.
@@ -214,11 +351,14 @@ impl Issuers {
             .iter()
             .find(|i| i.issuer == iss)
             .ok_or(Failure::Unknown)?;
-        let key = header
-            .kid
-            .as_deref()
-            .and_then(|kid| issuer.keys.get(kid))
-            .ok_or(Failure::Unknown)?;
+        let keys = issuer.keys.current.load();
+        let Some(key) = header.kid.as_deref().and_then(|kid| keys.get(kid)) else {
+            // Perhaps a key published since the last fetch.
+            if let Some(remote) = &issuer.remote {
+                remote.demand();
+            }
+            return Err(Failure::Unknown);
+        };
         let validation = issuer
             .validations
             .iter()
@@ -251,6 +391,46 @@ impl Issuers {
         let tenant = format!("{}{tenant}", issuer.tenant_prefix);
         // Header values: printable, or refused.
         Credential::new(&id, &tenant, plan).ok_or(Failure::BadClaims)
+    }
+}
+
+/// Fetches an issuer's JWKS at once, every `refresh`, and when asked;
+/// keeps the last good set when a fetch fails; ends when the issuer is
+/// dropped.
+fn fetch_loop(name: &str, remote: &Weak<Remote>, keys: &Weak<Keys>) {
+    let mut fetched_at: Option<std::time::Instant> = None;
+    loop {
+        let Some(r) = remote.upgrade() else { return };
+        let due = fetched_at
+            .is_none_or(|at| crate::clock::instant().saturating_duration_since(at) >= r.refresh);
+        // Wait for a demand or the refresh time, waking each second to see
+        // whether the policy is still live.
+        let wanted = {
+            let mut wanted = r.wanted.lock().unwrap_or_else(|e| e.into_inner());
+            if !*wanted && !due {
+                wanted = r
+                    .wake
+                    .wait_timeout(wanted, std::time::Duration::from_secs(1))
+                    .map(|(w, _)| w)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
+            std::mem::take(&mut *wanted)
+        };
+        if !wanted && !due {
+            continue;
+        }
+        fetched_at = Some(crate::clock::instant());
+        let fetched = r.fetch();
+        let Some(k) = keys.upgrade() else { return };
+        match fetched {
+            Ok(fresh) => {
+                tracing::info!(issuer = %name, keys = fresh.len(), "JWKS fetched");
+                k.current.store(Arc::new(fresh));
+            }
+            Err(e) => {
+                tracing::warn!(issuer = %name, url = %r.url, error = %e, "JWKS fetch failed; the last good keys stay");
+            }
+        }
     }
 }
 
@@ -328,7 +508,7 @@ mod tests {
             issuer: "https://auth.example.com/".into(),
             audiences: vec!["api".into()],
             algorithms: vec![Algorithm::ES256],
-            jwks,
+            jwks: Jwks::Set(jwks),
             tenant_claim: "org_id".into(),
             tenant_prefix: String::new(),
             credential_claim: "sub".into(),
@@ -337,6 +517,36 @@ mod tests {
         })
         .unwrap();
         Issuers::new(vec![issuer])
+    }
+
+    #[test]
+    fn unknown_kids_ask_for_a_fetch_at_most_once_per_interval() {
+        let remote = Remote {
+            url: "http://127.0.0.1:9/jwks".into(),
+            refresh: std::time::Duration::from_secs(300),
+            wanted: Mutex::new(false),
+            wake: Condvar::new(),
+            demanded_at: AtomicU64::new(0),
+            fetches: AtomicU64::new(0),
+        };
+        // Before the first fetch: it is on its way already.
+        remote.demand();
+        assert!(!*remote.wanted.lock().unwrap());
+        remote.fetches.store(1, Ordering::Relaxed);
+        remote.demand();
+        assert!(std::mem::take(&mut *remote.wanted.lock().unwrap()));
+        for _ in 0..100 {
+            remote.demand();
+        }
+        assert!(
+            !*remote.wanted.lock().unwrap(),
+            "asked again within the interval"
+        );
+        // Once the interval has passed, one more.
+        let long_ago = crate::clock::wall_ms() - DEMAND_INTERVAL.as_millis() as u64;
+        remote.demanded_at.store(long_ago, Ordering::Relaxed);
+        remote.demand();
+        assert!(*remote.wanted.lock().unwrap());
     }
 
     proptest! {

@@ -64,6 +64,9 @@ impl Runtime {
     /// running, its metric series indexed by route and limit.
     pub fn new(policy: Policy, services: Arc<Services>) -> Self {
         let pools = services.pools.reconcile(&policy.upstreams);
+        // Issuers whose keys come from a URL fetch them while this policy
+        // is live.
+        policy.auth.jwt.start_fetching();
         let metrics = PolicyMetrics::new(
             services.metrics.clone(),
             policy.routes.iter().map(|r| r.name.clone()).collect(),

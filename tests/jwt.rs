@@ -338,3 +338,160 @@ fn explain_names_a_jwt_caller_read_from_stdin() {
         "tollgate: the JWT on stdin is refused (expired)"
     );
 }
+
+/// A JWKS endpoint: serves `body` while `up`, 503 otherwise; counts its
+/// requests.
+struct JwksServer {
+    addr: std::net::SocketAddr,
+    body: std::sync::Arc<std::sync::Mutex<String>>,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl JwksServer {
+    fn start(body: String) -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = JwksServer {
+            addr: listener.local_addr().unwrap(),
+            body: std::sync::Arc::new(std::sync::Mutex::new(body)),
+            up: std::sync::Arc::new(true.into()),
+            hits: std::sync::Arc::default(),
+        };
+        let (body, up, hits) = (server.body.clone(), server.up.clone(), server.hits.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                hits.fetch_add(1, Ordering::SeqCst);
+                let reply = if up.load(Ordering::SeqCst) {
+                    let body = body.lock().unwrap().clone();
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                } else {
+                    "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into()
+                };
+                let _ = conn.write_all(reply.as_bytes());
+            }
+        });
+        server
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn jwks_json(signers: &[&Signer]) -> String {
+    serde_json::to_string(&JwkSet {
+        keys: signers.iter().map(|s| s.jwk()).collect(),
+    })
+    .unwrap()
+}
+
+#[test]
+fn keys_fetched_from_a_url_follow_rotation_and_outlive_a_failing_endpoint() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Signer::ec(dir.path(), "a");
+    let b = Signer::ec(dir.path(), "b");
+    let partner = Signer::ec(dir.path(), "partner-1");
+    write_jwks(&dir.path().join("partner.json"), &[&partner]);
+    let server = JwksServer::start(jwks_json(&[&a]));
+    let text = policy(dir.path()).replace(
+        &format!("jwks_file: \"{}\"", dir.path().join("main.json").display()),
+        &format!(
+            "jwks_url: \"http://{}/jwks.json\", refresh_s: 1",
+            server.addr
+        ),
+    );
+    let gw = Gateway::start(&text, None);
+    let (by_a, by_b) = (
+        a.sign(&claims(MAIN, "a", "t")),
+        b.sign(&claims(MAIN, "b", "t")),
+    );
+    assert!(eventually(Duration::from_secs(10), || status(&gw, &by_a) == 200));
+    assert_eq!(status(&gw, &by_b), 401);
+    // A new key published: fetched on refresh.
+    *server.body.lock().unwrap() = jwks_json(&[&a, &b]);
+    assert!(eventually(Duration::from_secs(10), || status(&gw, &by_b) == 200));
+    // The endpoint fails: fetches go on failing, the keys stay.
+    server.up.store(false, Ordering::SeqCst);
+    let hits = server.hits();
+    assert!(eventually(Duration::from_secs(10), || server.hits() >= hits + 2));
+    assert_eq!((status(&gw, &by_a), status(&gw, &by_b)), (200, 200));
+}
+
+#[test]
+fn a_jwks_url_must_not_carry_keys_in_the_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let partner = Signer::ec(dir.path(), "partner-1");
+    write_jwks(&dir.path().join("partner.json"), &[&partner]);
+    let text = policy(dir.path())
+        .replace(
+            &format!("jwks_file: \"{}\"", dir.path().join("main.json").display()),
+            "jwks_url: \"http://auth.example.com/jwks.json\"",
+        )
+        .replace(
+            "server: { listen: [\"{listen}\"], admin_listen: \"{admin}\", access_log: { path: \"",
+            "# server: { access_log: { path: \"",
+        );
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(&file, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with("auth.jwt[0].jwks_url: must be https://, or http:// to a loopback address"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_token_with_a_new_kid_fetches_the_keys_without_waiting_for_the_refresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Signer::ec(dir.path(), "a");
+    let b = Signer::ec(dir.path(), "b");
+    let partner = Signer::ec(dir.path(), "partner-1");
+    write_jwks(&dir.path().join("partner.json"), &[&partner]);
+    let server = JwksServer::start(jwks_json(&[&a]));
+    let text = policy(dir.path()).replace(
+        &format!("jwks_file: \"{}\"", dir.path().join("main.json").display()),
+        &format!(
+            "jwks_url: \"http://{}/jwks.json\", refresh_s: 3600",
+            server.addr
+        ),
+    );
+    let gw = Gateway::start(&text, None);
+    let by_a = a.sign(&claims(MAIN, "a", "t"));
+    assert!(eventually(Duration::from_secs(10), || status(&gw, &by_a) == 200));
+    assert_eq!(server.hits(), 1, "fetched once at start");
+    // The issuer starts signing with a new key: the first token naming it
+    // is refused and asks for a fetch; the keys arrive within the hour's
+    // refresh.
+    *server.body.lock().unwrap() = jwks_json(&[&a, &b]);
+    let by_b = b.sign(&claims(MAIN, "b", "t"));
+    assert_eq!(status(&gw, &by_b), 401);
+    assert!(eventually(Duration::from_secs(10), || status(&gw, &by_b) == 200));
+    // Tokens with kids nobody publishes do not make the gateway fetch again
+    // and again (at most once every 10 s).
+    let c = Signer::ec(dir.path(), "c");
+    let by_c = c.sign(&claims(MAIN, "c", "t"));
+    for _ in 0..20 {
+        assert_eq!(status(&gw, &by_c), 401);
+    }
+    assert!(server.hits() <= 3, "{} fetches", server.hits());
+}

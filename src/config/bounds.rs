@@ -110,6 +110,8 @@ pub const MAX_DELAY_MS: Bound = Bound::computed(1, 60_000);
 pub const LEASE_TTL_MS: Bound = Bound::computed(10, 60_000);
 /// `auth.jwt[].leeway_s`.
 pub const JWT_LEEWAY_S: Bound = Bound::new(0, 300, 30);
+/// `auth.jwt[].refresh_s`.
+pub const JWKS_REFRESH_S: Bound = Bound::new(1, 86_400, 300);
 /// `routes[].timeout_ms`.
 pub const ROUTE_TIMEOUT_MS: Bound = Bound::computed(1, HOUR_MS);
 /// `routes[].respond.status`.

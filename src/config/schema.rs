@@ -475,8 +475,16 @@ pub struct RawJwt {
     /// Accepted `aud` values; a token must name one.
     pub audiences: Vec<String>,
     /// A JWKS file (JSON, public keys with a `kid` each), relative to the
-    /// policy file's directory; read again on reload.
-    pub jwks_file: String,
+    /// policy file's directory; read again on reload. Or `jwks_url`.
+    pub jwks_file: Option<String>,
+    /// Where the running gateway fetches the JWKS: `https://`, or
+    /// `http://` to a loopback address. Fetched at start, every
+    /// `refresh_s`, and when a token names an unknown `kid` (at most once
+    /// every 10 s); a failed fetch keeps the last good keys.
+    pub jwks_url: Option<String>,
+    /// Seconds between fetches of `jwks_url`, 1-86400; default 300.
+    #[schemars(transform = bounds::JWKS_REFRESH_S.schema())]
+    pub refresh_s: Option<u64>,
     /// Signature algorithms its tokens may use: RS256-512, PS256-512,
     /// ES256, ES384, EdDSA. HMAC and `none` are refused.
     pub algorithms: Vec<String>,

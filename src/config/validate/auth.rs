@@ -85,21 +85,21 @@ fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::jwt::Is
                     .ok()
             })
             .collect();
-        let file = base.join(&j.jwks_file);
-        let jwks = match std::fs::read(&file) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| {
-                    c.fail(
-                        format!("{path}.jwks_file"),
-                        format!("{}: not a JWKS: {e}", file.display()),
-                    )
+        let refresh_s = c.bounded(
+            &format!("{path}.refresh_s"),
+            j.refresh_s,
+            bounds::JWKS_REFRESH_S,
+        );
+        let jwks = match (&j.jwks_file, &j.jwks_url) {
+            (Some(file), None) => jwks_file(c, &format!("{path}.jwks_file"), &base.join(file)),
+            (None, Some(url)) => {
+                jwks_url(c, &format!("{path}.jwks_url"), url).map(|url| crate::jwt::Jwks::Url {
+                    url,
+                    refresh: std::time::Duration::from_secs(refresh_s),
                 })
-                .ok(),
-            Err(e) => {
-                c.fail(
-                    format!("{path}.jwks_file"),
-                    format!("cannot read {}: {e}", file.display()),
-                );
+            }
+            _ => {
+                c.fail(path.clone(), "needs one of jwks_file and jwks_url");
                 None
             }
         };
@@ -127,6 +127,43 @@ fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::jwt::Is
         }
     }
     crate::jwt::Issuers::new(out)
+}
+
+/// A JWKS file, read now.
+fn jwks_file(c: &mut Checker, path: &str, file: &Path) -> Option<crate::jwt::Jwks> {
+    match std::fs::read(file) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(crate::jwt::Jwks::Set)
+            .map_err(|e| c.fail(path, format!("{}: not a JWKS: {e}", file.display())))
+            .ok(),
+        Err(e) => {
+            c.fail(path, format!("cannot read {}: {e}", file.display()));
+            None
+        }
+    }
+}
+
+/// A JWKS URL: `https://`, or `http://` to a loopback address (a sidecar
+/// on the same host); keys must not travel in the clear.
+fn jwks_url(c: &mut Checker, path: &str, text: &str) -> Option<String> {
+    let Ok(url) = url::Url::parse(text) else {
+        c.fail(path, format!("{text:?} is not a URL"));
+        return None;
+    };
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => false,
+    };
+    match url.scheme() {
+        "https" => Some(text.to_owned()),
+        "http" if loopback => Some(text.to_owned()),
+        _ => {
+            c.fail(path, "must be https://, or http:// to a loopback address");
+            None
+        }
+    }
 }
 
 /// One credential as written, in `auth.keys`, a YAML keys file or a line.
