@@ -396,23 +396,30 @@ fn jwks_json(signers: &[&Signer]) -> String {
     .unwrap()
 }
 
+/// A gateway whose main issuer's keys come from a [`JwksServer`] serving
+/// `first`, fetched every `refresh_s`.
+fn url_gateway(dir: &Path, refresh_s: u64, first: &Signer) -> (JwksServer, Gateway) {
+    let partner = Signer::ec(dir, "partner-1");
+    write_jwks(&dir.join("partner.json"), &[&partner]);
+    let server = JwksServer::start(jwks_json(&[first]));
+    let text = policy(dir).replace(
+        &format!("jwks_file: \"{}\"", dir.join("main.json").display()),
+        &format!(
+            "jwks_url: \"http://{}/jwks.json\", refresh_s: {refresh_s}",
+            server.addr
+        ),
+    );
+    let gw = Gateway::start(&text, None);
+    (server, gw)
+}
+
 #[test]
 fn keys_fetched_from_a_url_follow_rotation_and_outlive_a_failing_endpoint() {
     use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().unwrap();
     let a = Signer::ec(dir.path(), "a");
     let b = Signer::ec(dir.path(), "b");
-    let partner = Signer::ec(dir.path(), "partner-1");
-    write_jwks(&dir.path().join("partner.json"), &[&partner]);
-    let server = JwksServer::start(jwks_json(&[&a]));
-    let text = policy(dir.path()).replace(
-        &format!("jwks_file: \"{}\"", dir.path().join("main.json").display()),
-        &format!(
-            "jwks_url: \"http://{}/jwks.json\", refresh_s: 1",
-            server.addr
-        ),
-    );
-    let gw = Gateway::start(&text, None);
+    let (server, gw) = url_gateway(dir.path(), 1, &a);
     let (by_a, by_b) = (
         a.sign(&claims(MAIN, "a", "t")),
         b.sign(&claims(MAIN, "b", "t")),
@@ -465,17 +472,7 @@ fn a_token_with_a_new_kid_fetches_the_keys_without_waiting_for_the_refresh() {
     let dir = tempfile::tempdir().unwrap();
     let a = Signer::ec(dir.path(), "a");
     let b = Signer::ec(dir.path(), "b");
-    let partner = Signer::ec(dir.path(), "partner-1");
-    write_jwks(&dir.path().join("partner.json"), &[&partner]);
-    let server = JwksServer::start(jwks_json(&[&a]));
-    let text = policy(dir.path()).replace(
-        &format!("jwks_file: \"{}\"", dir.path().join("main.json").display()),
-        &format!(
-            "jwks_url: \"http://{}/jwks.json\", refresh_s: 3600",
-            server.addr
-        ),
-    );
-    let gw = Gateway::start(&text, None);
+    let (server, gw) = url_gateway(dir.path(), 3600, &a);
     let by_a = a.sign(&claims(MAIN, "a", "t"));
     assert!(eventually(Duration::from_secs(10), || status(&gw, &by_a) == 200));
     assert_eq!(server.hits(), 1, "fetched once at start");
