@@ -168,13 +168,10 @@ impl Admin {
         if r.reason.trim().is_empty() {
             return problem(400, "admin-bad-request", "a revocation needs a reason");
         }
-        if !rt
-            .policy
-            .auth
-            .keys
-            .credentials()
-            .any(|c| *c.id == *r.credential)
-        {
+        let auth = &rt.policy.auth;
+        let known = auth.jwt.names(&r.credential)
+            || auth.keys.credentials().any(|c| *c.id == *r.credential);
+        if !known {
             return problem(
                 404,
                 "admin-bad-request",

@@ -316,6 +316,18 @@ impl Issuers {
             .map_or(0, |r| r.fetches.load(Ordering::Relaxed))
     }
 
+    /// Whether `id` is in a name space of this policy's issuers
+    /// (`jwt:<name>:<sub>`): such a caller can be revoked before its
+    /// token expires.
+    pub fn names(&self, id: &str) -> bool {
+        self.issuers.iter().any(|i| {
+            id.strip_prefix("jwt:")
+                .and_then(|rest| rest.strip_prefix(i.name.as_str()))
+                .and_then(|rest| rest.strip_prefix(':'))
+                .is_some_and(|sub| !sub.is_empty())
+        })
+    }
+
     /// Whether the policy accepts JWTs at all.
     pub fn is_empty(&self) -> bool {
         self.issuers.is_empty()

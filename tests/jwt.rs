@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use support::{eventually, Gateway};
 
 const MAIN: &str = "https://auth.example.com/";
+const ADMIN_TOKEN: &str = "oncall-s3cret";
 const PARTNER: &str = "https://partner.example.net/";
 
 /// A private key made by openssl, PKCS#8 PEM.
@@ -99,7 +100,7 @@ fn policy(dir: &Path) -> String {
     format!(
         r#"
 version: 1
-server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", access_log: {{ path: "{log}" }} }}
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", access_log: {{ path: "{log}" }}, admin_tokens: [{{ name: oncall, sha256: "{admin}", role: write }}] }}
 plans: {{ gold: {{}} }}
 auth:
   jwt:
@@ -111,6 +112,7 @@ routes:
   - {{ name: r, path: /, respond: {{ status: 200 }} }}
 "#,
         log = dir.join("access.jsonl").display(),
+        admin = support::digest(ADMIN_TOKEN),
         main = dir.join("main.json").display(),
         partner = dir.join("partner.json").display(),
     )
@@ -491,4 +493,42 @@ fn a_token_with_a_new_kid_fetches_the_keys_without_waiting_for_the_refresh() {
         assert_eq!(status(&gw, &by_c), 401);
     }
     assert!(server.hits() <= 3, "{} fetches", server.hits());
+}
+
+#[test]
+fn a_jwt_caller_is_revoked_by_its_credential_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let ec = Signer::ec(dir.path(), "ec-1");
+    let partner = Signer::ec(dir.path(), "partner-1");
+    write_jwks(&dir.path().join("main.json"), &[&ec]);
+    write_jwks(&dir.path().join("partner.json"), &[&partner]);
+    let gw = Gateway::start(&policy(dir.path()), None);
+    let (alice, bob) = (
+        ec.sign(&claims(MAIN, "alice", "acme")),
+        ec.sign(&claims(MAIN, "bob", "acme")),
+    );
+    assert_eq!((status(&gw, &alice), status(&gw, &bob)), (200, 200));
+    let revoke = |credential: &str| {
+        let body =
+            json!({ "credential": credential, "expires_in_s": 3600, "reason": "token leaked" });
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        support::request_with_body(
+            gw.admin,
+            "POST",
+            "/admin/revocations",
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
+            body.to_string().as_bytes(),
+        )
+        .status
+    };
+    assert_eq!(revoke("jwt:main:alice"), 201);
+    assert!(eventually(Duration::from_secs(5), || status(&gw, &alice) == 401));
+    assert_eq!(status(&gw, &bob), 200, "only alice");
+    assert_eq!(failures(&gw, "revoked"), 1.0);
+    // Names outside the issuers' spaces are refused.
+    assert_eq!(revoke("jwt:nobody:alice"), 404);
+    assert_eq!(revoke("jwt:main:"), 404);
 }
