@@ -344,12 +344,16 @@ impl Issuers {
             return Err(Failure::BadClaims);
         }
         let token = std::str::from_utf8(token).map_err(|_| Failure::BadClaims)?;
-        // `alg: none`, and any name outside the standard set, cannot be
-        // verified: a signature failure, whatever else the header holds.
-        if !names_an_algorithm(token) {
-            return Err(Failure::BadSignature);
-        }
-        let header = jsonwebtoken::decode_header(token).map_err(|_| Failure::BadClaims)?;
+        // A header that does not parse is read once more, only to tell
+        // `alg: none` or a name outside the standard set (which cannot be
+        // verified: a signature failure) from a malformed header.
+        let header = jsonwebtoken::decode_header(token).map_err(|_| {
+            if names_an_algorithm(token) {
+                Failure::BadClaims
+            } else {
+                Failure::BadSignature
+            }
+        })?;
         // The issuer is read unverified only to choose whose keys verify
         // the token; the verification checks it again.
         let claims: Value = jsonwebtoken::dangerous::insecure_decode_claims(token)

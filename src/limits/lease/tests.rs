@@ -691,17 +691,8 @@ async fn requests_finding_the_lease_empty_during_a_take_wait_for_it_and_ask_noth
     let limiter = Arc::new(instance(&clock, &store, 1));
     let hot = leased(bucket_params(100, 1), 10, 60_000, 1);
     // R1 holds nothing: its call charges its cost and takes a lease, and
-    // waits on the store.
-    *store.stall.lock().unwrap() = Some("hot".into());
-    let r1 = spawn_decide(&limiter, &hot);
-    while store.calls() == 0 {
-        tokio::task::yield_now().await;
-    }
-    // Four more while the take is out: none asks the store.
-    let others: Vec<_> = (0..4).map(|_| spawn_decide(&limiter, &hot)).collect();
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    // waits on the store; four more come while the take is out.
+    let (r1, others) = four_behind_a_take(&store, &limiter, &hot).await;
     assert_eq!(store.calls(), 1, "one call for the five requests");
     // The take lands: the four are paid from it.
     store.release.notify_one();
@@ -722,15 +713,7 @@ async fn requests_waiting_for_a_refused_take_are_refused_with_no_call() {
     // A budget of one, spent elsewhere: the next take is refused.
     let hot = leased(bucket_params(1, 1), 10, 60_000, 1);
     let _ = store.inner.decide_now(&[&hot], Gate::Open);
-    *store.stall.lock().unwrap() = Some("hot".into());
-    let r1 = spawn_decide(&limiter, &hot);
-    while store.calls() == 0 {
-        tokio::task::yield_now().await;
-    }
-    let others: Vec<_> = (0..4).map(|_| spawn_decide(&limiter, &hot)).collect();
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    let (r1, others) = four_behind_a_take(&store, &limiter, &hot).await;
     assert_eq!(store.calls(), 1, "the four wait for the take in flight");
     store.release.notify_one();
     assert!(!r1.await.unwrap()[0].allowed);
@@ -742,6 +725,29 @@ async fn requests_waiting_for_a_refused_take_are_refused_with_no_call() {
         1,
         "the refusal was remembered, not asked again"
     );
+}
+
+/// R1, whose store call (a take for `hot`) is held by the store until
+/// `store.release`, and four more requests for `hot` started while it is
+/// out, each run until it waits.
+async fn four_behind_a_take(
+    store: &Store,
+    limiter: &Arc<Limiter<ManualClock>>,
+    hot: &Charge,
+) -> (
+    tokio::task::JoinHandle<Vec<Verdict>>,
+    Vec<tokio::task::JoinHandle<Vec<Verdict>>>,
+) {
+    *store.stall.lock().unwrap() = Some("hot".into());
+    let r1 = spawn_decide(limiter, hot);
+    while store.calls() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let others = (0..4).map(|_| spawn_decide(limiter, hot)).collect();
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    (r1, others)
 }
 
 /// One request's decision of `c`, running on its own task.
