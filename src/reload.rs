@@ -22,6 +22,10 @@ pub struct Reloader {
     services: Arc<Services>,
     /// One reload at a time: two racing swaps could go live out of order.
     busy: Mutex<()>,
+    /// Called once the replaced runtime is gone: the allocator keeps what a
+    /// large policy freed until it is next busy, so an idle gateway would
+    /// otherwise hold two policies' memory until its next request.
+    released: Option<fn()>,
 }
 
 impl Reloader {
@@ -33,7 +37,15 @@ impl Reloader {
             live,
             services,
             busy: Mutex::new(()),
+            released: None,
         }
+    }
+
+    /// Calls `hook` after each reload, once the replaced runtime (its policy
+    /// and keys) has been dropped by the last request that held it.
+    pub fn on_released(mut self, hook: fn()) -> Self {
+        self.released = Some(hook);
+        self
     }
 
     /// The process-long parts the runtimes are built on.
@@ -62,7 +74,7 @@ impl Reloader {
                 return Err(e);
             }
         }
-        let old = self.live.load();
+        let old = self.live.load_full();
         if policy.store != old.policy.store {
             tracing::warn!("store settings changed; they take effect at the next restart");
         }
@@ -91,6 +103,9 @@ impl Reloader {
             .set_rate(policy.server.log_client_errors_per_s);
         self.live
             .store(Arc::new(Runtime::new(policy, self.services.clone())));
+        if let Some(hook) = self.released {
+            old.after_drop(hook);
+        }
         // Leases were taken under the old numbers.
         self.services.limiter.release_leases();
         metrics.config_reloads.with_label_values(&["ok"]).inc();

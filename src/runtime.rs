@@ -57,6 +57,22 @@ pub struct Runtime {
     /// This runtime's reload generation.
     pub generation: u64,
     metrics: PolicyMetrics,
+    /// Declared last, so dropped last: runs once the policy has been freed.
+    dropped: AfterDrop,
+}
+
+/// What runs when a replaced runtime has been freed, on whatever thread
+/// let it go last.
+#[derive(Default)]
+struct AfterDrop(std::sync::Mutex<Option<fn()>>);
+
+impl Drop for AfterDrop {
+    fn drop(&mut self) {
+        let hook = self.0.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
 }
 
 impl Runtime {
@@ -78,6 +94,7 @@ impl Runtime {
             services,
             generation: GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             metrics,
+            dropped: AfterDrop::default(),
         }
     }
 
@@ -91,6 +108,12 @@ impl Runtime {
         self.services
             .overrides
             .of(&self.policy, self.generation, tenant, now_ms)
+    }
+
+    /// Calls `hook` once this runtime, its policy and keys, has been freed
+    /// (by the last request that held it).
+    pub fn after_drop(&self, hook: fn()) {
+        *self.dropped.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
     }
 
     /// The process-wide limiter.
@@ -168,5 +191,34 @@ impl BackgroundService for LeaseKeeper {
             }
             self.limiter.keep_leases().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+
+    #[test]
+    fn the_hook_runs_once_when_the_last_holder_lets_go() {
+        struct Held {
+            _first: Vec<u8>,
+            dropped: AfterDrop,
+        }
+        let held = Arc::new(Held {
+            _first: vec![0; 16],
+            dropped: AfterDrop::default(),
+        });
+        *held.dropped.0.lock().unwrap() = Some(|| {
+            CALLS.fetch_add(1, Ordering::SeqCst);
+        });
+        let request = held.clone();
+        drop(held);
+        assert_eq!(CALLS.load(Ordering::SeqCst), 0, "a request still holds it");
+        drop(request);
+        assert_eq!(CALLS.load(Ordering::SeqCst), 1);
     }
 }

@@ -5,6 +5,7 @@
 mod support;
 
 use std::process::Command;
+use std::time::Duration;
 
 use support::{digest, Gateway};
 
@@ -197,4 +198,71 @@ routes:
             "{key}"
         );
     }
+}
+
+/// The gateway's resident set, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn an_idle_gateway_hands_back_the_replaced_keys_after_a_reload() {
+    // Enough keys that the table dominates the process: two copies
+    // resident would be far above one.
+    let dir = tempfile::tempdir().unwrap();
+    let keys: String = (0..300_000)
+        .map(|i| format!("{} ci-{i} tenant-{}\n", digest(&format!("key-{i}")), i % 97))
+        .collect();
+    let keys_path = dir.path().join("keys.txt");
+    std::fs::write(&keys_path, keys).unwrap();
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}" }}
+auth: {{ keys_file: "{}" }}
+routes:
+  - {{ name: r, path: /, respond: {{ status: 200 }} }}
+"#,
+        keys_path.display()
+    );
+    let empty = Gateway::start(
+        &policy.replace(&keys_path.display().to_string(), "/dev/null"),
+        None,
+    );
+    let base = rss_kib(empty.pid());
+    drop(empty);
+    let gw = Gateway::start(&policy, None);
+    let loaded = rss_kib(gw.pid());
+    let table = loaded.saturating_sub(base);
+    assert!(
+        table > 30 * 1024,
+        "the keys cost {table} KiB; too few to tell copies apart"
+    );
+    for round in 1..=2 {
+        gw.signal("-HUP");
+        assert!(support::eventually(Duration::from_secs(60), || {
+            gw.metric("tollgate_config_reloads_total{result=\"ok\"}") >= f64::from(round)
+        }));
+        // Nothing is sent: an idle gateway's allocator would keep the old
+        // table's pages until its next request.
+        let mut now = 0;
+        let settled = support::eventually(Duration::from_secs(30), || {
+            now = rss_kib(gw.pid());
+            now < loaded + table / 2
+        });
+        assert!(
+            settled,
+            "reload {round}: {now} KiB resident, one table is {table} KiB above {base} KiB"
+        );
+    }
+    assert_eq!(
+        gw.get("/", &[("authorization", "Bearer key-299999")])
+            .status,
+        200
+    );
 }
