@@ -103,16 +103,23 @@ pub struct Plan<'a> {
     pub charges: Vec<Charge>,
     /// Whether the request may go past authentication.
     pub authenticated: bool,
+    /// Set when only the forward-auth service can say who the caller is:
+    /// the request's entry. The pre-auth charges are decided first, and the
+    /// service asked only if they admit.
+    pub lookup: Option<crate::forward_auth::Entry>,
 }
 
 /// Runs the request path up to the limits: client IP, IP rules, target
 /// and route, body bound, authentication, and the charges to decide.
 ///
-/// Authentication is a local table lookup, so it runs before the limits and
-/// both limit groups go to the store in one call; its result is acted on
-/// only in [`conclude`], after the pre-auth limits, so callers observe the
-/// design's order: a request denied by its IP limit gets 429 whatever its
-/// key, and a bad key is charged to its IP before it gets 401.
+/// Authentication by the keys, a JWT or a cached answer is local, so it
+/// runs before the limits and both limit groups go to the store in one
+/// call; its result is acted on only in [`conclude`], after the pre-auth
+/// limits, so callers observe the design's order: a request denied by its
+/// IP limit gets 429 whatever its key, and a bad key is charged to its IP
+/// before it gets 401. A key only the forward-auth service can name leaves
+/// the plan with its pre-auth charges and a `lookup` that [`admit`] makes
+/// once they admit: one more round trip, for uncached callers only.
 pub fn plan<'a>(rt: &'a Runtime, peer: IpAddr, req: &RequestHeader) -> Planned<'a> {
     let mut facts = Facts::default();
     let plan = plan_into(rt, peer, req, &mut facts);
@@ -176,36 +183,23 @@ fn plan_into<'a>(
         return Err(Rejection::PayloadTooLarge);
     }
 
+    let mut lookup = None;
     let verified = if route.auth_required {
-        let (verified, failure) = authenticate(policy, &req.headers);
-        if let Some(reason) = failure {
-            rt.services
-                .metrics
-                .auth_failures
-                .with_label_values(&[reason])
-                .inc();
+        match authenticate(rt, &req.headers) {
+            Identified::Known(c, source) => Some((c, source)),
+            Identified::Refused(reason) => {
+                rt.all_metrics().auth_failure(reason);
+                None
+            }
+            Identified::Ask(entry) => {
+                lookup = Some(entry);
+                None
+            }
         }
-        verified
     } else {
         None
     };
-    // Revocations and overrides hold until a wall-clock expiry: read once.
-    let now = verified.as_ref().map_or(0, |_| crate::clock::wall_ms());
-    // A revoked key is refused as an unknown one is.
-    let credential = verified.filter(|(c, _)| {
-        let revoked = rt.services.revocations.revoked(&c.id, now);
-        if revoked {
-            rt.services
-                .metrics
-                .auth_failures
-                .with_label_values(&["revoked"])
-                .inc();
-        }
-        !revoked
-    });
-    facts.auth_source = credential.as_ref().map(|(_, source)| *source);
-    let credential = credential.map(|(c, _)| c);
-    facts.credential.clone_from(&credential);
+    let (credential, now) = accept(rt, verified, facts);
     let network = client_ip::key_network(ip, policy.client_ip.ipv6_prefix);
     let tuned = credential
         .as_ref()
@@ -221,7 +215,100 @@ fn plan_into<'a>(
         route,
         charges,
         authenticated,
+        lookup,
     })
+}
+
+/// The caller a source verified, unless revoked (refused as an unknown key
+/// is), noted in `facts`; with the wall-clock time revocations and
+/// overrides were read at (0 when there is no caller).
+fn accept(
+    rt: &Runtime,
+    verified: Option<(Arc<Credential>, &'static str)>,
+    facts: &mut Facts,
+) -> (Option<Arc<Credential>>, u64) {
+    // Revocations and overrides hold until a wall-clock expiry: read once.
+    let now = verified.as_ref().map_or(0, |_| crate::clock::wall_ms());
+    let credential = verified.filter(|(c, _)| {
+        let revoked = rt.services.revocations.revoked(&c.id, now);
+        if revoked {
+            rt.all_metrics().auth_failure("revoked");
+        }
+        !revoked
+    });
+    facts.auth_source = credential.as_ref().map(|(_, source)| *source);
+    let credential = credential.map(|(c, _)| c);
+    facts.credential.clone_from(&credential);
+    (credential, now)
+}
+
+/// Asks the forward-auth service about the caller of a request whose
+/// pre-auth limits admitted it. A caller it names gets the route's request
+/// charges added to `plan` (returned: the index they start at); an unknown
+/// one stays unauthenticated; no answer is a 503.
+async fn look_up(
+    rt: &Runtime,
+    plan: &mut Plan<'_>,
+    entry: crate::forward_auth::Entry,
+    req: &RequestHeader,
+    facts: &mut Facts,
+) -> Result<Option<usize>, Rejection> {
+    let Some(service) = &rt.policy.auth.forward else {
+        return Ok(None);
+    };
+    let metrics = rt.all_metrics();
+    let started = crate::clock::instant();
+    let (answer, via) = service.ask(entry, &req.headers).await;
+    if via == crate::forward_auth::Via::Call {
+        metrics
+            .forward_auth_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+    let result = match (&answer, via) {
+        (crate::forward_auth::Answer::Unavailable(_), _) => "error",
+        (_, crate::forward_auth::Via::Cache) => "cached",
+        (crate::forward_auth::Answer::Known(_), _) => "hit",
+        (crate::forward_auth::Answer::Unknown, _) => "miss",
+    };
+    metrics.auth_lookup("forward", result);
+    let credential = match answer {
+        crate::forward_auth::Answer::Known(c) => c,
+        crate::forward_auth::Answer::Unknown => {
+            metrics.auth_failure("unknown");
+            return Ok(None);
+        }
+        crate::forward_auth::Answer::Unavailable(why) => {
+            metrics.auth_failure("unavailable");
+            tracing::warn!(target: crate::logs::REQUEST, reason = why, "the forward-auth service gave no answer");
+            return Err(Rejection::AuthUnavailable);
+        }
+    };
+    let (credential, now) = accept(rt, Some((credential, "forward")), facts);
+    let Some(credential) = credential else {
+        return Ok(None);
+    };
+    let tuned = rt.tenant_override(&credential.tenant, now);
+    let route = plan.route;
+    let who = Identity {
+        ip: facts
+            .client_ip
+            .map(|ip| client_ip::key_network(ip, rt.policy.client_ip.ipv6_prefix)),
+        credential: Some(&credential.id),
+        tenant: Some(&credential.tenant),
+        route: &route.name,
+    };
+    let start = plan.charges.len();
+    plan.charges.extend(build_charges(
+        &rt.policy,
+        &route.request,
+        &who,
+        plan_of(&rt.policy, tuned.as_deref(), Some(&credential), None),
+        tuned.as_deref(),
+        route.admission_cost(),
+        Group::Request,
+    ));
+    plan.authenticated = true;
+    Ok(Some(start))
 }
 
 /// A request's charges on `route`, from the client network `network`, with
@@ -267,29 +354,55 @@ pub fn charges(
     (charges, authenticated)
 }
 
+/// What the sources at hand say of a request's caller.
+enum Identified {
+    /// Known to this source (`file`, `jwt`, `forward` from the cache).
+    Known(Arc<Credential>, &'static str),
+    /// Refused, for this `tollgate_auth_failures_total` reason.
+    Refused(&'static str),
+    /// Only the forward-auth service can say: the request's entry.
+    Ask(crate::forward_auth::Entry),
+}
+
 /// The caller a request's key names, and the source that knew it (`file`
-/// for the policy's keys and its keys file, `jwt`); else the failure's
-/// reason. A JWT that fails is refused, never tried as an API key.
-fn authenticate(
-    policy: &Policy,
-    headers: &http::HeaderMap,
-) -> (
-    Option<(Arc<Credential>, &'static str)>,
-    Option<&'static str>,
-) {
+/// for the policy's keys and its keys file, `jwt`, `forward` when the
+/// service's answer is cached); else the failure's reason, or the entry to
+/// ask the forward-auth service about. A JWT that fails is refused, never
+/// tried as an API key.
+fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
+    let policy = &rt.policy;
+    let metrics = rt.all_metrics();
     let Some(key) = auth::presented_key(headers, &policy.auth.header) else {
-        return (None, Some("missing"));
+        return Identified::Refused("missing");
     };
     if !policy.auth.jwt.is_empty() && crate::jwt::looks_like_jwt(key) {
         let plans = |name: &str| policy.plans.iter().position(|p| p.name == name);
-        return match policy.auth.jwt.verify(key, plans) {
-            Ok(c) => (Some((Arc::new(c), "jwt")), None),
-            Err(failure) => (None, Some(failure.reason())),
+        let verified = policy.auth.jwt.verify(key, plans);
+        metrics.auth_lookup("jwt", if verified.is_ok() { "hit" } else { "miss" });
+        return match verified {
+            Ok(c) => Identified::Known(Arc::new(c), "jwt"),
+            Err(failure) => Identified::Refused(failure.reason()),
         };
     }
-    match policy.auth.keys.verify(key) {
-        Some(c) => (Some((c, "file")), None),
-        None => (None, Some("unknown")),
+    if let Some(c) = policy.auth.keys.verify(key) {
+        metrics.auth_lookup("file", "hit");
+        return Identified::Known(c, "file");
+    }
+    metrics.auth_lookup("file", "miss");
+    let Some(service) = &policy.auth.forward else {
+        return Identified::Refused("unknown");
+    };
+    let entry = service.entry(headers);
+    match service.cached(&entry) {
+        Some(crate::forward_auth::Answer::Known(c)) => {
+            metrics.auth_lookup("forward", "cached");
+            Identified::Known(c, "forward")
+        }
+        Some(_) => {
+            metrics.auth_lookup("forward", "cached");
+            Identified::Refused("unknown")
+        }
+        None => Identified::Ask(entry),
     }
 }
 
@@ -462,14 +575,30 @@ pub async fn admit(
 ) -> Result<Admitted, Rejection> {
     let planned = plan(rt, peer, req);
     *facts = planned.facts;
-    let plan = planned.plan?;
-    let verdicts = if plan.charges.is_empty() {
-        Vec::new()
-    } else {
-        rt.limiter().decide(&plan.charges).await
-    };
+    let mut plan = planned.plan?;
+    let mut verdicts = decide(rt, &plan.charges).await;
+    let pre_auth_admits = || check_group(&plan.charges, &verdicts, Group::PreAuth, 0).is_ok();
+    if let Some(entry) = plan.lookup.take().filter(|_| pre_auth_admits()) {
+        match look_up(rt, &mut plan, entry, req, facts).await {
+            Ok(Some(start)) => verdicts.extend(decide(rt, &plan.charges[start..]).await),
+            Ok(None) => {}
+            Err(rejection) => {
+                record_decisions(rt, &plan.charges, &verdicts);
+                return Err(rejection);
+            }
+        }
+    }
     record_decisions(rt, &plan.charges, &verdicts);
     conclude(&plan, &verdicts, Conclusion::of(rt), facts)
+}
+
+/// The verdicts of `charges`, in one store call (none for no charges).
+async fn decide(rt: &Runtime, charges: &[Charge]) -> Vec<Verdict> {
+    if charges.is_empty() {
+        Vec::new()
+    } else {
+        rt.limiter().decide(charges).await
+    }
 }
 
 /// The request's `content-length`, when it has one (the edge already

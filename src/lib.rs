@@ -13,6 +13,7 @@ pub mod config;
 pub mod drain;
 pub mod edge;
 pub mod explain;
+pub mod forward_auth;
 pub mod health;
 pub mod jwt;
 pub mod limits;

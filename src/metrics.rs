@@ -74,8 +74,15 @@ pub struct Metrics {
     pub lease_units: IntGaugeVec,
     /// `tollgate_auth_failures_total{reason}`: callers refused by
     /// authentication (`missing`, `unknown`, `expired`, `bad_signature`,
-    /// `bad_claims`, `revoked`).
+    /// `bad_claims`, `revoked`, `unavailable`).
     pub auth_failures: IntCounterVec,
+    /// `tollgate_auth_lookups_total{source,result}`: identity lookups by
+    /// source (`file`, `store`, `jwt`, `forward`) and result (`hit`: the
+    /// source knew the caller, `miss`: it did not, `cached`: answered from
+    /// the cache, `error`: the source could not answer).
+    pub auth_lookups: AuthLookups,
+    /// `tollgate_forward_auth_seconds`: calls to the forward-auth service.
+    pub forward_auth_seconds: Histogram,
     /// `tollgate_lease_calls_total{limit,kind}`: lease store calls (`take`
     /// by a request, `renew` in the background, `return`).
     pub lease_calls: IntCounterVec,
@@ -88,6 +95,29 @@ pub struct Metrics {
     /// `tollgate_log_suppressed_total{kind}`: client-caused log lines held
     /// back by the log limiter.
     pub log_suppressed: IntCounterVec,
+}
+
+/// `tollgate_auth_lookups_total`, every series resolved once (and shown
+/// from the start): a lookup is counted on every authenticated request.
+pub struct AuthLookups([[IntCounter; 4]; 4]);
+
+impl AuthLookups {
+    /// The `source` label values.
+    pub const SOURCES: [&'static str; 4] = ["file", "store", "jwt", "forward"];
+    /// The `result` label values.
+    pub const RESULTS: [&'static str; 4] = ["hit", "miss", "cached", "error"];
+
+    fn new(family: IntCounterVec) -> Self {
+        Self(Self::SOURCES.map(|s| Self::RESULTS.map(|r| family.with_label_values(&[s, r]))))
+    }
+
+    fn inc(&self, source: &str, result: &str) {
+        let s = Self::SOURCES.iter().position(|&x| x == source);
+        let r = Self::RESULTS.iter().position(|&x| x == result);
+        if let (Some(s), Some(r)) = (s, r) {
+            self.0[s][r].inc();
+        }
+    }
 }
 
 /// The `reason` values of `tollgate_overload_shed_total`.
@@ -248,10 +278,31 @@ impl Metrics {
                     "bad_signature",
                     "bad_claims",
                     "revoked",
+                    "unavailable",
                 ] {
                     c.with_label_values(&[reason]);
                 }
                 c
+            },
+            auth_lookups: AuthLookups::new(counter(
+                &r,
+                "tollgate_auth_lookups_total",
+                "Identity lookups by source and result.",
+                &["source", "result"],
+            )),
+            forward_auth_seconds: {
+                let h = Histogram::with_opts(
+                    HistogramOpts::new(
+                        "tollgate_forward_auth_seconds",
+                        "Calls to the forward-auth service, from connect to answer.",
+                    )
+                    .buckets(vec![
+                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                    ]),
+                )
+                .expect("valid metric");
+                r.register(Box::new(h.clone())).expect("registered once");
+                h
             },
             lease_calls: counter(
                 &r,
@@ -351,6 +402,17 @@ impl Metrics {
         }
     }
 
+    /// One caller refused by authentication, by `reason`.
+    pub fn auth_failure(&self, reason: &str) {
+        self.auth_failures.with_label_values(&[reason]).inc();
+    }
+
+    /// One identity lookup of `source` (`file`, `store`, `jwt`, `forward`)
+    /// with `result` (`hit`, `miss`, `cached`, `error`).
+    pub fn auth_lookup(&self, source: &str, result: &str) {
+        self.auth_lookups.inc(source, result);
+    }
+
     /// One request shed by the gateway's own overload, by `reason`.
     pub fn overload_shed(&self, reason: &str) {
         self.overload_shed.with_label_values(&[reason]).inc();
@@ -408,6 +470,8 @@ outcomes! {
         BadRequest => "bad_request",
         /// The limit store failed and a limit says `closed` (503).
         StoreUnavailable => "store_unavailable",
+        /// The forward-auth service could not say who the caller is (503).
+        AuthUnavailable => "auth_unavailable",
         /// The gateway itself was too busy to decide in time, or the
         /// upstream pool had no room or no healthy server (503).
         Overloaded => "overloaded",

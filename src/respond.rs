@@ -44,6 +44,9 @@ pub enum Rejection {
         /// Seconds for `Retry-After`.
         retry_after: u64,
     },
+    /// The forward-auth service failed, was too slow or too busy, or
+    /// answered with an identity that cannot be used.
+    AuthUnavailable,
     /// The upstream pool has no room within its queue bound.
     Overloaded {
         /// Seconds for `Retry-After`.
@@ -76,6 +79,7 @@ impl Rejection {
             Rejection::RateLimited { .. } => 429,
             Rejection::ProxyFailed { status } => *status,
             Rejection::StoreUnavailable { .. }
+            | Rejection::AuthUnavailable
             | Rejection::Overloaded { .. }
             | Rejection::NoHealthyUpstream { .. } => 503,
         }
@@ -93,6 +97,7 @@ impl Rejection {
             | Rejection::PayloadTooLarge => Outcome::BadRequest,
             Rejection::RateLimited { .. } => Outcome::Limited,
             Rejection::StoreUnavailable { .. } => Outcome::StoreUnavailable,
+            Rejection::AuthUnavailable => Outcome::AuthUnavailable,
             Rejection::Overloaded { .. } | Rejection::NoHealthyUpstream { .. } => {
                 Outcome::Overloaded
             }
@@ -151,6 +156,11 @@ impl Rejection {
                 "Service Unavailable",
                 "Rate limits cannot be checked right now.".into(),
             ),
+            Rejection::AuthUnavailable => (
+                "auth-unavailable",
+                "Service Unavailable",
+                "Callers cannot be identified right now.".into(),
+            ),
             Rejection::Overloaded { .. } => (
                 "overloaded",
                 "Service Unavailable",
@@ -171,6 +181,7 @@ impl Rejection {
             Rejection::StoreUnavailable { retry_after }
             | Rejection::Overloaded { retry_after }
             | Rejection::NoHealthyUpstream { retry_after } => Some(*retry_after),
+            Rejection::AuthUnavailable => Some(1),
             _ => None,
         }
     }

@@ -45,9 +45,9 @@ pub struct LogLine {
     /// The credential's tenant.
     #[serde(default)]
     pub tenant: Option<String>,
-    /// Which source identified the caller (`file`, `jwt`). Callers of
-    /// sources the policy holds no list of (a JWT's) are replayed as the
-    /// line names them: its credential and tenant, no plan.
+    /// Which source identified the caller (`file`, `jwt`, `forward`,
+    /// `store`). Callers of sources the policy holds no list of are
+    /// replayed as the line names them: its credential and tenant, no plan.
     #[serde(default)]
     pub auth_source: Option<String>,
     /// The client network as keyed (`203.0.113.7/32`), or a bare address
@@ -312,7 +312,7 @@ impl Simulation {
                 ipnet::IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED))
             });
         let credential = match (line.credential.as_deref(), line.auth_source.as_deref()) {
-            (Some(id), Some("jwt")) => line
+            (Some(id), Some("jwt" | "forward" | "store")) => line
                 .tenant
                 .as_deref()
                 .and_then(|tenant| Credential::new(id, tenant, None))
@@ -329,6 +329,7 @@ impl Simulation {
             route,
             charges,
             authenticated,
+            lookup: None,
         };
         let concluded = admission::conclude(
             &plan,

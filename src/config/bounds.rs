@@ -112,6 +112,16 @@ pub const LEASE_TTL_MS: Bound = Bound::computed(10, 60_000);
 pub const JWT_LEEWAY_S: Bound = Bound::new(0, 300, 30);
 /// `auth.jwt[].refresh_s`.
 pub const JWKS_REFRESH_S: Bound = Bound::new(1, 86_400, 300);
+/// `auth.forward_auth.timeout_ms`.
+pub const FORWARD_AUTH_TIMEOUT_MS: Bound = Bound::new(1, 60_000, 200);
+/// `auth.forward_auth.cache_ttl_s`.
+pub const FORWARD_AUTH_CACHE_TTL_S: Bound = Bound::new(0, 86_400, 60);
+/// `auth.forward_auth.negative_ttl_s`.
+pub const FORWARD_AUTH_NEGATIVE_TTL_S: Bound = Bound::new(0, 3_600, 10);
+/// `auth.forward_auth.max_entries`.
+pub const FORWARD_AUTH_MAX_ENTRIES: Bound = Bound::new(1, 100_000_000, 1_000_000);
+/// `auth.forward_auth.max_in_flight`.
+pub const FORWARD_AUTH_MAX_IN_FLIGHT: Bound = Bound::new(1, 100_000, 64);
 /// `routes[].timeout_ms`.
 pub const ROUTE_TIMEOUT_MS: Bound = Bound::computed(1, HOUR_MS);
 /// `routes[].respond.status`.

@@ -143,6 +143,9 @@ pub struct AuthSettings {
     pub forward_key: bool,
     /// The issuers of JWT callers (`auth.jwt`).
     pub jwt: crate::jwt::Issuers,
+    /// The service asked about keys no other source knows
+    /// (`auth.forward_auth`).
+    pub forward: Option<Arc<crate::forward_auth::ForwardAuth>>,
 }
 
 /// Per-plan replacement parameters for some limits.

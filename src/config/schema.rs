@@ -462,6 +462,44 @@ pub struct RawAuth {
     /// token of three base64url segments is verified against them.
     #[serde(default)]
     pub jwt: Vec<RawJwt>,
+    /// Ask an existing service who the caller is, for a key no other
+    /// source knows.
+    pub forward_auth: Option<RawForwardAuth>,
+}
+
+/// `auth.forward_auth`: one `GET` to an existing service for a key the
+/// keys do not know; its answer's headers name the caller.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawForwardAuth {
+    /// The service: `http://` or `https://`, with a path (and query).
+    pub url: String,
+    /// Request headers sent along; the auth header when absent.
+    pub headers: Option<Vec<String>>,
+    /// The answer's header naming the tenant.
+    pub tenant_header: String,
+    /// The answer's header naming the caller: credentials `fwd:<id>`.
+    pub credential_header: String,
+    /// The answer's header naming a plan; a value naming none leaves the
+    /// limits unchanged.
+    pub plan_header: Option<String>,
+    /// How long a call may take, 1-60000 ms; default 200.
+    #[schemars(transform = bounds::FORWARD_AUTH_TIMEOUT_MS.schema())]
+    pub timeout_ms: Option<u64>,
+    /// How long a known caller's answer is kept, 0-86400 s; default 60.
+    #[schemars(transform = bounds::FORWARD_AUTH_CACHE_TTL_S.schema())]
+    pub cache_ttl_s: Option<u64>,
+    /// How long an unknown caller's answer (401/403) is kept, 0-3600 s;
+    /// default 10.
+    #[schemars(transform = bounds::FORWARD_AUTH_NEGATIVE_TTL_S.schema())]
+    pub negative_ttl_s: Option<u64>,
+    /// The most known callers kept; unknown ones have a tenth of it (at
+    /// least 1000) of their own. Default 1000000.
+    #[schemars(transform = bounds::FORWARD_AUTH_MAX_ENTRIES.schema())]
+    pub max_entries: Option<u64>,
+    /// The most calls at once; beyond it a lookup is answered 503. Default 64.
+    #[schemars(transform = bounds::FORWARD_AUTH_MAX_IN_FLIGHT.schema())]
+    pub max_in_flight: Option<u64>,
 }
 
 /// One `auth.jwt` issuer.

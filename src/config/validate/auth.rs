@@ -42,11 +42,136 @@ pub(super) fn auth(
     }
     let keys = keys.finish(c);
     let jwt = jwt_issuers(c, raw.jwt, base);
+    let forward = raw
+        .forward_auth
+        .and_then(|f| forward_auth(c, f, &header, plan_ids))
+        .map(|s| std::sync::Arc::new(crate::forward_auth::ForwardAuth::new(s)));
     Ok(AuthSettings {
         header,
         keys,
         forward_key: raw.forward_key,
         jwt,
+        forward,
+    })
+}
+
+/// `auth.forward_auth`: the service's URL resolved now (again at each
+/// reload), the header names, the bounds.
+fn forward_auth(
+    c: &mut Checker,
+    raw: RawForwardAuth,
+    auth_header: &http::HeaderName,
+    plan_ids: &HashMap<String, PlanId>,
+) -> Option<crate::forward_auth::Settings> {
+    let path = "auth.forward_auth";
+    let header = |c: &mut Checker, at: String, name: &str| {
+        http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .map_err(|_| c.fail(at, format!("{name:?} is not a header name")))
+            .ok()
+    };
+    let headers: Vec<_> = match &raw.headers {
+        None => vec![auth_header.clone()],
+        Some(list) => list
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| header(c, format!("{path}.headers[{i}]"), h))
+            .collect(),
+    };
+    if raw.headers.as_ref().is_some_and(Vec::is_empty) {
+        c.fail(
+            format!("{path}.headers"),
+            "needs at least one header: the service would be asked with nothing to tell callers apart",
+        );
+    }
+    let tenant_header = header(c, format!("{path}.tenant_header"), &raw.tenant_header);
+    let credential_header = header(
+        c,
+        format!("{path}.credential_header"),
+        &raw.credential_header,
+    );
+    let plan_header = match &raw.plan_header {
+        Some(h) => Some(header(c, format!("{path}.plan_header"), h)?),
+        None => None,
+    };
+    let timeout_ms = c.bounded(
+        &format!("{path}.timeout_ms"),
+        raw.timeout_ms,
+        bounds::FORWARD_AUTH_TIMEOUT_MS,
+    );
+    let cache_ttl_s = c.bounded(
+        &format!("{path}.cache_ttl_s"),
+        raw.cache_ttl_s,
+        bounds::FORWARD_AUTH_CACHE_TTL_S,
+    );
+    let negative_ttl_s = c.bounded(
+        &format!("{path}.negative_ttl_s"),
+        raw.negative_ttl_s,
+        bounds::FORWARD_AUTH_NEGATIVE_TTL_S,
+    );
+    let max_entries = c.bounded(
+        &format!("{path}.max_entries"),
+        raw.max_entries,
+        bounds::FORWARD_AUTH_MAX_ENTRIES,
+    );
+    let max_in_flight = c.bounded(
+        &format!("{path}.max_in_flight"),
+        raw.max_in_flight,
+        bounds::FORWARD_AUTH_MAX_IN_FLIGHT,
+    );
+    let url_at = format!("{path}.url");
+    let Ok(url) = url::Url::parse(&raw.url) else {
+        c.fail(url_at, format!("{:?} is not a URL", raw.url));
+        return None;
+    };
+    let tls = match url.scheme() {
+        "https" => true,
+        "http" => false,
+        _ => {
+            c.fail(url_at, "must be http:// or https://");
+            return None;
+        }
+    };
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        c.fail(url_at, "needs a host");
+        return None;
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let addr = match std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port)) {
+        Ok(mut addrs) => addrs.next(),
+        Err(_) => None,
+    };
+    let Some(addr) = addr else {
+        c.fail(url_at, format!("cannot resolve {host}"));
+        return None;
+    };
+    let authority = match url.port() {
+        Some(p) => format!("{}:{p}", url.host_str().unwrap_or(&host)),
+        None => url.host_str().unwrap_or(&host).to_owned(),
+    };
+    let mut target = url.path().to_owned();
+    if let Some(q) = url.query() {
+        target.push('?');
+        target.push_str(q);
+    }
+    Some(crate::forward_auth::Settings {
+        addr,
+        tls,
+        host,
+        authority,
+        path: target,
+        headers,
+        tenant_header: tenant_header?,
+        credential_header: credential_header?,
+        plan_header,
+        timeout: Duration::from_millis(timeout_ms),
+        cache_ttl: Duration::from_secs(cache_ttl_s),
+        negative_ttl: Duration::from_secs(negative_ttl_s),
+        max_entries: max_entries as usize,
+        max_in_flight: max_in_flight as usize,
+        plans: plan_ids.clone(),
     })
 }
 
