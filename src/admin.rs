@@ -169,8 +169,15 @@ impl Admin {
             return problem(400, "admin-bad-request", "a revocation needs a reason");
         }
         let auth = &rt.policy.auth;
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
         let known = auth.jwt.names(&r.credential)
-            || auth.keys.credentials().any(|c| *c.id == *r.credential);
+            || r.credential.starts_with("fwd:") && auth.forward.is_some()
+            || auth.keys.credentials().any(|c| *c.id == *r.credential)
+            || auth.store_keys.is_some()
+                && matches!(
+                    rt.services.store_keys.get(store, &r.credential).await,
+                    Ok(Some(_))
+                );
         if !known {
             return problem(
                 404,
@@ -306,6 +313,159 @@ impl Admin {
                 status: 200,
             },
         )
+    }
+
+    /// `POST /admin/credentials`: a credential for a key, kept in the store
+    /// and known to every instance within `server.admin_refresh_ms`.
+    async fn create_credential(
+        &self,
+        rt: &Runtime,
+        who: &access::Caller,
+        body: &[u8],
+    ) -> Response<Vec<u8>> {
+        if rt.policy.auth.store_keys.is_none() {
+            return store_keys_off();
+        }
+        let new: NewCredential = match serde_json::from_slice(body) {
+            Ok(n) => n,
+            Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
+        };
+        let Some(digest) =
+            crate::auth::parse_digest(&new.sha256).filter(|_| new.sha256.len() == 64)
+        else {
+            return problem(
+                400,
+                "admin-bad-request",
+                "sha256 must be the key's SHA-256 as 64 hex digits",
+            );
+        };
+        let printable =
+            |v: &str| (1..=256).contains(&v.len()) && v.bytes().all(|b| (0x20..0x7f).contains(&b));
+        if !printable(&new.id) || new.id.contains(' ') {
+            return problem(
+                400,
+                "admin-bad-request",
+                "id must be 1-256 printable characters, no spaces",
+            );
+        }
+        if new.id.starts_with("jwt:") || new.id.starts_with("fwd:") {
+            return problem(
+                400,
+                "admin-bad-request",
+                "ids starting jwt: and fwd: belong to JWT and forward-auth callers",
+            );
+        }
+        if !printable(&new.tenant) {
+            return problem(
+                400,
+                "admin-bad-request",
+                "tenant must be 1-256 printable characters",
+            );
+        }
+        if let Some(plan) = &new.plan {
+            if !rt.policy.plans.iter().any(|p| p.name == *plan) {
+                return problem(400, "admin-bad-request", &format!("no plan {plan:?}"));
+            }
+        }
+        let keys = &rt.policy.auth.keys;
+        if keys.credentials().any(|c| *c.id == *new.id) {
+            return problem(
+                409,
+                "admin-conflict",
+                &format!("credential {:?} is in the policy's keys", new.id),
+            );
+        }
+        if keys.verify_digest(&digest).is_some() {
+            return problem(
+                409,
+                "admin-conflict",
+                "the key belongs to a credential of the policy's keys",
+            );
+        }
+        let stored = crate::store_keys::Stored {
+            id: new.id,
+            tenant: new.tenant,
+            plan: new.plan,
+        };
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let done = match rt.services.store_keys.create(store, &stored, &digest).await {
+            Err(crate::store_keys::CreateError::Conflict(why)) => {
+                return problem(409, "admin-conflict", &why)
+            }
+            Err(crate::store_keys::CreateError::Store(e)) => Err(e),
+            Ok(()) => Ok(None::<crate::store_keys::Stored>),
+        };
+        self.changed(
+            rt,
+            who,
+            Change {
+                action: "create_credential",
+                target: serde_json::json!({ "credential": stored.id }),
+                reason: None,
+                done,
+                after: serde_json::json!(stored),
+                status: 201,
+            },
+        )
+    }
+
+    /// `DELETE /admin/credentials/{id}`: refused on every instance within
+    /// `server.admin_refresh_ms`.
+    async fn delete_credential(
+        &self,
+        rt: &Runtime,
+        who: &access::Caller,
+        id: &str,
+    ) -> Response<Vec<u8>> {
+        if rt.policy.auth.store_keys.is_none() {
+            return store_keys_off();
+        }
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let done = rt.services.store_keys.delete(store, id).await;
+        if matches!(done, Ok(None)) {
+            return problem(
+                404,
+                "admin-bad-request",
+                &format!("no credential {id:?} in the store"),
+            );
+        }
+        self.changed(
+            rt,
+            who,
+            Change {
+                action: "delete_credential",
+                target: serde_json::json!({ "credential": id }),
+                reason: None,
+                done,
+                after: serde_json::Value::Null,
+                status: 200,
+            },
+        )
+    }
+
+    /// `GET /admin/credentials/{id}`.
+    async fn show_credential(&self, rt: &Runtime, id: &str) -> Response<Vec<u8>> {
+        if rt.policy.auth.store_keys.is_none() {
+            return store_keys_off();
+        }
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        match rt.services.store_keys.get(store, id).await {
+            Ok(Some(stored)) => respond(
+                200,
+                "application/json",
+                serde_json::json!(stored).to_string().into_bytes(),
+            ),
+            Ok(None) => problem(
+                404,
+                "admin-bad-request",
+                &format!("no credential {id:?} in the store"),
+            ),
+            Err(e) => problem(
+                503,
+                "admin-store-unavailable",
+                &format!("the limit store: {e}"),
+            ),
+        }
     }
 
     /// `DELETE /admin/revocations/{credential}`.
@@ -444,6 +604,21 @@ impl Admin {
                 let credential = percent_decode(credential);
                 self.unrevoke(&rt, &who, &credential).await
             }
+            (&Method::POST, "/admin/credentials") => {
+                let body = match read_body(session).await {
+                    Ok(body) => body,
+                    Err(response) => return *response,
+                };
+                self.create_credential(&rt, &who, &body).await
+            }
+            (&Method::GET, p) if p.starts_with("/admin/credentials/") => {
+                let id = percent_decode(p.trim_start_matches("/admin/credentials/"));
+                self.show_credential(&rt, &id).await
+            }
+            (&Method::DELETE, p) if p.starts_with("/admin/credentials/") => {
+                let id = percent_decode(p.trim_start_matches("/admin/credentials/"));
+                self.delete_credential(&rt, &who, &id).await
+            }
             (&Method::GET, "/admin/overrides") => {
                 let active = rt.services.overrides.active(crate::clock::wall_ms());
                 let body = serde_json::json!({ "overrides": active }).to_string();
@@ -531,7 +706,8 @@ impl Admin {
             (
                 _,
                 "/admin/top" | "/admin/reload" | "/admin/usage" | "/admin/explain" | "/admin/reset"
-                | "/admin/credit" | "/admin/revocations" | "/admin/overrides",
+                | "/admin/credit" | "/admin/revocations" | "/admin/overrides"
+                | "/admin/credentials",
             ) => text(405, "method not allowed\n".into()),
             _ => text(404, "not found\n".into()),
         }
@@ -581,8 +757,30 @@ fn action_of(method: &Method, path: &str) -> &'static str {
         (&Method::DELETE, p) if p.starts_with("/admin/revocations/") => "unrevoke",
         (&Method::PUT, p) if p.starts_with("/admin/overrides/") => "override",
         (&Method::DELETE, p) if p.starts_with("/admin/overrides/") => "unoverride",
+        (&Method::POST, "/admin/credentials") => "create_credential",
+        (&Method::DELETE, p) if p.starts_with("/admin/credentials/") => "delete_credential",
         _ => "unknown",
     }
+}
+
+/// The answer of a credentials endpoint when the policy has no
+/// `auth.store_keys`.
+fn store_keys_off() -> Response<Vec<u8>> {
+    problem(
+        404,
+        "admin-bad-request",
+        "credentials are kept in the store only with auth.store_keys in the policy",
+    )
+}
+
+/// The body of `POST /admin/credentials`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewCredential {
+    id: String,
+    tenant: String,
+    plan: Option<String>,
+    sha256: String,
 }
 
 /// The body of `POST /admin/revocations`.
@@ -727,7 +925,26 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
 /// `GET /admin/explain?path=…`: the route a request takes and, for every
 /// limit of it, its parameters and state, read without charging.
 async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
-    let explained = match crate::explain::Query::parse(query).and_then(|q| {
+    let mut query = crate::explain::Query::parse(query);
+    // A credential of the store, not of the policy's keys: read from it.
+    if let Ok(q) = &mut query {
+        let unlisted = q
+            .credential
+            .as_deref()
+            .filter(|id| !rt.policy.auth.keys.credentials().any(|c| *c.id == **id));
+        if let (Some(id), Some(_)) = (unlisted, rt.policy.auth.store_keys) {
+            let store = rt.limiter().shared_store().map(|s| s.as_ref());
+            if let Ok(Some(stored)) = rt.services.store_keys.get(store, id).await {
+                let plan = stored
+                    .plan
+                    .as_deref()
+                    .and_then(|name| rt.policy.plans.iter().position(|p| p.name == name));
+                q.verified =
+                    crate::auth::Credential::new(&stored.id, &stored.tenant, plan).map(Arc::new);
+            }
+        }
+    }
+    let explained = match query.and_then(|q| {
         crate::explain::resolve(&rt.policy, &q, |t| {
             rt.tenant_override(t, crate::clock::wall_ms())
         })

@@ -103,10 +103,19 @@ pub struct Plan<'a> {
     pub charges: Vec<Charge>,
     /// Whether the request may go past authentication.
     pub authenticated: bool,
-    /// Set when only the forward-auth service can say who the caller is:
-    /// the request's entry. The pre-auth charges are decided first, and the
-    /// service asked only if they admit.
-    pub lookup: Option<crate::forward_auth::Entry>,
+    /// Set when only a lookup can say who the caller is. The pre-auth
+    /// charges are decided first, and the lookup made only if they admit.
+    pub lookup: Option<Pending>,
+}
+
+/// The lookups that may name a caller the local sources do not know, in
+/// order: the store's credentials, then the forward-auth service.
+#[derive(Debug, Clone, Default)]
+pub struct Pending {
+    /// The field of the key's record among the store's credentials.
+    pub store: Option<String>,
+    /// The request's entry at the forward-auth service.
+    pub forward: Option<crate::forward_auth::Entry>,
 }
 
 /// Runs the request path up to the limits: client IP, IP rules, target
@@ -242,48 +251,22 @@ fn accept(
     (credential, now)
 }
 
-/// Asks the forward-auth service about the caller of a request whose
-/// pre-auth limits admitted it. A caller it names gets the route's request
-/// charges added to `plan` (returned: the index they start at); an unknown
-/// one stays unauthenticated; no answer is a 503.
+/// Makes the pending lookups of a request whose pre-auth limits admitted
+/// it. A caller they name gets the route's request charges added to `plan`
+/// (returned: the index they start at); an unknown one stays
+/// unauthenticated; a source that cannot answer is a 503.
 async fn look_up(
     rt: &Runtime,
     plan: &mut Plan<'_>,
-    entry: crate::forward_auth::Entry,
+    pending: Pending,
     req: &RequestHeader,
     facts: &mut Facts,
 ) -> Result<Option<usize>, Rejection> {
-    let Some(service) = &rt.policy.auth.forward else {
+    let Some((credential, source)) = identify(rt, pending, req).await? else {
+        rt.all_metrics().auth_failure("unknown");
         return Ok(None);
     };
-    let metrics = rt.all_metrics();
-    let started = crate::clock::instant();
-    let (answer, via) = service.ask(entry, &req.headers).await;
-    if via == crate::forward_auth::Via::Call {
-        metrics
-            .forward_auth_seconds
-            .observe(started.elapsed().as_secs_f64());
-    }
-    let result = match (&answer, via) {
-        (crate::forward_auth::Answer::Unavailable(_), _) => "error",
-        (_, crate::forward_auth::Via::Cache) => "cached",
-        (crate::forward_auth::Answer::Known(_), _) => "hit",
-        (crate::forward_auth::Answer::Unknown, _) => "miss",
-    };
-    metrics.auth_lookup("forward", result);
-    let credential = match answer {
-        crate::forward_auth::Answer::Known(c) => c,
-        crate::forward_auth::Answer::Unknown => {
-            metrics.auth_failure("unknown");
-            return Ok(None);
-        }
-        crate::forward_auth::Answer::Unavailable(why) => {
-            metrics.auth_failure("unavailable");
-            tracing::warn!(target: crate::logs::REQUEST, reason = why, "the forward-auth service gave no answer");
-            return Err(Rejection::AuthUnavailable);
-        }
-    };
-    let (credential, now) = accept(rt, Some((credential, "forward")), facts);
+    let (credential, now) = accept(rt, Some((credential, source)), facts);
     let Some(credential) = credential else {
         return Ok(None);
     };
@@ -360,8 +343,8 @@ enum Identified {
     Known(Arc<Credential>, &'static str),
     /// Refused, for this `tollgate_auth_failures_total` reason.
     Refused(&'static str),
-    /// Only the forward-auth service can say: the request's entry.
-    Ask(crate::forward_auth::Entry),
+    /// Only a lookup can say.
+    Ask(Pending),
 }
 
 /// The caller a request's key names, and the source that knew it (`file`
@@ -384,25 +367,43 @@ fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
             Err(failure) => Identified::Refused(failure.reason()),
         };
     }
-    if let Some(c) = policy.auth.keys.verify(key) {
+    let digest = auth::digest(key);
+    if let Some(c) = policy.auth.keys.verify_digest(&digest) {
         metrics.auth_lookup("file", "hit");
         return Identified::Known(c, "file");
     }
     metrics.auth_lookup("file", "miss");
-    let Some(service) = &policy.auth.forward else {
-        return Identified::Refused("unknown");
-    };
-    let entry = service.entry(headers);
-    match service.cached(&entry) {
-        Some(crate::forward_auth::Answer::Known(c)) => {
-            metrics.auth_lookup("forward", "cached");
-            Identified::Known(c, "forward")
+    let mut pending = Pending::default();
+    if policy.auth.store_keys.is_some() {
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let field = crate::store_keys::StoreKeys::field(store, &digest);
+        let plans = |name: &str| policy.plans.iter().position(|p| p.name == name);
+        match rt.services.store_keys.cached(&field, rt.generation, plans) {
+            Some(crate::store_keys::Lookup::Known(c)) => {
+                metrics.auth_lookup("store", "cached");
+                return Identified::Known(c, "store");
+            }
+            Some(crate::store_keys::Lookup::Unknown) => metrics.auth_lookup("store", "cached"),
+            None => pending.store = Some(field),
         }
-        Some(_) => {
-            metrics.auth_lookup("forward", "cached");
-            Identified::Refused("unknown")
+    }
+    if let Some(service) = &policy.auth.forward {
+        let entry = service.entry(headers);
+        // The store comes first: its answer is not known yet.
+        let cached = pending.store.is_none().then(|| service.cached(&entry));
+        match cached.flatten() {
+            Some(crate::forward_auth::Answer::Known(c)) => {
+                metrics.auth_lookup("forward", "cached");
+                return Identified::Known(c, "forward");
+            }
+            Some(_) => metrics.auth_lookup("forward", "cached"),
+            None => pending.forward = Some(entry),
         }
-        None => Identified::Ask(entry),
+    }
+    if pending.store.is_none() && pending.forward.is_none() {
+        Identified::Refused("unknown")
+    } else {
+        Identified::Ask(pending)
     }
 }
 
@@ -578,8 +579,8 @@ pub async fn admit(
     let mut plan = planned.plan?;
     let mut verdicts = decide(rt, &plan.charges).await;
     let pre_auth_admits = || check_group(&plan.charges, &verdicts, Group::PreAuth, 0).is_ok();
-    if let Some(entry) = plan.lookup.take().filter(|_| pre_auth_admits()) {
-        match look_up(rt, &mut plan, entry, req, facts).await {
+    if let Some(pending) = plan.lookup.take().filter(|_| pre_auth_admits()) {
+        match look_up(rt, &mut plan, pending, req, facts).await {
             Ok(Some(start)) => verdicts.extend(decide(rt, &plan.charges[start..]).await),
             Ok(None) => {}
             Err(rejection) => {
@@ -590,6 +591,64 @@ pub async fn admit(
     }
     record_decisions(rt, &plan.charges, &verdicts);
     conclude(&plan, &verdicts, Conclusion::of(rt), facts)
+}
+
+/// The caller the store's credentials, then the forward-auth service,
+/// name; `None` when neither knows the key.
+async fn identify(
+    rt: &Runtime,
+    pending: Pending,
+    req: &RequestHeader,
+) -> Result<Option<(Arc<Credential>, &'static str)>, Rejection> {
+    let metrics = rt.all_metrics();
+    let unavailable = |why: &dyn std::fmt::Display| {
+        metrics.auth_failure("unavailable");
+        tracing::warn!(target: crate::logs::REQUEST, reason = %why, "a source of identities gave no answer");
+        Rejection::AuthUnavailable
+    };
+    if let Some(field) = pending.store {
+        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let plans = |name: &str| rt.policy.plans.iter().position(|p| p.name == name);
+        let (found, called) = rt
+            .services
+            .store_keys
+            .look_up(store, &field, rt.generation, plans)
+            .await;
+        let result = match (&found, called) {
+            (Err(_), _) => "error",
+            (_, false) => "cached",
+            (Ok(crate::store_keys::Lookup::Known(_)), true) => "hit",
+            (Ok(crate::store_keys::Lookup::Unknown), true) => "miss",
+        };
+        metrics.auth_lookup("store", result);
+        match found {
+            Ok(crate::store_keys::Lookup::Known(c)) => return Ok(Some((c, "store"))),
+            Ok(crate::store_keys::Lookup::Unknown) => {}
+            Err(e) => return Err(unavailable(&e)),
+        }
+    }
+    let (Some(entry), Some(service)) = (pending.forward, &rt.policy.auth.forward) else {
+        return Ok(None);
+    };
+    let started = crate::clock::instant();
+    let (answer, via) = service.ask(entry, &req.headers).await;
+    if via == crate::forward_auth::Via::Call {
+        metrics
+            .forward_auth_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+    let result = match (&answer, via) {
+        (crate::forward_auth::Answer::Unavailable(_), _) => "error",
+        (_, crate::forward_auth::Via::Cache) => "cached",
+        (crate::forward_auth::Answer::Known(_), _) => "hit",
+        (crate::forward_auth::Answer::Unknown, _) => "miss",
+    };
+    metrics.auth_lookup("forward", result);
+    match answer {
+        crate::forward_auth::Answer::Known(c) => Ok(Some((c, "forward"))),
+        crate::forward_auth::Answer::Unknown => Ok(None),
+        crate::forward_auth::Answer::Unavailable(why) => Err(unavailable(&why)),
+    }
 }
 
 /// The verdicts of `charges`, in one store call (none for no charges).

@@ -154,14 +154,18 @@ impl KeyTable {
 
     /// The credential a raw key belongs to, if any.
     pub fn verify(&self, raw_key: &[u8]) -> Option<Arc<Credential>> {
-        let digest = digest(raw_key);
-        let p = prefix(&digest, self.bits);
+        self.verify_digest(&digest(raw_key))
+    }
+
+    /// The credential of the key whose SHA-256 is `digest`, if any.
+    pub fn verify_digest(&self, digest: &[u8; 32]) -> Option<Arc<Credential>> {
+        let p = prefix(digest, self.bits);
         let (from, to) = match (self.starts.get(p), self.starts.get(p + 1)) {
             (Some(&from), Some(&to)) => (from as usize, to as usize),
             _ => return None,
         };
         let run = &self.by_digest[from..to];
-        run.binary_search_by(|(d, _)| d.cmp(&digest))
+        run.binary_search_by(|(d, _)| d.cmp(digest))
             .ok()
             .map(|i| run[i].1.clone())
     }

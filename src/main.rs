@@ -496,6 +496,7 @@ fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Resu
             .context("reading /dev/urandom for the key of hashed identities")?,
         revocations: Arc::default(),
         overrides: Arc::default(),
+        store_keys: Arc::default(),
     }))
 }
 

@@ -39,6 +39,8 @@ pub struct Services {
     pub revocations: Arc<crate::revocations::Revocations>,
     /// Tenant overrides put at runtime, as this instance last read them.
     pub overrides: Arc<crate::overrides::Overrides>,
+    /// Credentials provisioned at runtime, as this instance cached them.
+    pub store_keys: Arc<crate::store_keys::StoreKeys>,
 }
 
 /// Reload generations: each runtime's is new, so what was resolved against
@@ -83,6 +85,9 @@ impl Runtime {
         // Issuers whose keys come from a URL fetch them while this policy
         // is live.
         policy.auth.jwt.start_fetching();
+        if let Some(settings) = policy.auth.store_keys {
+            services.store_keys.configure(settings);
+        }
         let metrics = PolicyMetrics::new(
             services.metrics.clone(),
             policy.routes.iter().map(|r| r.name.clone()).collect(),
@@ -156,6 +161,11 @@ impl BackgroundService for RecordsRefresher {
                 }
                 if let Err(e) = rt.services.overrides.refresh(store.as_ref()).await {
                     tracing::warn!(target: crate::logs::STORE, error = %e, "reading the overrides failed; the last ones read stay in force");
+                }
+                if rt.policy.auth.store_keys.is_some() {
+                    if let Err(e) = rt.services.store_keys.refresh(store.as_ref()).await {
+                        tracing::warn!(target: crate::logs::STORE, error = %e, "reading the credentials change feed failed; cached credentials stay until it is read");
+                    }
                 }
             }
             tokio::time::sleep(rt.policy.server.admin_refresh).await;

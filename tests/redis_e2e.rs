@@ -790,7 +790,7 @@ routes:
     };
     assert_eq!(admitted(&gws[0], 5), 3, "the bucket of 3 is spent");
     let post = |gw: &Gateway, path: &str, token: &str, body: &str| {
-        admin_call(gw, "POST", path, token, body)
+        support::admin_call(gw, "POST", path, token, body)
     };
     let reset = r#"{"limit": "per-tenant", "tenant": "acme", "reason": "outage"}"#;
     assert_eq!(
@@ -878,16 +878,6 @@ store: {store}
     )
 }
 
-/// An admin request with a token and a JSON body, on its own connection.
-fn admin_call(gw: &Gateway, method: &str, path: &str, token: &str, body: &str) -> support::Reply {
-    let auth = format!("Bearer {token}");
-    let headers = [
-        ("authorization", auth.as_str()),
-        ("content-type", "application/json"),
-    ];
-    support::request_with_body(gw.admin, method, path, &headers, body.as_bytes())
-}
-
 #[test]
 fn a_revoked_key_is_refused_on_every_instance_until_it_is_lifted() {
     let redis = RedisServer::start();
@@ -919,7 +909,7 @@ routes:
     );
     let revoke =
         r#"{"credential": "leaked", "expires_in_s": 3600, "reason": "posted in a public repo"}"#;
-    let r = admin_call(
+    let r = support::admin_call(
         &gws[0],
         "POST",
         "/admin/revocations",
@@ -978,12 +968,12 @@ routes:
         ),
     ] {
         assert_eq!(
-            admin_call(&gws[0], "POST", "/admin/revocations", "oncall-token", body).status,
+            support::admin_call(&gws[0], "POST", "/admin/revocations", "oncall-token", body).status,
             code,
             "{body}"
         );
     }
-    let lifted = admin_call(
+    let lifted = support::admin_call(
         &gws[1],
         "DELETE",
         "/admin/revocations/leaked",
@@ -997,7 +987,7 @@ routes:
     ) == 200));
     assert_eq!(status(&gws[1], "key-leaked"), 200);
     assert_eq!(
-        admin_call(
+        support::admin_call(
             &gws[1],
             "DELETE",
             "/admin/revocations/leaked",
@@ -1040,7 +1030,7 @@ routes:
         )
     };
     let put = |gw: &Gateway, body: &str| {
-        admin_call(gw, "PUT", "/admin/overrides/acme", "oncall-token", body)
+        support::admin_call(gw, "PUT", "/admin/overrides/acme", "oncall-token", body)
     };
     let boost = r#"{"limits": {"per-tenant": {"capacity": 6, "refill_per_second": 0.001}}, "expires_in_s": 3600, "reason": "incident 7"}"#;
     let r = put(&gws[0], boost);
@@ -1080,7 +1070,7 @@ routes:
     }
 
     // Lifted on one, gone on both.
-    let lifted = admin_call(
+    let lifted = support::admin_call(
         &gws[1],
         "DELETE",
         "/admin/overrides/acme",
@@ -1102,7 +1092,7 @@ routes:
         "it ends at its expiry"
     );
     assert_eq!(
-        admin_call(
+        support::admin_call(
             &gws[1],
             "DELETE",
             "/admin/overrides/acme",
@@ -1151,7 +1141,7 @@ routes:
         (Some(6), Some(96))
     );
     // Both limits, in two slots: the tenant's reset, the global one credited.
-    let reset = admin_call(
+    let reset = support::admin_call(
         &gws[0],
         "POST",
         "/admin/reset",
@@ -1159,7 +1149,7 @@ routes:
         r#"{"limit": "per-tenant", "tenant": "acme"}"#,
     );
     assert_eq!(reset.status, 200, "{}", reset.body);
-    let credit = admin_call(
+    let credit = support::admin_call(
         &gws[0],
         "POST",
         "/admin/credit",
@@ -1178,7 +1168,7 @@ routes:
     // Admin records live on one slot of the cluster too.
     let boost = r#"{"limits": {"per-tenant": {"capacity": 20, "refill_per_second": 0.001}}, "expires_in_s": 600, "reason": "x"}"#;
     assert_eq!(
-        admin_call(
+        support::admin_call(
             &gws[0],
             "PUT",
             "/admin/overrides/acme",
@@ -1193,7 +1183,7 @@ routes:
         == 20));
     let revoke = r#"{"credential": "c1", "expires_in_s": 600, "reason": "x"}"#;
     assert_eq!(
-        admin_call(
+        support::admin_call(
             &gws[1],
             "POST",
             "/admin/revocations",

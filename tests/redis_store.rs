@@ -1070,3 +1070,60 @@ fn credits_and_resets_agree_in_lua_and_rust() {
         assert_eq!(peek(), 20, "{p:?}");
     }
 }
+
+#[test]
+fn the_change_feed_lists_each_record_changed_and_says_when_changes_were_lost() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_000);
+    let s = store(&server, &clock);
+    let rt = runtime();
+    rt.block_on(async {
+        s.put_record_at("credentials", "f-before", Some("{}"))
+            .await
+            .unwrap();
+        // An empty cursor starts at the feed's end: nothing before it.
+        let start = s.record_changes("").await.unwrap();
+        assert!(start.changed.is_empty() && start.complete);
+        s.put_record_at("credentials", "f-1", Some("{}"))
+            .await
+            .unwrap();
+        s.put_record_at("credentials", "f-1", None).await.unwrap();
+        s.put_record_at("revocations", "f-2", Some("{}"))
+            .await
+            .unwrap();
+        let read = s.record_changes(&start.cursor).await.unwrap();
+        assert!(read.complete);
+        let fields: Vec<_> = read
+            .changed
+            .iter()
+            .map(|(k, f)| (k.as_str(), f.as_str()))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("credentials", "f-1"),
+                ("credentials", "f-1"),
+                ("revocations", "f-2")
+            ]
+        );
+        let again = s.record_changes(&read.cursor).await.unwrap();
+        assert!(again.changed.is_empty() && again.complete);
+        assert_eq!(again.cursor, read.cursor);
+        // The entry read last trimmed away: what came after it may be lost.
+        s.put_record_at("credentials", "f-3", Some("{}"))
+            .await
+            .unwrap();
+        let feed = server
+            .keys()
+            .into_iter()
+            .find(|k| k.ends_with(":changes"))
+            .unwrap();
+        let _: i64 = server.cmd(&["XTRIM", &feed, "MAXLEN", "1"]).unwrap();
+        let lost = s.record_changes(&read.cursor).await.unwrap();
+        assert!(!lost.complete);
+        assert_eq!(
+            lost.changed,
+            [("credentials".to_string(), "f-3".to_string())]
+        );
+    });
+}

@@ -53,6 +53,7 @@ fn runtime() -> Runtime {
         redactor: Redactor::new().unwrap(),
         revocations: Arc::default(),
         overrides: Arc::default(),
+        store_keys: Arc::default(),
     });
     Runtime::new(policy, services)
 }

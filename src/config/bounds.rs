@@ -112,6 +112,10 @@ pub const LEASE_TTL_MS: Bound = Bound::computed(10, 60_000);
 pub const JWT_LEEWAY_S: Bound = Bound::new(0, 300, 30);
 /// `auth.jwt[].refresh_s`.
 pub const JWKS_REFRESH_S: Bound = Bound::new(1, 86_400, 300);
+/// `auth.store_keys.cache_entries`.
+pub const STORE_KEYS_CACHE_ENTRIES: Bound = Bound::new(1, 100_000_000, 100_000);
+/// `auth.store_keys.negative_ttl_s`.
+pub const STORE_KEYS_NEGATIVE_TTL_S: Bound = Bound::new(0, 3_600, 10);
 /// `auth.forward_auth.timeout_ms`.
 pub const FORWARD_AUTH_TIMEOUT_MS: Bound = Bound::new(1, 60_000, 200);
 /// `auth.forward_auth.cache_ttl_s`.

@@ -143,6 +143,9 @@ pub struct AuthSettings {
     pub forward_key: bool,
     /// The issuers of JWT callers (`auth.jwt`).
     pub jwt: crate::jwt::Issuers,
+    /// How credentials provisioned at runtime are cached
+    /// (`auth.store_keys`); none when they are not used.
+    pub store_keys: Option<crate::store_keys::Settings>,
     /// The service asked about keys no other source knows
     /// (`auth.forward_auth`).
     pub forward: Option<Arc<crate::forward_auth::ForwardAuth>>,

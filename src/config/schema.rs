@@ -462,9 +462,26 @@ pub struct RawAuth {
     /// token of three base64url segments is verified against them.
     #[serde(default)]
     pub jwt: Vec<RawJwt>,
+    /// Credentials provisioned at runtime through `/admin/credentials`,
+    /// kept in the store and looked up on first use.
+    pub store_keys: Option<RawStoreKeys>,
     /// Ask an existing service who the caller is, for a key no other
     /// source knows.
     pub forward_auth: Option<RawForwardAuth>,
+}
+
+/// `auth.store_keys`: how an instance caches the store's credentials.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawStoreKeys {
+    /// The most credentials cached, 1-100000000; default 100000. Unknown
+    /// keys have a tenth of it (at least 1000) of their own.
+    #[schemars(transform = bounds::STORE_KEYS_CACHE_ENTRIES.schema())]
+    pub cache_entries: Option<u64>,
+    /// How long a key the store does not know is remembered, 0-3600 s;
+    /// default 10.
+    #[schemars(transform = bounds::STORE_KEYS_NEGATIVE_TTL_S.schema())]
+    pub negative_ttl_s: Option<u64>,
 }
 
 /// `auth.forward_auth`: one `GET` to an existing service for a key the

@@ -64,6 +64,12 @@ impl KeyHasher {
         format!("{}{{tollgate-admin}}:{kind}", self.prefix)
     }
 
+    /// The stream every change of an admin record is appended to: the
+    /// change feed instances read to drop what they cached.
+    pub fn records_feed(&self) -> String {
+        format!("{}{{tollgate-admin}}:changes", self.prefix)
+    }
+
     /// The number every change of an admin record moves.
     pub fn records_version(&self) -> String {
         format!("{}{{tollgate-admin}}:version", self.prefix)

@@ -499,7 +499,44 @@ pub trait LimitStore: Send + Sync {
         id: &str,
         value: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let _ = (kind, id, value);
+        self.put_record_at(kind, &self.record_field(kind, id), value)
+            .await
+    }
+
+    /// The field the record of `kind` about `id` is kept under: a keyed
+    /// hash in a shared store, so that a dump of it names nothing.
+    fn record_field(&self, kind: &str, id: &str) -> String {
+        let _ = kind;
+        id.to_owned()
+    }
+
+    /// The record of `kind` kept under `field`, if any.
+    async fn record_at(&self, kind: &str, field: &str) -> Result<Option<String>, StoreError> {
+        let _ = (kind, field);
+        Err(StoreError::Refused(
+            "this store keeps no admin records".into(),
+        ))
+    }
+
+    /// Puts (or with `None` removes) the record of `kind` under `field`,
+    /// appends the change to the change feed and moves the version.
+    /// Returns whether a record was there before.
+    async fn put_record_at(
+        &self,
+        kind: &str,
+        field: &str,
+        value: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let _ = (kind, field, value);
+        Err(StoreError::Refused(
+            "this store keeps no admin records".into(),
+        ))
+    }
+
+    /// The records changed after `cursor` (empty: the feed's end, with no
+    /// changes), at most a few thousand at a time.
+    async fn record_changes(&self, cursor: &str) -> Result<RecordChanges, StoreError> {
+        let _ = cursor;
         Err(StoreError::Refused(
             "this store keeps no admin records".into(),
         ))
@@ -514,6 +551,18 @@ pub trait LimitStore: Send + Sync {
     fn pending(&self) -> usize {
         0
     }
+}
+
+/// What the change feed of the admin records says since a cursor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordChanges {
+    /// Where the next read starts.
+    pub cursor: String,
+    /// The records changed, as (kind, field).
+    pub changed: Vec<(String, String)>,
+    /// False when changes after the cursor were trimmed from the feed
+    /// before they were read: whatever was learnt from it may be stale.
+    pub complete: bool,
 }
 
 /// Where charging stops: at the first group holding an enforced denial, or

@@ -479,6 +479,16 @@ impl Drop for Gateway {
     }
 }
 
+/// An admin request with a token and a JSON body, on its own connection.
+pub fn admin_call(gw: &Gateway, method: &str, path: &str, token: &str, body: &str) -> Reply {
+    let auth = format!("Bearer {token}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    request_with_body(gw.admin, method, path, &headers, body.as_bytes())
+}
+
 /// Polls until `f` holds, for at most `limit`: waiting for a condition with
 /// a bound, never for a guessed amount of time.
 pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {

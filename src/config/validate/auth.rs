@@ -46,11 +46,24 @@ pub(super) fn auth(
         .forward_auth
         .and_then(|f| forward_auth(c, f, &header, plan_ids))
         .map(|s| std::sync::Arc::new(crate::forward_auth::ForwardAuth::new(s)));
+    let store_keys = raw.store_keys.map(|s| crate::store_keys::Settings {
+        cache_entries: c.bounded(
+            "auth.store_keys.cache_entries",
+            s.cache_entries,
+            bounds::STORE_KEYS_CACHE_ENTRIES,
+        ) as usize,
+        negative_ttl: Duration::from_secs(c.bounded(
+            "auth.store_keys.negative_ttl_s",
+            s.negative_ttl_s,
+            bounds::STORE_KEYS_NEGATIVE_TTL_S,
+        )),
+    });
     Ok(AuthSettings {
         header,
         keys,
         forward_key: raw.forward_key,
         jwt,
+        store_keys,
         forward,
     })
 }

@@ -20,6 +20,8 @@
 
 use std::sync::Arc;
 
+use crate::limits::RecordChanges;
+
 use async_trait::async_trait;
 use futures_util::future::join_all;
 
@@ -232,13 +234,25 @@ impl LimitStore for ClusterStore {
         super::records::all(&self.batches, self.keys.hasher(), kind).await
     }
 
-    async fn put_record(
+    fn record_field(&self, kind: &str, id: &str) -> String {
+        self.keys.hasher().record(kind, id).1
+    }
+
+    async fn record_at(&self, kind: &str, field: &str) -> Result<Option<String>, StoreError> {
+        super::records::get(&self.batches, self.keys.hasher(), kind, field).await
+    }
+
+    async fn put_record_at(
         &self,
         kind: &str,
-        id: &str,
+        field: &str,
         value: Option<&str>,
     ) -> Result<bool, StoreError> {
-        super::records::put(&self.batches, self.keys.hasher(), kind, id, value).await
+        super::records::put(&self.batches, self.keys.hasher(), kind, field, value).await
+    }
+
+    async fn record_changes(&self, cursor: &str) -> Result<RecordChanges, StoreError> {
+        super::records::changes(&self.batches, self.keys.hasher(), cursor).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
-use super::{Charge, Gate, LimitStore, StoreError, Verdict};
+use super::{Charge, Gate, LimitStore, RecordChanges, StoreError, Verdict};
 use crate::clock::Clock;
 use batch::Batches;
 pub use batch::Bounds;
@@ -171,13 +171,25 @@ impl LimitStore for RedisStore {
         records::all(&self.batches, self.keys.hasher(), kind).await
     }
 
-    async fn put_record(
+    fn record_field(&self, kind: &str, id: &str) -> String {
+        self.keys.hasher().record(kind, id).1
+    }
+
+    async fn record_at(&self, kind: &str, field: &str) -> Result<Option<String>, StoreError> {
+        records::get(&self.batches, self.keys.hasher(), kind, field).await
+    }
+
+    async fn put_record_at(
         &self,
         kind: &str,
-        id: &str,
+        field: &str,
         value: Option<&str>,
     ) -> Result<bool, StoreError> {
-        records::put(&self.batches, self.keys.hasher(), kind, id, value).await
+        records::put(&self.batches, self.keys.hasher(), kind, field, value).await
+    }
+
+    async fn record_changes(&self, cursor: &str) -> Result<RecordChanges, StoreError> {
+        records::changes(&self.batches, self.keys.hasher(), cursor).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
