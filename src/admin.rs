@@ -368,7 +368,7 @@ impl Admin {
             }
         }
         let keys = &rt.policy.auth.keys;
-        if keys.credentials().any(|c| *c.id == *new.id) {
+        if keys.has_id(&new.id) {
             return problem(
                 409,
                 "admin-conflict",
@@ -931,7 +931,7 @@ async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
         let unlisted = q
             .credential
             .as_deref()
-            .filter(|id| !rt.policy.auth.keys.credentials().any(|c| *c.id == **id));
+            .filter(|id| !rt.policy.auth.keys.has_id(id));
         if let (Some(id), Some(_)) = (unlisted, rt.policy.auth.store_keys) {
             let store = rt.limiter().shared_store().map(|s| s.as_ref());
             if let Ok(Some(stored)) = rt.services.store_keys.get(store, id).await {

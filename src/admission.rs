@@ -378,7 +378,12 @@ fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
         let store = rt.limiter().shared_store().map(|s| s.as_ref());
         let field = crate::store_keys::StoreKeys::field(store, &digest);
         let plans = |name: &str| policy.plans.iter().position(|p| p.name == name);
-        match rt.services.store_keys.cached(&field, rt.generation, plans) {
+        let taken = |id: &str| policy.auth.keys.has_id(id);
+        match rt
+            .services
+            .store_keys
+            .cached(&field, rt.generation, plans, taken)
+        {
             Some(crate::store_keys::Lookup::Known(c)) => {
                 metrics.auth_lookup("store", "cached");
                 return Identified::Known(c, "store");
@@ -612,7 +617,9 @@ async fn identify(
         let (found, called) = rt
             .services
             .store_keys
-            .look_up(store, &field, rt.generation, plans)
+            .look_up(store, &field, rt.generation, plans, |id| {
+                rt.policy.auth.keys.has_id(id)
+            })
             .await;
         let result = match (&found, called) {
             (Err(_), _) => "error",

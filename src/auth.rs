@@ -77,6 +77,19 @@ pub struct KeyTable {
     /// prefix `p` of `bits` bits.
     starts: Vec<u32>,
     bits: u32,
+    /// A 64-bit hash of every credential id, sorted: whether an id is taken
+    /// (by credentials of other sources, which share the id space) in 8
+    /// bytes a key.
+    ids: Vec<u64>,
+}
+
+/// The hash [`KeyTable::has_id`] looks ids up by (SipHash with fixed keys:
+/// the same in every process).
+fn id_hash(id: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    id.hash(&mut h);
+    h.finish()
 }
 
 /// Two credentials listed with one key digest: the one kept, and the other.
@@ -116,10 +129,13 @@ impl KeyTableBuilder {
         for p in 1..starts.len() {
             starts[p] += starts[p - 1];
         }
+        let mut ids: Vec<u64> = self.entries.iter().map(|(_, c)| id_hash(&c.id)).collect();
+        ids.sort_unstable();
         let table = KeyTable {
             by_digest: self.entries,
             starts,
             bits,
+            ids,
         };
         (table, twice)
     }
@@ -150,6 +166,12 @@ impl KeyTable {
     /// Every credential, in no particular order.
     pub fn credentials(&self) -> impl Iterator<Item = &Arc<Credential>> {
         self.by_digest.iter().map(|(_, c)| c)
+    }
+
+    /// Whether a credential of the table has id `id` (very rarely, for an
+    /// id whose 64-bit hash another's shares, a false yes).
+    pub fn has_id(&self, id: &str) -> bool {
+        self.ids.binary_search(&id_hash(id)).is_ok()
     }
 
     /// The credential a raw key belongs to, if any.

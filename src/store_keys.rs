@@ -178,10 +178,16 @@ impl StoreKeys {
         field: &str,
         generation: u64,
         plans: impl Fn(&str) -> Option<PlanId>,
+        taken: impl Fn(&str) -> bool,
     ) -> Option<Lookup> {
         let now = crate::clock::instant();
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(known) = cache.known.get_mut(field) {
+            if known.generation != generation && taken(&known.credential.id) {
+                // A new policy's keys took its id: read it again, refused.
+                cache.known.pop(field);
+                return None;
+            }
             if known.generation != generation {
                 // Built under another policy: its plan may have moved.
                 let c = &known.credential;
@@ -212,8 +218,9 @@ impl StoreKeys {
         field: &str,
         generation: u64,
         plans: impl Fn(&str) -> Option<PlanId>,
+        taken: impl Fn(&str) -> bool,
     ) -> (Result<Lookup, StoreError>, bool) {
-        if let Some(found) = self.cached(field, generation, &plans) {
+        if let Some(found) = self.cached(field, generation, &plans, &taken) {
             return (Ok(found), false);
         }
         let cell = {
@@ -224,7 +231,7 @@ impl StoreKeys {
         let found = cell
             .get_or_init(|| {
                 called = true;
-                self.read_and_keep(store, field, generation, &plans)
+                self.read_and_keep(store, field, generation, &plans, &taken)
             })
             .await
             .clone();
@@ -236,7 +243,7 @@ impl StoreKeys {
         }
         let lookup = match found {
             Found::Known(stored) => self
-                .cached(field, generation, &plans)
+                .cached(field, generation, &plans, &taken)
                 .ok_or_else(|| StoreError::Reply(format!("credential {:?}", stored.id))),
             Found::Unknown => Ok(Lookup::Unknown),
             Found::Failed(e) => Err(e),
@@ -250,6 +257,7 @@ impl StoreKeys {
         field: &str,
         generation: u64,
         plans: impl Fn(&str) -> Option<PlanId>,
+        taken: impl Fn(&str) -> bool,
     ) -> Found {
         let read = match store {
             Some(store) => store.record_at(BY_KEY, field).await,
@@ -263,6 +271,16 @@ impl StoreKeys {
             Ok(None) => None,
             Err(e) => return Found::Failed(e),
         };
+        // The policy's keys took the id since the credential was created
+        // (a keys file deployed later): one id space, so the policy's keys
+        // win and this credential is refused until one of them goes.
+        let stored = stored.filter(|s| {
+            let free = !taken(&s.id);
+            if !free {
+                tracing::warn!(target: crate::logs::STORE, "a credential of the store has the id of one of the policy's keys; it is refused");
+            }
+            free
+        });
         let now = crate::clock::instant();
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         match stored {
@@ -460,6 +478,23 @@ mod tests {
         (name == "pro").then_some(0)
     }
 
+    fn free(_: &str) -> bool {
+        false
+    }
+
+    #[tokio::test]
+    async fn a_credential_whose_id_the_policy_took_is_refused() {
+        let keys = StoreKeys::new();
+        let digest = crate::auth::digest(b"k1");
+        let field = StoreKeys::field(None, &digest);
+        keys.create(None, &stored("s-1", None), &digest)
+            .await
+            .unwrap();
+        let taken = |id: &str| id == "s-1";
+        let (found, _) = keys.look_up(None, &field, 0, plans, taken).await;
+        assert!(matches!(found, Ok(Lookup::Unknown)), "{found:?}");
+    }
+
     fn stored(id: &str, plan: Option<&str>) -> Stored {
         Stored {
             id: id.into(),
@@ -473,12 +508,12 @@ mod tests {
         let keys = StoreKeys::new();
         let digest = crate::auth::digest(b"k1");
         let field = StoreKeys::field(None, &digest);
-        let (unknown, called) = keys.look_up(None, &field, 0, plans).await;
+        let (unknown, called) = keys.look_up(None, &field, 0, plans, free).await;
         assert!(matches!(unknown, Ok(Lookup::Unknown)) && called);
         keys.create(None, &stored("s-1", Some("pro")), &digest)
             .await
             .unwrap();
-        let (known, _) = keys.look_up(None, &field, 0, plans).await;
+        let (known, _) = keys.look_up(None, &field, 0, plans, free).await;
         let Ok(Lookup::Known(c)) = known else {
             panic!("{known:?}")
         };
@@ -496,7 +531,7 @@ mod tests {
             keys.delete(None, "s-1").await.unwrap(),
             Some(stored("s-1", Some("pro")))
         );
-        let (gone, _) = keys.look_up(None, &field, 0, plans).await;
+        let (gone, _) = keys.look_up(None, &field, 0, plans, free).await;
         assert!(matches!(gone, Ok(Lookup::Unknown)));
     }
 
@@ -508,9 +543,9 @@ mod tests {
         keys.create(None, &stored("s-1", Some("pro")), &digest)
             .await
             .unwrap();
-        let _ = keys.look_up(None, &field, 0, plans).await;
+        let _ = keys.look_up(None, &field, 0, plans, free).await;
         let moved = |name: &str| (name == "pro").then_some(3);
-        let Some(Lookup::Known(c)) = keys.cached(&field, 1, moved) else {
+        let Some(Lookup::Known(c)) = keys.cached(&field, 1, moved, free) else {
             panic!("not cached")
         };
         assert_eq!(c.plan, Some(3));

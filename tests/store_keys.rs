@@ -229,6 +229,33 @@ fn provisioned_across(store: &str) -> Vec<Gateway> {
 }
 
 #[test]
+fn a_store_credential_whose_id_a_reloaded_keys_list_takes_is_refused() {
+    let upstream = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let text = policy("{ backend: memory }", &dir.path().join("a.log"));
+    let gw = Gateway::start(&text, Some(&upstream));
+    assert_eq!(create(&gw, "s-9", "sk-9", None).status, 201);
+    assert_eq!(status(&gw, "sk-9"), 200);
+    // The policy's keys now name s-9 too, with another key: one id space,
+    // and the policy's keys win.
+    let taken = text.replace(
+        "auth:\n  keys: [",
+        &format!(
+            "auth:\n  keys: [{{ id: s-9, tenant: acme, sha256: \"{}\" }}, ",
+            digest("file-9")
+        ),
+    );
+    assert_ne!(taken, text);
+    gw.rewrite(&taken, Some(&upstream));
+    gw.signal("-HUP");
+    assert!(eventually(Duration::from_secs(10), || {
+        gw.metric("tollgate_config_reloads_total{result=\"ok\"}") == 1.0
+    }));
+    assert_eq!(status(&gw, "sk-9"), 401);
+    assert_eq!(status(&gw, "file-9"), 200);
+}
+
+#[test]
 fn creations_and_deletions_reach_every_instance_through_the_change_feed() {
     let redis = RedisServer::start();
     provisioned_across(&redis.store(500));
