@@ -12,6 +12,14 @@
 //! way to release it, so no early return, client abort, upstream error or
 //! panic can leak one.
 //!
+//! With `queue.fair: tenant`, waiters of one priority are served in turn
+//! between tenants instead of in arrival order (start-time fair queueing):
+//! each waiter is tagged one past the later of its tenant's last tag and
+//! the tag last served, so a tenant with fifty waiters and a tenant with
+//! one alternate, and a newcomer is served within one turn.
+//! `queue.per_tenant_max` bounds one tenant's waiters; beyond it that
+//! tenant is refused at once while the others still queue.
+//!
 //! Pools outlive policies: a reload resizes a pool in place, so requests in
 //! flight keep their permits and the bound holds across it.
 
@@ -80,16 +88,40 @@ struct PoolMetrics {
     wait_seconds: Histogram,
 }
 
+/// A waiter's place: its priority, its turn (its arrival, or its fair
+/// tag), its arrival.
+type Place = (Priority, u64, u64);
+
+/// One waiter: sent `true` with a permit, or `false` when displaced.
+struct Waiter {
+    tx: oneshot::Sender<bool>,
+    tenant: Option<Arc<str>>,
+}
+
+/// A tenant's waiters and the last tag it was given, by priority.
+#[derive(Default)]
+struct TenantTurns {
+    waiting: u32,
+    last: [u64; 3],
+}
+
 /// Who holds the pool's permits and who waits for one.
 struct Permits {
     size: u32,
     /// Of `size`, the permits only critical routes may take.
     reserved: u32,
     in_flight: u32,
-    /// Waiters by priority, then arrival; each is sent `true` with a
-    /// permit, or `false` when displaced.
-    waiters: BTreeMap<(Priority, u64), oneshot::Sender<bool>>,
+    /// Waiters in the order they are served: by priority, then turn.
+    waiters: BTreeMap<Place, Waiter>,
     arrivals: u64,
+    /// `queue.fair: tenant`.
+    fair: bool,
+    /// `queue.per_tenant_max`.
+    per_tenant_max: Option<u32>,
+    /// The tag last served, by priority (fair queueing's virtual time).
+    served: [u64; 3],
+    /// Tenants with waiters (fair or bounded queues only).
+    tenants: HashMap<Arc<str>, TenantTurns>,
 }
 
 impl Permits {
@@ -99,6 +131,55 @@ impl Permits {
             _ => self.size - self.reserved.min(self.size),
         };
         self.in_flight < usable
+    }
+
+    /// Whether waiters are counted by tenant.
+    fn by_tenant(&self) -> bool {
+        self.fair || self.per_tenant_max.is_some()
+    }
+
+    /// Queues a waiter of `priority` for `tenant`; `None` when the tenant
+    /// has `per_tenant_max` waiters already.
+    fn enqueue(
+        &mut self,
+        priority: Priority,
+        tenant: Option<&Arc<str>>,
+    ) -> Option<(Place, oneshot::Receiver<bool>)> {
+        self.arrivals += 1;
+        let arrival = self.arrivals;
+        let mut turn = arrival;
+        let tenant = tenant.cloned().unwrap_or_else(|| Arc::from(""));
+        if self.by_tenant() {
+            let served = self.served[priority as usize];
+            let turns = self.tenants.entry(tenant.clone()).or_default();
+            if self.per_tenant_max.is_some_and(|max| turns.waiting >= max) {
+                return None;
+            }
+            turns.waiting += 1;
+            if self.fair {
+                turn = turns.last[priority as usize].max(served) + 1;
+                turns.last[priority as usize] = turn;
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        let place = (priority, turn, arrival);
+        let tenant = self.by_tenant().then_some(tenant);
+        self.waiters.insert(place, Waiter { tx, tenant });
+        Some((place, rx))
+    }
+
+    /// Takes the waiter at `place` out of the queue, if it is still there.
+    fn dequeue(&mut self, place: &Place) -> Option<oneshot::Sender<bool>> {
+        let waiter = self.waiters.remove(place)?;
+        if let Some(tenant) = &waiter.tenant {
+            if let Some(turns) = self.tenants.get_mut(tenant) {
+                turns.waiting -= 1;
+                if turns.waiting == 0 {
+                    self.tenants.remove(tenant);
+                }
+            }
+        }
+        Some(waiter.tx)
     }
 
     /// Hands freed permits to the waiters that may take them, highest
@@ -113,9 +194,11 @@ impl Permits {
             if !self.free_for(key.0) {
                 return;
             }
-            let Some(waiter) = self.waiters.remove(&key) else {
+            let Some(waiter) = self.dequeue(&key) else {
                 return;
             };
+            let served = &mut self.served[key.0 as usize];
+            *served = (*served).max(key.1);
             self.in_flight += 1;
             if waiter.send(true).is_err() {
                 // It stopped waiting meanwhile.
@@ -170,7 +253,7 @@ fn lock(permits: &Mutex<Permits>) -> std::sync::MutexGuard<'_, Permits> {
 /// client gone), passing on a permit handed over meanwhile.
 struct Waiting<'a> {
     pool: &'a Pool,
-    key: (Priority, u64),
+    key: Place,
     /// Where the permit arrives; `None` once it is taken.
     rx: Option<oneshot::Receiver<bool>>,
 }
@@ -178,7 +261,7 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let mut permits = lock(&self.pool.permits);
-        if permits.waiters.remove(&self.key).is_none() {
+        if permits.dequeue(&self.key).is_none() {
             // Handed a permit (under this lock, so it is in the channel by
             // now) that nobody will use: pass it on.
             if let Some(mut rx) = self.rx.take() {
@@ -216,6 +299,10 @@ impl Pool {
                 in_flight: 0,
                 waiters: BTreeMap::new(),
                 arrivals: 0,
+                fair: def.queue_fair,
+                per_tenant_max: def.queue_per_tenant_max,
+                served: [0; 3],
+                tenants: HashMap::new(),
             })),
             metrics: PoolMetrics {
                 in_flight: metrics.pool_in_flight.with_label_values(&label),
@@ -237,10 +324,15 @@ impl Pool {
         self.servers.load_full()
     }
 
-    /// Takes a permit for a route of `priority`, waiting in the bounded
+    /// Takes a permit for a request of `tenant` (none before
+    /// authentication) on a route of `priority`, waiting in the bounded
     /// queue if need be.
-    pub async fn admit(&self, priority: Priority) -> Result<PoolPermit, PoolRefusal> {
-        self.wait(priority)
+    pub async fn admit(
+        &self,
+        priority: Priority,
+        tenant: Option<&Arc<str>>,
+    ) -> Result<PoolPermit, PoolRefusal> {
+        self.wait(priority, tenant)
             .await
             .inspect_err(|_| self.metrics.rejections[priority as usize].inc())?;
         self.metrics.in_flight.inc();
@@ -250,7 +342,7 @@ impl Pool {
         })
     }
 
-    async fn wait(&self, priority: Priority) -> Result<(), PoolRefusal> {
+    async fn wait(&self, priority: Priority, tenant: Option<&Arc<str>>) -> Result<(), PoolRefusal> {
         let def = self.def.load();
         let (rx, key) = {
             let mut permits = lock(&self.permits);
@@ -259,7 +351,7 @@ impl Pool {
                 .waiters
                 .keys()
                 .next()
-                .is_some_and(|(p, _)| *p <= priority);
+                .is_some_and(|(p, ..)| *p <= priority);
             if permits.free_for(priority) && !ahead {
                 permits.in_flight += 1;
                 return Ok(());
@@ -267,19 +359,18 @@ impl Pool {
             if permits.waiters.len() >= def.queue_max_waiting as usize {
                 // Full: the newest waiter of a lower priority makes room.
                 let last = permits.waiters.keys().next_back().copied();
-                match last.filter(|(p, _)| *p > priority) {
+                match last.filter(|(p, ..)| *p > priority) {
                     Some(lowest) => {
-                        if let Some(displaced) = permits.waiters.remove(&lowest) {
+                        if let Some(displaced) = permits.dequeue(&lowest) {
                             let _ = displaced.send(false);
                         }
                     }
                     None => return Err(PoolRefusal::Saturated),
                 }
             }
-            let (tx, rx) = oneshot::channel();
-            permits.arrivals += 1;
-            let key = (priority, permits.arrivals);
-            permits.waiters.insert(key, tx);
+            let Some((key, rx)) = permits.enqueue(priority, tenant) else {
+                return Err(PoolRefusal::Saturated);
+            };
             (rx, key)
         };
         self.metrics.waiting.inc();
@@ -338,6 +429,9 @@ impl Pool {
         let mut permits = lock(&self.permits);
         permits.size = def.max_in_flight;
         permits.reserved = def.reserved_critical;
+        // Waiters keep their places; those queued after take the new rules.
+        permits.fair = def.queue_fair;
+        permits.per_tenant_max = def.queue_per_tenant_max;
         permits.hand_off();
     }
 }

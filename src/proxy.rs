@@ -119,7 +119,8 @@ impl Gateway {
                 PoolRefusal::Saturated => Rejection::Overloaded { retry_after: 1 },
                 PoolRefusal::NoHealthyServer => Rejection::NoHealthyUpstream { retry_after: 1 },
             };
-            match pool.admit(ctx.facts.priority).await {
+            let tenant = ctx.facts.credential.as_ref().map(|c| &c.tenant);
+            match pool.admit(ctx.facts.priority, tenant).await {
                 Ok(permit) => ctx.permit = Some(permit),
                 Err(r) => return Ok(Err(refusal(r))),
             }

@@ -59,6 +59,7 @@ const FIXTURES: &[(&str, &str)] = &[
     ("too_deep", "tests/config/too_deep.yaml: nested deeper than 64 levels"),
     ("forward_auth_bad", "tests/config/forward_auth_bad.yaml: auth.forward_auth.headers[1]: \"bad header\" is not a header name\ntests/config/forward_auth_bad.yaml: auth.forward_auth.max_in_flight: must be between 1 and 100000, got 0\ntests/config/forward_auth_bad.yaml: auth.forward_auth.url: must be http:// or https://"),
     ("store_keys_bad", "tests/config/store_keys_bad.yaml: auth.store_keys.cache_entries: must be between 1 and 100000000, got 0\ntests/config/store_keys_bad.yaml: auth.store_keys.negative_ttl_s: must be between 0 and 3600, got 4000"),
+    ("queue_per_tenant_zero", "tests/config/queue_per_tenant_zero.yaml: upstreams.api.queue.per_tenant_max: must be between 1 and 1000000, got 0"),
     ("bad_timeout", "tests/config/bad_timeout.yaml: server.timeouts.header_read_ms: must be between 1 and 3600000, got 0"),
     ("sentinel_without_master", "tests/config/sentinel_without_master.yaml: store.master_name: backend redis_sentinel needs the primary's name at the sentinels"),
     ("master_name_without_sentinel", "tests/config/master_name_without_sentinel.yaml: store.master_name: is for backend redis_sentinel, not redis"),

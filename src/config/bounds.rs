@@ -112,6 +112,8 @@ pub const LEASE_TTL_MS: Bound = Bound::computed(10, 60_000);
 pub const JWT_LEEWAY_S: Bound = Bound::new(0, 300, 30);
 /// `auth.jwt[].refresh_s`.
 pub const JWKS_REFRESH_S: Bound = Bound::new(1, 86_400, 300);
+/// `upstreams.*.queue.per_tenant_max`.
+pub const QUEUE_PER_TENANT_MAX: Bound = Bound::computed(1, 1_000_000);
 /// `auth.store_keys.cache_entries`.
 pub const STORE_KEYS_CACHE_ENTRIES: Bound = Bound::new(1, 100_000_000, 100_000);
 /// `auth.store_keys.negative_ttl_s`.

@@ -225,6 +225,12 @@ pub struct Upstream {
     pub health: Option<HealthCheck>,
     /// Permits only critical routes may take.
     pub reserved_critical: u32,
+    /// Whether waiters of one priority are served fairly between tenants
+    /// (`queue.fair: tenant`) rather than in arrival order.
+    pub queue_fair: bool,
+    /// The most waiters one tenant may have in the queue
+    /// (`queue.per_tenant_max`).
+    pub queue_per_tenant_max: Option<u32>,
 }
 
 /// How a pool's servers are reached over TLS.

@@ -867,6 +867,23 @@ pub struct RawQueue {
     /// Longest wait for a permit before a 503, 0-60000 ms; default 100.
     #[schemars(transform = bounds::QUEUE_TIMEOUT_MS.schema())]
     pub timeout_ms: Option<u64>,
+    /// `tenant`: within each priority, waiters are served in turn between
+    /// tenants (one tenant's burst cannot starve another); arrival order
+    /// when absent.
+    pub fair: Option<Fairness>,
+    /// The most waiters one tenant may have in the queue, 1-1000000;
+    /// beyond it that tenant is answered 503 at once while others still
+    /// queue. No bound when absent.
+    #[schemars(transform = bounds::QUEUE_PER_TENANT_MAX.schema())]
+    pub per_tenant_max: Option<u32>,
+}
+
+/// The values of `upstreams.*.queue.fair`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Fairness {
+    /// In turn between tenants (requests without one share a turn).
+    Tenant,
 }
 
 /// The values of `routes[].auth`.

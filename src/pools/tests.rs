@@ -20,6 +20,8 @@ fn upstream(servers: &[&str], max_in_flight: u32, max_waiting: u32, wait_ms: u64
         protocol: crate::config::UpstreamProtocol::Http1,
         health: None,
         reserved_critical: 0,
+        queue_fair: false,
+        queue_per_tenant_max: None,
     }
 }
 
@@ -58,29 +60,29 @@ fn healthy_servers_take_turns() {
 #[tokio::test(start_paused = true)]
 async fn permits_are_bounded_queued_and_released_by_drop() {
     let (p, metrics) = pool(&upstream(&["127.0.0.1:1"], 2, 1, 50));
-    let a = p.admit(Priority::Normal).await.unwrap();
-    let _b = p.admit(Priority::Normal).await.unwrap();
+    let a = p.admit(Priority::Normal, None).await.unwrap();
+    let _b = p.admit(Priority::Normal, None).await.unwrap();
     assert_eq!(metrics.pool_in_flight.with_label_values(&["api"]).get(), 2);
     // The third waits in the queue and gets a permit when one is dropped.
     let waiter = {
         let p = p.clone();
-        tokio::spawn(async move { p.admit(Priority::Normal).await.map(drop) })
+        tokio::spawn(async move { p.admit(Priority::Normal, None).await.map(drop) })
     };
     tokio::task::yield_now().await;
     // The queue holds one: a fourth is refused at once.
     tokio::time::advance(Duration::from_millis(5)).await;
     assert_eq!(metrics.pool_waiting.with_label_values(&["api"]).get(), 1);
     assert_eq!(
-        p.admit(Priority::Normal).await.err(),
+        p.admit(Priority::Normal, None).await.err(),
         Some(PoolRefusal::Saturated)
     );
     drop(a);
     assert_eq!(waiter.await.unwrap().err(), None);
     // With nothing released, a waiter times out (paused time jumps to the
     // timeout once nothing else can run).
-    let _c = p.admit(Priority::Normal).await.unwrap();
+    let _c = p.admit(Priority::Normal, None).await.unwrap();
     assert_eq!(
-        p.admit(Priority::Normal).await.err(),
+        p.admit(Priority::Normal, None).await.err(),
         Some(PoolRefusal::Saturated)
     );
     assert_eq!(
@@ -103,17 +105,17 @@ async fn a_reload_resizes_the_pool_in_place() {
     let first = pools
         .reconcile(&[upstream(&["127.0.0.1:1"], 1, 0, 0)])
         .remove(0);
-    let held = first.admit(Priority::Normal).await.unwrap();
+    let held = first.admit(Priority::Normal, None).await.unwrap();
     let bigger = pools
         .reconcile(&[upstream(&["127.0.0.1:1"], 3, 0, 0)])
         .remove(0);
     assert!(Arc::ptr_eq(&first, &bigger), "the same pool, resized");
     let more = [
-        bigger.admit(Priority::Normal).await.unwrap(),
-        bigger.admit(Priority::Normal).await.unwrap(),
+        bigger.admit(Priority::Normal, None).await.unwrap(),
+        bigger.admit(Priority::Normal, None).await.unwrap(),
     ];
     assert!(
-        bigger.admit(Priority::Normal).await.is_err(),
+        bigger.admit(Priority::Normal, None).await.is_err(),
         "3 in flight, including the one from before"
     );
     // Shrinking to 1 while 3 are in flight: nothing new until two finish.
@@ -122,12 +124,12 @@ async fn a_reload_resizes_the_pool_in_place() {
         .remove(0);
     drop(held);
     tokio::task::yield_now().await;
-    assert!(smaller.admit(Priority::Normal).await.is_err());
+    assert!(smaller.admit(Priority::Normal, None).await.is_err());
     drop(more);
     // Lets the task that takes back the owed permits run.
     tokio::time::advance(Duration::from_millis(10)).await;
-    let only = smaller.admit(Priority::Normal).await.unwrap();
-    assert!(smaller.admit(Priority::Normal).await.is_err());
+    let only = smaller.admit(Priority::Normal, None).await.unwrap();
+    assert!(smaller.admit(Priority::Normal, None).await.is_err());
     drop(only);
 }
 
@@ -137,13 +139,13 @@ fn waiter(
     priority: Priority,
 ) -> tokio::task::JoinHandle<Result<PoolPermit, PoolRefusal>> {
     let p = p.clone();
-    tokio::spawn(async move { p.admit(priority).await })
+    tokio::spawn(async move { p.admit(priority, None).await })
 }
 
 #[tokio::test(start_paused = true)]
 async fn waiters_are_served_by_priority_and_the_lowest_is_displaced() {
     let (p, metrics) = pool(&upstream(&["127.0.0.1:1"], 1, 2, 60_000));
-    let running = p.admit(Priority::Normal).await.unwrap();
+    let running = p.admit(Priority::Normal, None).await.unwrap();
     let sheddable = waiter(&p, Priority::Sheddable);
     tokio::task::yield_now().await;
     let normal = waiter(&p, Priority::Normal);
@@ -155,7 +157,7 @@ async fn waiters_are_served_by_priority_and_the_lowest_is_displaced() {
     assert_eq!(sheddable.await.unwrap().err(), Some(PoolRefusal::Saturated));
     // A normal newcomer finds nobody lower to displace.
     assert_eq!(
-        p.admit(Priority::Normal).await.err(),
+        p.admit(Priority::Normal, None).await.err(),
         Some(PoolRefusal::Saturated)
     );
     // The freed permit goes to the critical waiter, though it came last.
@@ -175,21 +177,23 @@ async fn waiters_are_served_by_priority_and_the_lowest_is_displaced() {
 async fn the_reserved_share_goes_only_to_critical_routes() {
     let def = Upstream {
         reserved_critical: 1,
+        queue_fair: false,
+        queue_per_tenant_max: None,
         ..upstream(&["127.0.0.1:1"], 3, 0, 0)
     };
     let (p, _) = pool(&def);
     let normal = [
-        p.admit(Priority::Normal).await.unwrap(),
-        p.admit(Priority::Sheddable).await.unwrap(),
+        p.admit(Priority::Normal, None).await.unwrap(),
+        p.admit(Priority::Sheddable, None).await.unwrap(),
     ];
     // Two of three taken: the third is the reserve.
     assert_eq!(
-        p.admit(Priority::Normal).await.err(),
+        p.admit(Priority::Normal, None).await.err(),
         Some(PoolRefusal::Saturated)
     );
-    let critical = p.admit(Priority::Critical).await.unwrap();
+    let critical = p.admit(Priority::Critical, None).await.unwrap();
     assert_eq!(
-        p.admit(Priority::Critical).await.err(),
+        p.admit(Priority::Critical, None).await.err(),
         Some(PoolRefusal::Saturated)
     );
     drop(normal);
@@ -200,11 +204,13 @@ async fn the_reserved_share_goes_only_to_critical_routes() {
 async fn a_freed_reserved_permit_waits_for_a_critical_route() {
     let def = Upstream {
         reserved_critical: 1,
+        queue_fair: false,
+        queue_per_tenant_max: None,
         ..upstream(&["127.0.0.1:1"], 2, 4, 60_000)
     };
     let (p, _) = pool(&def);
-    let normal = p.admit(Priority::Normal).await.unwrap();
-    let critical = p.admit(Priority::Critical).await.unwrap();
+    let normal = p.admit(Priority::Normal, None).await.unwrap();
+    let critical = p.admit(Priority::Critical, None).await.unwrap();
     let waiting = waiter(&p, Priority::Normal);
     tokio::task::yield_now().await;
     // The critical route's permit comes back: it is the reserved one.
@@ -224,4 +230,110 @@ async fn a_freed_reserved_permit_waits_for_a_critical_route() {
     assert!(!waiting.is_finished());
     drop(again);
     drop(waiting.await.unwrap().unwrap());
+}
+
+/// A pool of one permit whose queue holds 100 for 10 s, fair between
+/// tenants or not, with at most `per_tenant` waiters a tenant.
+fn queue(fair: bool, per_tenant: Option<u32>) -> (Arc<Pool>, Arc<Metrics>) {
+    let mut def = upstream(&["127.0.0.1:1"], 1, 100, 10_000);
+    def.queue_fair = fair;
+    def.queue_per_tenant_max = per_tenant;
+    pool(&def)
+}
+
+/// Queues one waiter of `tenant` that, once admitted, notes its tenant in
+/// `served` and gives its permit back; returns once it is in the queue.
+async fn queued(
+    p: &Arc<Pool>,
+    metrics: &Metrics,
+    tenant: &'static str,
+    served: &Arc<Mutex<Vec<&'static str>>>,
+) -> tokio::task::JoinHandle<Result<(), PoolRefusal>> {
+    let waiting = metrics.pool_waiting.with_label_values(&["api"]);
+    let before = waiting.get();
+    let (p, served) = (p.clone(), served.clone());
+    let task = tokio::spawn(async move {
+        let permit = p.admit(Priority::Normal, Some(&Arc::from(tenant))).await?;
+        served.lock().unwrap().push(tenant);
+        drop(permit);
+        Ok(())
+    });
+    while waiting.get() == before && !task.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    task
+}
+
+/// Fifty waiters of tenant `a`, then one of `b`, behind a held permit: the
+/// order they are served in.
+async fn fifty_and_one(fair: bool) -> Vec<&'static str> {
+    let (p, metrics) = queue(fair, None);
+    let held = p.admit(Priority::Normal, None).await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        tasks.push(queued(&p, &metrics, "a", &served).await);
+    }
+    tasks.push(queued(&p, &metrics, "b", &served).await);
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let order = served.lock().unwrap().clone();
+    order
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fair_queue_serves_a_newcomer_within_one_turn() {
+    let order = fifty_and_one(true).await;
+    assert_eq!(order.len(), 51);
+    assert_eq!(order.iter().position(|&t| t == "b"), Some(1), "{order:?}");
+    // In arrival order, the newcomer waits for all fifty.
+    let order = fifty_and_one(false).await;
+    assert_eq!(order.iter().position(|&t| t == "b"), Some(50), "{order:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_with_several_waiters_take_turns() {
+    let (p, metrics) = queue(true, None);
+    let held = p.admit(Priority::Normal, None).await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for tenant in ["a", "a", "a", "b", "b", "c"] {
+        tasks.push(queued(&p, &metrics, tenant, &served).await);
+    }
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), ["a", "b", "c", "a", "b", "a"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_beyond_per_tenant_max_is_refused_while_others_queue() {
+    let (p, metrics) = queue(true, Some(3));
+    let held = p.admit(Priority::Normal, None).await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        tasks.push(queued(&p, &metrics, "a", &served).await);
+    }
+    let excess = p.admit(Priority::Normal, Some(&Arc::from("a"))).await;
+    assert_eq!(
+        excess.err(),
+        Some(PoolRefusal::Saturated),
+        "refused at once"
+    );
+    tasks.push(queued(&p, &metrics, "b", &served).await);
+    assert_eq!(metrics.pool_waiting.with_label_values(&["api"]).get(), 4);
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), ["a", "b", "a", "a"]);
+    // Once a's waiters are served, a may queue again.
+    let held = p.admit(Priority::Normal, None).await.unwrap();
+    let again = queued(&p, &metrics, "a", &served).await;
+    drop(held);
+    again.await.unwrap().unwrap();
 }
