@@ -12,11 +12,13 @@ CONFIG ?= config/quickstart.yaml
 # openssl makes the certificates of the TLS tests; curl is the HTTP/2 client;
 # python3-grpcio is the gRPC client and server of tests/grpc.rs; h2load
 # floods the gateway in tests/flood.rs; python3-jsonschema and python3-yaml
-# validate the policies against `tollgate schema` in tests/schema.rs.
+# validate the policies against `tollgate schema` in tests/schema.rs;
+# promtool (Debian's prometheus) checks and unit-tests the alerting rules of
+# deploy/prometheus in tests/observability.rs.
 SYSTEM_DEPS := cmake=cmake redis-server=redis-server openssl=openssl curl=curl \
 	/usr/lib/python3/dist-packages/grpc/__init__.py=python3-grpcio h2load=nghttp2-client \
 	/usr/lib/python3/dist-packages/jsonschema/__init__.py=python3-jsonschema \
-	/usr/lib/python3/dist-packages/yaml/__init__.py=python3-yaml
+	/usr/lib/python3/dist-packages/yaml/__init__.py=python3-yaml promtool=prometheus
 # The benchmark's contenders and load generator.
 BENCH_DEPS := nginx=nginx-light wrk=wrk h2load=nghttp2-client valgrind=valgrind /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
 

@@ -34,6 +34,10 @@ pub struct Metrics {
     pub pool_wait_seconds: HistogramVec,
     /// `tollgate_upstream_seconds{route}`: upstream response time.
     pub upstream_seconds: HistogramVec,
+    /// `tollgate_upstream_responses_total{route,class}`: what the upstream
+    /// answered forwarded requests, by status class (`1xx`-`5xx`), or
+    /// `error` when it did not answer (connect or read failure, timeout).
+    pub upstream_responses: IntCounterVec,
     /// `tollgate_config_reloads_total{result}`: policy reloads.
     pub config_reloads: IntCounterVec,
     /// `tollgate_config_info{policy_version}`: 1 for the live policy.
@@ -355,6 +359,12 @@ impl Metrics {
                 &["pool"],
                 SECONDS,
             ),
+            upstream_responses: counter(
+                &r,
+                "tollgate_upstream_responses_total",
+                "Upstream answers to forwarded requests by route and status class (error: none).",
+                &["route", "class"],
+            ),
             upstream_seconds: histogram(
                 &r,
                 "tollgate_upstream_seconds",
@@ -498,6 +508,9 @@ outcomes! {
     }
 }
 
+/// The `class` values of `tollgate_upstream_responses_total`.
+pub const RESPONSE_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
+
 /// The labeled series requests touch under one policy, reached by route and
 /// limit index instead of by hashing label values on every request. Each
 /// is resolved on first use, so the exposition still shows only series that
@@ -509,6 +522,7 @@ pub struct PolicyMetrics {
     limits: Vec<Arc<str>>,
     requests: Vec<Vec<OnceLock<IntCounter>>>,
     upstream: Vec<OnceLock<Histogram>>,
+    responses: Vec<Vec<OnceLock<IntCounter>>>,
     decisions: Vec<Vec<OnceLock<IntCounter>>>,
 }
 
@@ -524,6 +538,10 @@ impl PolicyMetrics {
         Self {
             requests: routes.iter().map(|_| cells(Outcome::ALL.len())).collect(),
             upstream: cells(routes.len()),
+            responses: routes
+                .iter()
+                .map(|_| cells(RESPONSE_CLASSES.len()))
+                .collect(),
             decisions: limits
                 .iter()
                 .map(|_| cells(DecisionOutcome::ALL.len()))
@@ -560,6 +578,23 @@ impl PolicyMetrics {
                     .with_label_values(&[self.routes[r].as_ref()])
             })
             .observe(seconds);
+    }
+
+    /// What the upstream answered a request of a route class: its status,
+    /// or `None` when it did not answer.
+    pub fn upstream_response(&self, route: Option<usize>, status: Option<u16>) {
+        let r = self.route(route);
+        let class = match status {
+            Some(s @ 100..=599) => usize::from(s / 100 - 1),
+            _ => RESPONSE_CLASSES.len() - 1,
+        };
+        self.responses[r][class]
+            .get_or_init(|| {
+                self.metrics
+                    .upstream_responses
+                    .with_label_values(&[self.routes[r].as_ref(), RESPONSE_CLASSES[class]])
+            })
+            .inc();
     }
 
     /// One decision of a limit.

@@ -65,6 +65,8 @@ pub struct RequestCtx {
     body_buffer: Option<BodyReservation>,
     /// The upstream's response head arrived.
     answered: bool,
+    /// The status of the upstream's response, once its head arrived.
+    upstream_status: Option<u16>,
 }
 
 /// The gateway: the live policy, swapped atomically on reload.
@@ -505,10 +507,11 @@ impl ProxyHttp for Gateway {
     async fn upstream_response_filter(
         &self,
         _session: &mut Session,
-        _response: &mut ResponseHeader,
+        response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.answered = true;
+        ctx.upstream_status = Some(response.status.as_u16());
         Ok(())
     }
 
@@ -688,6 +691,7 @@ impl Gateway {
         }
         if let Some(started) = ctx.upstream_started {
             metrics.upstream_seconds(route, started.elapsed().as_secs_f64());
+            metrics.upstream_response(route, ctx.upstream_status);
         }
         if let Some(admitted @ (Outcome::Allowed | Outcome::Limited)) = ctx.outcome {
             if let Some(caller) = ctx.facts.caller(rt.policy.client_ip.ipv6_prefix) {

@@ -1,0 +1,98 @@
+//! What ships for monitoring: the alerting rules of `deploy/prometheus`
+//! load and pass their unit tests under `promtool`, name only series the
+//! gateway exports, and the upstream answers they alert on are counted.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use support::{Gateway, Upstream};
+
+fn promtool(args: &[&str]) -> String {
+    let out = Command::new("promtool")
+        .args(args)
+        .output()
+        .expect("promtool (Debian's prometheus package; `make deps` installs it)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {args:?}:\n{text}");
+    text
+}
+
+#[test]
+fn the_alerting_rules_load_and_pass_their_unit_tests() {
+    let checked = promtool(&["check", "rules", "deploy/prometheus/alerts.yaml"]);
+    assert!(checked.contains("SUCCESS"), "{checked}");
+    let tested = promtool(&["test", "rules", "deploy/prometheus/alerts.test.yaml"]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
+/// The `tollgate_*` names in `text`.
+fn names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("tollgate_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        out.insert(name);
+    }
+    out
+}
+
+#[test]
+fn every_rule_and_test_names_a_series_the_gateway_registers() {
+    let registered = names(&std::fs::read_to_string("src/metrics.rs").unwrap());
+    for file in [
+        "deploy/prometheus/alerts.yaml",
+        "deploy/prometheus/alerts.test.yaml",
+    ] {
+        let named = names(&std::fs::read_to_string(file).unwrap());
+        assert!(!named.is_empty());
+        for name in named {
+            // Histograms are named by their family.
+            let family = name
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_count")
+                .trim_end_matches("_sum");
+            assert!(
+                registered.contains(family),
+                "{file}: {name} is not a metric of the gateway"
+            );
+        }
+    }
+}
+
+#[test]
+fn upstream_answers_are_counted_by_route_and_status_class() {
+    let upstream = Upstream::start();
+    let gw = Gateway::start(
+        r#"
+version: 1
+server: { listen: ["{listen}"], admin_listen: "{admin}" }
+upstreams:
+  api: { servers: ["{upstream}"], retries: 0 }
+routes:
+  - { name: api, path: "/**", auth: none, upstream: api }
+"#,
+        Some(&upstream),
+    );
+    assert_eq!(gw.get("/ok", &[]).status, 200);
+    assert_eq!(gw.get("/ok", &[]).status, 200);
+    assert_eq!(gw.get("/fail", &[]).status, 502);
+    let count = |class: &str| {
+        gw.metric(&format!(
+            "tollgate_upstream_responses_total{{class=\"{class}\",route=\"api\"}}"
+        ))
+    };
+    assert!(support::eventually(
+        std::time::Duration::from_secs(5),
+        || { count("2xx") == 2.0 && count("error") == 1.0 }
+    ));
+}
