@@ -327,12 +327,18 @@ impl Metrics {
                 &["limit", "outcome"],
             ),
             store_call_seconds,
-            store_errors: counter(
-                &r,
-                "tollgate_store_errors_total",
-                "Failed limit store calls by reason.",
-                &["reason"],
-            ),
+            store_errors: {
+                let c = counter(
+                    &r,
+                    "tollgate_store_errors_total",
+                    "Failed limit store calls by reason.",
+                    &["reason"],
+                );
+                for reason in ["timeout", "circuit_open", "connection", "script", "reply", "refused"] {
+                    c.with_label_values(&[reason]);
+                }
+                c
+            },
             store_circuit_open,
             pool_in_flight: gauge(
                 &r,
@@ -372,12 +378,18 @@ impl Metrics {
                 &["route"],
                 SECONDS,
             ),
-            config_reloads: counter(
-                &r,
-                "tollgate_config_reloads_total",
-                "Policy reloads by result.",
-                &["result"],
-            ),
+            config_reloads: {
+                let c = counter(
+                    &r,
+                    "tollgate_config_reloads_total",
+                    "Policy reloads by result.",
+                    &["result"],
+                );
+                for result in ["ok", "error"] {
+                    c.with_label_values(&[result]);
+                }
+                c
+            },
             config_info: gauge(
                 &r,
                 "tollgate_config_info",
@@ -512,9 +524,9 @@ outcomes! {
 pub const RESPONSE_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
 
 /// The labeled series requests touch under one policy, reached by route and
-/// limit index instead of by hashing label values on every request. Each
-/// is resolved on first use, so the exposition still shows only series that
-/// have happened.
+/// limit index instead of by hashing label values on every request. Every
+/// one is resolved when the policy loads, so a fresh gateway's `/metrics`
+/// already names each series (at zero) that a dashboard or an alert reads.
 pub struct PolicyMetrics {
     metrics: Arc<Metrics>,
     /// Route class names, then `unmatched`.
@@ -535,7 +547,7 @@ impl PolicyMetrics {
     /// order (their indices are the policy's route and limit ids).
     pub fn new(metrics: Arc<Metrics>, mut routes: Vec<Arc<str>>, limits: Vec<Arc<str>>) -> Self {
         routes.push("unmatched".into());
-        Self {
+        let this = Self {
             requests: routes.iter().map(|_| cells(Outcome::ALL.len())).collect(),
             upstream: cells(routes.len()),
             responses: routes
@@ -549,6 +561,43 @@ impl PolicyMetrics {
             metrics,
             routes,
             limits,
+        };
+        this.export_all();
+        this
+    }
+
+    /// Resolves every series of the policy, so each is exported from the
+    /// start (at zero).
+    fn export_all(&self) {
+        let m = &self.metrics;
+        for (r, route) in self.routes.iter().enumerate() {
+            for &outcome in Outcome::ALL {
+                self.requests[r][outcome as usize].get_or_init(|| {
+                    m.requests
+                        .with_label_values(&[route.as_ref(), outcome.as_str()])
+                });
+            }
+            if r + 1 == self.routes.len() {
+                // `unmatched` is never forwarded.
+                continue;
+            }
+            self.upstream[r]
+                .get_or_init(|| m.upstream_seconds.with_label_values(&[route.as_ref()]));
+            m.cost_uncharged.with_label_values(&[route.as_ref()]);
+            for (class, name) in RESPONSE_CLASSES.iter().enumerate() {
+                self.responses[r][class].get_or_init(|| {
+                    m.upstream_responses
+                        .with_label_values(&[route.as_ref(), name])
+                });
+            }
+        }
+        for (l, limit) in self.limits.iter().enumerate() {
+            for &outcome in DecisionOutcome::ALL {
+                self.decisions[l][outcome as usize].get_or_init(|| {
+                    m.limit_decisions
+                        .with_label_values(&[limit.as_ref(), outcome.as_str()])
+                });
+            }
         }
     }
 

@@ -96,3 +96,43 @@ routes:
         || { count("2xx") == 2.0 && count("error") == 1.0 }
     ));
 }
+
+#[test]
+fn a_fresh_gateway_exports_every_family_the_rules_read() {
+    let upstream = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &format!(
+            r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", access_log: {{ path: "{}" }} }}
+limits:
+  per-ip: {{ key: [ip], capacity: 10, refill_per_second: 1 }}
+upstreams:
+  api: {{ servers: ["{{upstream}}"] }}
+routes:
+  - {{ name: api, path: "/**", auth: none, upstream: api, limits: [per-ip] }}
+"#,
+            dir.path().join("access.log").display()
+        ),
+        Some(&upstream),
+    );
+    // No request yet: every series an alert reads is there, at zero.
+    let exported = gw.metrics();
+    let rules = std::fs::read_to_string("deploy/prometheus/alerts.yaml").unwrap();
+    for family in names(&rules) {
+        assert!(
+            exported.lines().any(|l| l.starts_with(&family) && !l.starts_with('#')),
+            "{family} is not exported before traffic"
+        );
+    }
+    for series in [
+        "tollgate_requests_total{outcome=\"auth_unavailable\",route=\"api\"} 0",
+        "tollgate_limit_decisions_total{limit=\"per-ip\",outcome=\"fail_open\"} 0",
+        "tollgate_upstream_responses_total{class=\"5xx\",route=\"api\"} 0",
+        "tollgate_pool_rejections_total{pool=\"api\",priority=\"critical\"} 0",
+        "tollgate_config_reloads_total{result=\"error\"} 0",
+    ] {
+        assert!(exported.lines().any(|l| l == series), "{series}");
+    }
+}
