@@ -122,7 +122,9 @@ routes:
     let rules = std::fs::read_to_string("deploy/prometheus/alerts.yaml").unwrap();
     for family in names(&rules) {
         assert!(
-            exported.lines().any(|l| l.starts_with(&family) && !l.starts_with('#')),
+            exported
+                .lines()
+                .any(|l| l.starts_with(&family) && !l.starts_with('#')),
             "{family} is not exported before traffic"
         );
     }
