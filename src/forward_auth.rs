@@ -24,10 +24,11 @@ use pingora::connectors::http::v1::Connector;
 use pingora::http::RequestHeader;
 use pingora::upstreams::peer::HttpPeer;
 use sha2::{Digest, Sha256};
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::auth::Credential;
 use crate::limits::PlanId;
+use crate::single_flight::SingleFlight;
 
 /// The longest identity value the service may answer with.
 pub const MAX_VALUE: usize = 256;
@@ -109,7 +110,7 @@ pub struct ForwardAuth {
     connector: Connector,
     cache: Mutex<Cache>,
     /// One call per entry at a time: later requests wait for its answer.
-    calls: Mutex<HashMap<Entry, Arc<OnceCell<Answer>>>>,
+    calls: SingleFlight<Entry, Answer>,
     permits: Semaphore,
 }
 
@@ -140,7 +141,7 @@ impl ForwardAuth {
                 known: LruCache::new(known),
                 unknown: LruCache::new(unknown),
             }),
-            calls: Mutex::new(HashMap::new()),
+            calls: SingleFlight::default(),
             permits: Semaphore::new(settings.max_in_flight),
             settings,
         }
@@ -193,24 +194,10 @@ impl ForwardAuth {
         if let Some(answer) = self.cached(&entry) {
             return (answer, Via::Cache);
         }
-        let cell = {
-            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-            calls.entry(entry).or_default().clone()
-        };
-        let mut called = false;
-        let answer = cell
-            .get_or_init(|| {
-                called = true;
-                self.call_and_keep(entry, headers)
-            })
-            .await
-            .clone();
-        if called {
-            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-            if calls.get(&entry).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                calls.remove(&entry);
-            }
-        }
+        let (answer, called) = self
+            .calls
+            .run(&entry, || self.call_and_keep(entry, headers))
+            .await;
         (answer, if called { Via::Call } else { Via::Cache })
     }
 

@@ -29,6 +29,7 @@ pub mod revocations;
 pub mod routes;
 pub mod runtime;
 pub mod simulate;
+pub mod single_flight;
 pub mod store_keys;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 use serde::{Deserialize, Serialize};
-use tokio::sync::OnceCell;
 
 use crate::auth::Credential;
 use crate::limits::{LimitStore, PlanId, StoreError};
+use crate::single_flight::SingleFlight;
 
 /// The record kind of credentials by key digest.
 pub const BY_KEY: &str = "credentials";
@@ -112,7 +112,7 @@ pub enum Lookup {
 pub struct StoreKeys {
     cache: Mutex<Cache>,
     /// One store read per key at a time: later requests wait for it.
-    calls: Mutex<HashMap<String, Arc<OnceCell<Found>>>>,
+    calls: SingleFlight<String, Found>,
     /// Where the change feed is read from next; empty before the first
     /// read.
     cursor: tokio::sync::Mutex<String>,
@@ -147,7 +147,7 @@ impl StoreKeys {
                 unknown: LruCache::new(unknown_bound(DEFAULT_ENTRIES)),
                 negative_ttl: Duration::from_secs(10),
             }),
-            calls: Mutex::new(HashMap::new()),
+            calls: SingleFlight::default(),
             cursor: tokio::sync::Mutex::new(String::new()),
             local: Mutex::new(HashMap::new()),
         }
@@ -223,24 +223,12 @@ impl StoreKeys {
         if let Some(found) = self.cached(field, generation, &plans, &taken) {
             return (Ok(found), false);
         }
-        let cell = {
-            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-            calls.entry(field.to_owned()).or_default().clone()
-        };
-        let mut called = false;
-        let found = cell
-            .get_or_init(|| {
-                called = true;
+        let (found, called) = self
+            .calls
+            .run(&field.to_owned(), || {
                 self.read_and_keep(store, field, generation, &plans, &taken)
             })
-            .await
-            .clone();
-        if called {
-            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-            if calls.get(field).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                calls.remove(field);
-            }
-        }
+            .await;
         let lookup = match found {
             Found::Known(stored) => self
                 .cached(field, generation, &plans, &taken)
