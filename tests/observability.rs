@@ -29,6 +29,9 @@ fn the_alerting_rules_load_and_pass_their_unit_tests() {
     assert!(checked.contains("SUCCESS"), "{checked}");
     let tested = promtool(&["test", "rules", "deploy/prometheus/alerts.test.yaml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
+    // The example scrape configuration, with the rules it loads.
+    let config = promtool(&["check", "config", "deploy/prometheus/prometheus.yaml"]);
+    assert!(config.contains("is valid prometheus config"), "{config}");
 }
 
 /// The `tollgate_*` names in `text`.
