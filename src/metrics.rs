@@ -584,6 +584,10 @@ impl PolicyMetrics {
             self.upstream[r]
                 .get_or_init(|| m.upstream_seconds.with_label_values(&[route.as_ref()]));
             m.cost_uncharged.with_label_values(&[route.as_ref()]);
+            for direction in ["charged", "refunded", "missing"] {
+                m.cost_reconciled
+                    .with_label_values(&[route.as_ref(), direction]);
+            }
             for (class, name) in RESPONSE_CLASSES.iter().enumerate() {
                 self.responses[r][class].get_or_init(|| {
                     m.upstream_responses
@@ -644,6 +648,14 @@ impl PolicyMetrics {
                     .with_label_values(&[self.routes[r].as_ref(), RESPONSE_CLASSES[class]])
             })
             .inc();
+    }
+
+    /// Exports a leased limit's series from the start.
+    pub fn export_lease(&self, limit: &str) {
+        self.metrics.lease_units.with_label_values(&[limit]);
+        for kind in ["take", "renew", "return"] {
+            self.metrics.lease_calls.with_label_values(&[limit, kind]);
+        }
     }
 
     /// One decision of a limit.

@@ -93,6 +93,9 @@ impl Runtime {
             policy.routes.iter().map(|r| r.name.clone()).collect(),
             policy.limits.iter().map(|l| l.name.clone()).collect(),
         );
+        for limit in policy.limits.iter().filter(|l| l.lease.is_some()) {
+            metrics.export_lease(&limit.name);
+        }
         Self {
             policy,
             pools,

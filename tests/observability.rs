@@ -141,3 +141,107 @@ routes:
         assert!(exported.lines().any(|l| l == series), "{series}");
     }
 }
+
+/// Every query of the dashboard, its template variables substituted as
+/// Grafana would with "All" selected.
+fn dashboard_queries() -> Vec<String> {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("deploy/grafana/tollgate.json").unwrap())
+            .unwrap();
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            queries.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    for var in dashboard["templating"]["list"].as_array().unwrap() {
+        // label_values(SELECTOR, label): the selector is a query of its own.
+        if let Some(inner) = var["definition"]
+            .as_str()
+            .and_then(|d| d.strip_prefix("label_values("))
+            .and_then(|d| d.rsplit_once(',').map(|(selector, _)| selector.to_owned()))
+        {
+            queries.push(inner);
+        }
+    }
+    queries
+        .into_iter()
+        .map(|q| {
+            q.replace("$__rate_interval", "1m")
+                .replace("$__range", "1h")
+                .replace("$instance", ".*")
+                .replace("$route", ".*")
+                .replace("$limit", ".*")
+                .replace("$pool", ".*")
+        })
+        .collect()
+}
+
+#[test]
+fn every_dashboard_query_parses_and_names_series_a_gateway_exports() {
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 20, "{} queries", queries.len());
+    // Each query as a recording rule, for promtool to parse.
+    let dir = tempfile::tempdir().unwrap();
+    let rules: Vec<serde_json::Value> = queries
+        .iter()
+        .enumerate()
+        .map(|(i, q)| serde_json::json!({ "record": format!("dashboard:query_{i}"), "expr": q }))
+        .collect();
+    let file = dir.path().join("dashboard.rules.json.yaml");
+    let doc = serde_json::json!({ "groups": [{ "name": "dashboard", "rules": rules }] });
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let checked = promtool(&["check", "rules", file.to_str().unwrap()]);
+    assert!(
+        checked.contains(&format!("{} rules found", queries.len())),
+        "{checked}"
+    );
+
+    // A gateway after a short exercise exports every series named: with a
+    // leased limit on Redis and a route whose cost the response settles.
+    let redis = support::redis_server::RedisServer::start();
+    let upstream = Upstream::start();
+    let gw = Gateway::start_with_env(
+        &format!(
+            r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}" }}
+store: {}
+limits:
+  per-ip: {{ key: [ip], capacity: 2, refill_per_second: 0.001 }}
+  shared: {{ key: [], capacity: 1000, refill_per_second: 100, sync: lease, lease: {{ units: 10, ttl_ms: 1000 }} }}
+upstreams:
+  api: {{ servers: ["{{upstream}}"] }}
+routes:
+  - name: api
+    path: "/**"
+    auth: none
+    upstream: api
+    limits: [per-ip, shared]
+    cost_from_response: {{ header: x-cost, max: 5 }}
+"#,
+            redis.store(500)
+        ),
+        Some(&upstream),
+        &[("TOLLGATE_KEY_SECRET", "observability-secret")],
+    );
+    for _ in 0..3 {
+        gw.get("/x", &[]);
+    }
+    let exported = gw.metrics();
+    let mut missing = Vec::new();
+    for name in names(&queries.join("\n")) {
+        let family = name
+            .trim_end_matches("_bucket")
+            .trim_end_matches("_count")
+            .trim_end_matches("_sum")
+            .to_owned();
+        if !exported
+            .lines()
+            .any(|l| l.starts_with(&family) && !l.starts_with('#'))
+        {
+            missing.push(family);
+        }
+    }
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+}
