@@ -938,7 +938,7 @@ async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
                 let plan = stored
                     .plan
                     .as_deref()
-                    .and_then(|name| rt.policy.plans.iter().position(|p| p.name == name));
+                    .and_then(|name| rt.policy.plan_id(name));
                 q.verified =
                     crate::auth::Credential::new(&stored.id, &stored.tenant, plan).map(Arc::new);
             }

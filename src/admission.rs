@@ -359,7 +359,7 @@ fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
         return Identified::Refused("missing");
     };
     if !policy.auth.jwt.is_empty() && crate::jwt::looks_like_jwt(key) {
-        let plans = |name: &str| policy.plans.iter().position(|p| p.name == name);
+        let plans = |name: &str| policy.plan_id(name);
         let verified = policy.auth.jwt.verify(key, plans);
         metrics.auth_lookup("jwt", if verified.is_ok() { "hit" } else { "miss" });
         return match verified {
@@ -377,7 +377,7 @@ fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
     if policy.auth.store_keys.is_some() {
         let store = rt.limiter().shared_store().map(|s| s.as_ref());
         let field = crate::store_keys::StoreKeys::field(store, &digest);
-        let plans = |name: &str| policy.plans.iter().position(|p| p.name == name);
+        let plans = |name: &str| policy.plan_id(name);
         let taken = |id: &str| policy.auth.keys.has_id(id);
         match rt
             .services
@@ -613,7 +613,7 @@ async fn identify(
     };
     if let Some(field) = pending.store {
         let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        let plans = |name: &str| rt.policy.plans.iter().position(|p| p.name == name);
+        let plans = |name: &str| rt.policy.plan_id(name);
         let (found, called) = rt
             .services
             .store_keys

@@ -193,6 +193,13 @@ impl KeyTable {
     }
 }
 
+/// The most unknown callers a cache of `known` callers keeps beside them,
+/// in a bound of their own so a flood of random keys cannot push known
+/// callers out: a tenth of `known`, at least 1 000.
+pub fn unknown_callers_bound(known: usize) -> std::num::NonZeroUsize {
+    std::num::NonZeroUsize::new((known / 10).max(1_000)).unwrap_or(std::num::NonZeroUsize::MIN)
+}
+
 /// SHA-256 of a raw key.
 pub fn digest(raw_key: &[u8]) -> [u8; 32] {
     Sha256::digest(raw_key).into()

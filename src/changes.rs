@@ -226,10 +226,10 @@ pub fn lines(old: &Policy, new: &Policy) -> Vec<String> {
         }
         // Each plan's numbers, where the plan exists on both sides.
         for plan in &new.plans {
-            let Some(old_plan) = old.plans.iter().position(|p| p.name == plan.name) else {
+            let Some(old_plan) = old.plan_id(&plan.name) else {
                 continue;
             };
-            let new_plan = new.plans.iter().position(|p| p.name == plan.name);
+            let new_plan = new.plan_id(&plan.name);
             let (a, b) = (old.params(was, Some(old_plan)), new.params(id, new_plan));
             let (a_base, b_base) = (old.params(was, None), new.params(id, None));
             // Only where the plan overrides on either side.

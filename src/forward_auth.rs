@@ -26,7 +26,7 @@ use pingora::upstreams::peer::HttpPeer;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
-use crate::auth::Credential;
+use crate::auth::{unknown_callers_bound, Credential};
 use crate::limits::PlanId;
 use crate::single_flight::SingleFlight;
 
@@ -122,18 +122,12 @@ impl std::fmt::Debug for ForwardAuth {
     }
 }
 
-/// The most unknown callers kept: a tenth of the known, at least 1 000.
-fn unknown_bound(max_entries: usize) -> usize {
-    (max_entries / 10).max(1_000)
-}
-
 impl ForwardAuth {
     /// A client of the service `settings` describe.
     pub fn new(settings: Settings) -> Self {
         let peer = HttpPeer::new(settings.addr, settings.tls, settings.host.clone());
         let known = NonZeroUsize::new(settings.max_entries.max(1)).unwrap_or(NonZeroUsize::MIN);
-        let unknown =
-            NonZeroUsize::new(unknown_bound(settings.max_entries)).unwrap_or(NonZeroUsize::MIN);
+        let unknown = unknown_callers_bound(settings.max_entries);
         Self {
             peer,
             connector: Connector::new(None),

@@ -318,9 +318,8 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<String> {
             let key = key_from_stdin()?;
             let jwt = &policy.auth.jwt;
             if !jwt.is_empty() && tollgate::jwt::looks_like_jwt(&key) {
-                let plans = |name: &str| policy.plans.iter().position(|p| p.name == name);
                 let caller = jwt
-                    .verify(&key, plans)
+                    .verify(&key, |name| policy.plan_id(name))
                     .map_err(|f| anyhow::anyhow!("the JWT on stdin is refused ({})", f.reason()))?;
                 (None, Some(Arc::new(caller)))
             } else {

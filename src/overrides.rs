@@ -74,7 +74,7 @@ impl Resolved {
 pub fn resolve(policy: &Policy, o: &Override) -> Result<Resolved, Vec<String>> {
     let mut problems = Vec::new();
     let plan = match &o.plan {
-        Some(name) => match policy.plans.iter().position(|p| p.name == *name) {
+        Some(name) => match policy.plan_id(name) {
             Some(id) => Some(id),
             None => {
                 problems.push(format!("plan: unknown plan {name:?}"));

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::Credential;
+use crate::auth::{unknown_callers_bound, Credential};
 use crate::limits::{LimitStore, PlanId, StoreError};
 use crate::single_flight::SingleFlight;
 
@@ -132,11 +132,6 @@ impl std::fmt::Debug for StoreKeys {
     }
 }
 
-/// The most unknown keys kept: a tenth of the known, at least 1 000.
-fn unknown_bound(entries: usize) -> NonZeroUsize {
-    NonZeroUsize::new((entries / 10).max(1_000)).unwrap_or(NonZeroUsize::MIN)
-}
-
 impl StoreKeys {
     /// Nothing cached, nothing kept.
     pub fn new() -> Self {
@@ -144,7 +139,7 @@ impl StoreKeys {
         Self {
             cache: Mutex::new(Cache {
                 known: LruCache::new(known),
-                unknown: LruCache::new(unknown_bound(DEFAULT_ENTRIES)),
+                unknown: LruCache::new(unknown_callers_bound(DEFAULT_ENTRIES)),
                 negative_ttl: Duration::from_secs(10),
             }),
             calls: SingleFlight::default(),
@@ -158,7 +153,9 @@ impl StoreKeys {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let entries = NonZeroUsize::new(settings.cache_entries).unwrap_or(NonZeroUsize::MIN);
         cache.known.resize(entries);
-        cache.unknown.resize(unknown_bound(settings.cache_entries));
+        cache
+            .unknown
+            .resize(unknown_callers_bound(settings.cache_entries));
         cache.negative_ttl = settings.negative_ttl;
     }
 

@@ -384,6 +384,11 @@ impl CostFromResponse {
 }
 
 impl Policy {
+    /// The plan named `name`, if the policy has one.
+    pub fn plan_id(&self, name: &str) -> Option<PlanId> {
+        self.plans.iter().position(|p| p.name == name)
+    }
+
     /// The parameters a limit runs with for a caller on `plan`.
     pub fn params(&self, limit: LimitId, plan: Option<PlanId>) -> Params {
         plan.and_then(|p| self.plans[p].params_for(limit))
