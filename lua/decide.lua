@@ -32,15 +32,18 @@
 --                       fixed_window, sliding_window, sliding_log: limit,
 --                         window in ms
 --                       quota: limit, calendar (1 a UTC day, 2 a UTC month)
+--                       concurrency: max_in_flight, hold_ttl_ms
 --          cost     i8  whole units
 --          flags    B   ENFORCED (else shadow), GROUP (the request group,
---                       else pre-auth), TAKES, DELAYS, FORCED (below)
+--                       else pre-auth), TAKES, DELAYS, FORCED, HOLDS (below)
 --          take     i8  only with TAKES: units to take beyond the cost, as
 --                       many as fit, when the charge is spent (a lease)
 --          delay    i8  only with DELAYS: a cost that fits within this many
 --                       ms is admitted after that wait, charged now (a
 --                       bucket goes into debt, a GCRA's TAT moves ahead)
 --          debt     i8  only with FORCED: the deepest debt, in units
+--          hold     c16 only with HOLDS: a concurrency limit's hold, the
+--                       request's member of its sorted set
 --
 -- A forced charge (a cost learnt after the response) is charged whatever
 -- the state, into debt of at most `debt` units (a balance that far below
@@ -52,8 +55,13 @@
 -- for each of its limits, five integers: admitted (1, 0, or 2 when after a
 -- delay), remaining (whole units), wait in ms until the cost fits (0 when
 -- admitted, -1 when it never can; the delay when admitted is 2), ms until
--- the key is back to its initial state, units taken beyond the cost (for a forced charge, units not charged); then
--- the time used.
+-- the key is back to its initial state, units taken beyond the cost (for a
+-- forced charge, units not charged; for a hold, expired holds reclaimed);
+-- then the time used.
+--
+-- A concurrency limit holds one unit per request in flight: spending a
+-- charge with a hold takes it (until hold_ttl_ms from now), forcing one
+-- renews it if it is still held, giving one back releases it.
 --
 -- A refund gives each charge's cost back to its state as the in-process
 -- store does (never beyond the initial state; a window that has rolled
@@ -99,15 +107,20 @@ local DAY, MONTH = 1, 2
 -- Big-endian, so that entries of one instant sort by running total.
 local ENTRY = '>i8i8i8'
 -- A limit's flags, as src/limits/redis/codec.rs sets them.
-local ENFORCED, GROUP, TAKES, DELAYS, FORCED = 1, 2, 4, 8, 16
+local ENFORCED, GROUP, TAKES, DELAYS, FORCED, HOLDS = 1, 2, 4, 8, 16, 32
+-- Bytes of a hold, the member of a concurrency limit's sorted set.
+local HOLD = 16
+-- A full concurrency limit's wait: a second (Retry-After: 1).
+local HOLD_RETRY_MS = 1000
 -- Every flags byte decoded once, by name (plain arithmetic: no library
 -- is reachable while a function library loads).
 local FLAGS = {}
-for f = 0, 2 * FORCED - 1 do
+for f = 0, 2 * HOLDS - 1 do
   local function set(bit) return (f - f % bit) / bit % 2 == 1 end
   FLAGS[f] = {
     enforced = set(ENFORCED), group = set(GROUP) and 1 or 0,
     takes = set(TAKES), delays = set(DELAYS), forced = set(FORCED),
+    holds = set(HOLDS),
   }
 end
 
@@ -118,6 +131,8 @@ local floor, max, min, ceil, pack, unpack_, call
 -- its keys, its time, the keys' string values, and their loaded state by
 -- key index.
 local keys, now, raw, S
+-- The request being decided (read below).
+local R
 -- True while a peek loads state: nothing may be written then.
 local reading = false
 
@@ -606,8 +621,125 @@ function sliding_log.write(s, ttl)
   if s.run > s.base then call('PEXPIRE', s.key, ttl) end
 end
 
+-- concurrency: a sorted set of holds, each member a request's hold (its
+-- instance and request, HOLD bytes), scored by its expiry in ms. Its
+-- state: key, limit, ttl, count (holds expiring after now, with this
+-- call's), latest (the latest expiry), reclaimed (expired holds this call
+-- dropped) and added (this call's holds: member -> expiry). Expired holds
+-- are dropped a bounded number at a time and the live ones counted with
+-- one ZCOUNT, so a decision reads O(log n) of the set however many holds
+-- it keeps.
+local concurrency = { kind = 7 }
+
+function concurrency.params(s, a, b) s.limit, s.ttl = a, b end
+
+-- State of another algorithm: dropped by a decision, left alone by a
+-- release (a hold given back after a reload changed the limit's algorithm
+-- has nothing left to release, and the new state is not its to clear).
+local function foreign(s)
+  if R.refund_at > 0 then s.foreign = true else discard(s) end
+end
+
+function concurrency.open(s, k)
+  local key = keys[k]
+  s.key, s.count, s.latest, s.reclaimed, s.added = key, 0, 0, 0, {}
+  -- MGET saw a string here: the limit used another algorithm before.
+  if raw[k] then return foreign(s) end
+  local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #last == 0 then return end
+  -- A sliding log's entries: another algorithm's.
+  if #last[1] ~= HOLD then return foreign(s) end
+  s.latest = tonumber(last[2])
+  -- Only a decision drops expired holds, and tells how many.
+  local expired = call('ZCOUNT', key, '-inf', int(now))
+  if expired > 0 and not reading and R.refund_at == 0 then
+    local removed = min(expired, PRUNE)
+    call('ZREMRANGEBYRANK', key, 0, removed - 1)
+    s.reclaimed = removed
+  end
+  s.count = call('ZCOUNT', key, '(' .. int(now), '+inf')
+end
+
+function concurrency.check(s, cost)
+  return check_counter(s.limit, s.count, cost, HOLD_RETRY_MS)
+end
+
+-- Keeps hold m until hold_ttl_ms from now.
+local function hold(s, m)
+  s.added[m] = now + s.ttl
+  s.latest = max(s.latest, now + s.ttl)
+end
+
+-- Takes a request's hold: a new member, never seen before.
+function concurrency.spend(s, _, l)
+  if not (l and l.member) then return end
+  s.count = s.count + 1
+  hold(s, l.member)
+end
+
+-- Renews a hold still held. One reclaimed meanwhile (expired) is not taken
+-- again, though its request still runs: the bound holds, and that request
+-- runs uncounted.
+function concurrency.force(s, _, _, l)
+  local m = l and l.member
+  if not m then return 0 end
+  local held = s.added[m]
+  if not held and not s.stale then
+    local stored = call('ZSCORE', s.key, m)
+    held = stored and tonumber(stored) > now
+  end
+  if held then hold(s, m) end
+  return 0
+end
+
+-- Releases the hold of l (a charge given back).
+function concurrency.refund(s, _, _, l)
+  local m = l and l.member
+  if not m or s.foreign then return end
+  local added = s.added[m]
+  s.added[m] = nil
+  local stored = not s.stale and call('ZSCORE', s.key, m)
+  if stored then call('ZREM', s.key, m) end
+  if added or (stored and tonumber(stored) > now) then s.count = s.count - 1 end
+  -- The latest expiry, now that this hold's may have been it.
+  s.latest = 0
+  if not s.stale then
+    local last = call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+    if #last > 0 then s.latest = tonumber(last[2]) end
+  end
+  for _, expiry in pairs(s.added) do s.latest = max(s.latest, expiry) end
+end
+
+-- An operator's credit has no unit to give: holds go when requests end.
+function concurrency.credit() end
+
+function concurrency.clear(s)
+  call('DEL', s.key)
+  s.stale = nil
+  s.count, s.latest, s.reclaimed, s.added = 0, 0, 0, {}
+end
+
+function concurrency.reset(s) return max(0, s.latest - now) end
+
+function concurrency.write(s, ttl)
+  if s.foreign then return end
+  if s.stale then
+    call('UNLINK', s.key)
+    s.stale = nil
+  end
+  local args = {}
+  for m, expiry in pairs(s.added) do
+    args[#args + 1] = int(expiry)
+    args[#args + 1] = m
+  end
+  if #args > 0 then call('ZADD', s.key, unpack(args)) end
+  call('PEXPIRE', s.key, ttl)
+end
+
 -- By the algorithm numbers src/limits/redis/codec.rs sends.
-local ALGORITHMS = { token_bucket, gcra, fixed_window, sliding_window, sliding_log, quota }
+local ALGORITHMS = {
+  token_bucket, gcra, fixed_window, sliding_window, sliding_log, quota, concurrency,
+}
 
 -- The request being decided, read from the call's bytes: its gate
 -- (`blocked`), its refund time (0 to decide), its number of limits `n` and
@@ -618,7 +750,7 @@ local ALGORITHMS = { token_bucket, gcra, fixed_window, sliding_window, sliding_l
 -- remaining units, the wait and the delay it is admitted after (0: none).
 -- The records are made once and reused for every request (in a function
 -- library, for every call): deciding allocates no table per limit.
-local R = { limits = {} }
+R = { limits = {} }
 
 -- The state of limit l's key, loaded and refreshed on first use in the
 -- call; every later use in the call sees the same table (refreshing again
@@ -666,10 +798,11 @@ local function read_limit(requests, pos, l)
   if not algo then error('decide.lua: unknown algorithm ' .. tostring(kind)) end
   if not flags then error('decide.lua: unknown flags ' .. tostring(byte)) end
   l.algo, l.group, l.enforced, l.forced = algo, flags.group, flags.enforced, flags.forced
-  l.take, l.delay, l.debt = 0, 0, 0
+  l.take, l.delay, l.debt, l.member = 0, 0, 0, nil
   if flags.takes then l.take, pos = unpack_('<i8', requests, pos) end
   if flags.delays then l.delay, pos = unpack_('<i8', requests, pos) end
   if flags.forced then l.debt, pos = unpack_('<i8', requests, pos) end
+  if flags.holds then l.member, pos = unpack_('c16', requests, pos) end
   return pos
 end
 
@@ -696,7 +829,7 @@ end
 -- Spends up to `want` more units of a spent limit, as many as fit now;
 -- returns how many.
 local function take(s, want)
-  if want <= 0 or s.algo == sliding_log then return 0 end
+  if want <= 0 or s.algo == sliding_log or s.algo == concurrency then return 0 end
   local _, remaining = s.algo.check(s, 0)
   local granted = min(want, remaining)
   if granted > 0 then s.algo.spend(s, granted) end
@@ -733,10 +866,10 @@ local function decide_request(reply)
     local remaining, taken = l.remaining, 0
     if l.forced then
       -- The fifth number of a forced charge's reply: units not charged.
-      taken = algo.force(s, l.cost, l.debt)
+      taken = algo.force(s, l.cost, l.debt, l)
       remaining = select(2, algo.check(s, 0))
     elseif l.ok and l.group < stop then
-      algo.spend(s, l.cost)
+      algo.spend(s, l.cost, l)
       if l.take > 0 then
         taken = take(s, l.take)
         remaining = remaining - taken
@@ -744,6 +877,11 @@ local function decide_request(reply)
     elseif l.ok and l.delayed == 0 then
       -- Admitted, but its group is not charged: nothing was spent.
       remaining = remaining + l.cost
+    end
+    if l.member then
+      -- A hold's fifth number: the expired holds its key's opening
+      -- dropped, told once per call.
+      taken, s.reclaimed = s.reclaimed, 0
     end
     if l.delayed > 0 then
       answer(reply, s, 2, remaining, l.delayed, taken)
@@ -763,7 +901,7 @@ local function refund_request(reply)
     local l = limits[j]
     local s = state(l)
     s.touched = true
-    s.algo.refund(s, l.cost, R.refund_at)
+    s.algo.refund(s, l.cost, R.refund_at, l)
     local ok, remaining, wait = s.algo.check(s, l.cost)
     answer(reply, s, ok and 1 or 0, remaining, wait, 0)
   end

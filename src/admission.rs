@@ -63,6 +63,9 @@ pub struct Facts {
     pub hidden_cost_header: Option<http::HeaderName>,
     /// Whether the request target was accepted (so its path is normalized).
     pub target_ok: bool,
+    /// The request's holds on concurrency limits, released when the
+    /// facts are dropped with the request, however it ends.
+    pub holds: Vec<crate::limits::holds::HoldGuard>,
 }
 
 impl Facts {
@@ -582,11 +585,11 @@ pub async fn admit(
     let planned = plan(rt, peer, req);
     *facts = planned.facts;
     let mut plan = planned.plan?;
-    let mut verdicts = decide(rt, &plan.charges).await;
+    let mut verdicts = decide(rt, &plan.charges, facts).await;
     let pre_auth_admits = || check_group(&plan.charges, &verdicts, Group::PreAuth, 0).is_ok();
     if let Some(pending) = plan.lookup.take().filter(|_| pre_auth_admits()) {
         match look_up(rt, &mut plan, pending, req, facts).await {
-            Ok(Some(start)) => verdicts.extend(decide(rt, &plan.charges[start..]).await),
+            Ok(Some(start)) => verdicts.extend(decide(rt, &plan.charges[start..], facts).await),
             Ok(None) => {}
             Err(rejection) => {
                 record_decisions(rt, &plan.charges, &verdicts);
@@ -659,12 +662,21 @@ async fn identify(
 }
 
 /// The verdicts of `charges`, in one store call (none for no charges).
-async fn decide(rt: &Runtime, charges: &[Charge]) -> Vec<Verdict> {
+/// The holds it takes on concurrency limits are the request's until
+/// `facts` is dropped; watched from before the call, so that a request
+/// dropped while it is decided releases them too.
+async fn decide(rt: &Runtime, charges: &[Charge], facts: &mut Facts) -> Vec<Verdict> {
     if charges.is_empty() {
-        Vec::new()
-    } else {
-        rt.limiter().decide(charges).await
+        return Vec::new();
     }
+    let limiter = rt.limiter();
+    let holds = limiter.watch_holds(charges);
+    let verdicts = limiter.decide(charges).await;
+    if let Some(holds) = holds {
+        limiter.holds_decided(charges, &verdicts);
+        facts.holds.push(holds);
+    }
+    verdicts
 }
 
 /// The request's `content-length`, when it has one (the edge already
@@ -714,6 +726,11 @@ pub fn charge(
 ) -> Charge {
     let l = &policy.limits[id];
     let tenant_scoped = l.key.tenant || l.key.credential;
+    // A concurrency limit holds one unit per request, whatever its cost.
+    let hold = l
+        .params
+        .is_concurrency()
+        .then(crate::limits::holds::next_id);
     Charge {
         limit: id,
         name: l.name.clone(),
@@ -722,7 +739,7 @@ pub fn charge(
             .unwrap_or_else(|| policy.params(id, plan)),
         key: who.key(&l.name, l.key),
         tenant: who.tenant.filter(|_| tenant_scoped).cloned(),
-        cost,
+        cost: if hold.is_some() { 1 } else { cost },
         enforce: l.mode == Mode::Enforce,
         group,
         local: l.local,
@@ -731,6 +748,7 @@ pub fn charge(
         op: Op::Decide {
             max_delay_ms: l.max_delay_ms,
         },
+        hold,
     }
 }
 

@@ -257,6 +257,10 @@ pub fn params_json(params: &Params) -> Value {
             "limit": q.limit,
             "period": if q.period == crate::limits::algorithm::Period::Day { "day" } else { "month" },
         }),
+        Params::Concurrency(c) => json!({
+            "max_in_flight": c.max_in_flight,
+            "hold_ttl_ms": c.hold_ttl_ms,
+        }),
     }
 }
 
@@ -282,6 +286,7 @@ pub fn algorithm(params: &Params) -> &'static str {
         Params::SlidingWindow(_) => "sliding_window",
         Params::SlidingLog(_) => "sliding_log",
         Params::Quota(_) => "quota",
+        Params::Concurrency(_) => "concurrency",
     }
 }
 
@@ -486,5 +491,9 @@ fn needs(params: &Params, cost: u64) -> String {
             };
             format!("{head}: {} a {period}", fits(q.limit as f64))
         }
+        Params::Concurrency(c) => format!(
+            "a request holds 1 while it runs: {} at once",
+            c.max_in_flight
+        ),
     }
 }

@@ -38,7 +38,7 @@ use tollgate::metrics::Metrics;
 use tollgate::pools::Pools;
 use tollgate::proxy::Gateway;
 use tollgate::reload::{HangupListener, Reloader};
-use tollgate::runtime::{LeaseKeeper, Runtime, Services};
+use tollgate::runtime::{HoldKeeper, LeaseKeeper, Runtime, Services};
 use tollgate::tls::Certificate;
 use tollgate::top::{Redactor, Top};
 
@@ -435,11 +435,16 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
         LeaseKeeper::new(services.limiter.clone()),
     ));
     server.add_service(background_service(
+        "hold keeper",
+        HoldKeeper::new(services.limiter.clone()),
+    ));
+    server.add_service(background_service(
         "drain on SIGTERM",
         Drainer::new(drain, settings.shutdown_grace, move || {
             let services = services.clone();
             Box::pin(async move {
                 services.limiter.return_leases().await;
+                services.limiter.release_holds().await;
                 if let Some(log) = &services.access_log {
                     log.flush(std::time::Duration::from_secs(1)).await;
                 }

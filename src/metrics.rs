@@ -90,6 +90,12 @@ pub struct Metrics {
     /// `tollgate_lease_calls_total{limit,kind}`: lease store calls (`take`
     /// by a request, `renew` in the background, `return`).
     pub lease_calls: IntCounterVec,
+    /// `tollgate_concurrency_holds{limit}`: holds this instance's requests
+    /// keep on concurrency limits.
+    pub concurrency_holds: IntGaugeVec,
+    /// `tollgate_concurrency_reclaimed_total{limit}`: holds found expired
+    /// unrenewed (their instance died or lost the store) and dropped.
+    pub concurrency_reclaimed: IntCounterVec,
     /// `tollgate_overload_shed_total{reason}`: requests the gateway shed
     /// because it was too busy (`store_pending`, `store_wait`,
     /// `body_buffer`), never a failure of the store.
@@ -313,6 +319,18 @@ impl Metrics {
                 "tollgate_lease_calls_total",
                 "Lease store calls by limit and kind (take, renew, return).",
                 &["limit", "kind"],
+            ),
+            concurrency_holds: gauge(
+                &r,
+                "tollgate_concurrency_holds",
+                "Holds this instance's requests keep on concurrency limits, by limit.",
+                &["limit"],
+            ),
+            concurrency_reclaimed: counter(
+                &r,
+                "tollgate_concurrency_reclaimed_total",
+                "Holds of concurrency limits found expired unrenewed and dropped, by limit.",
+                &["limit"],
             ),
             requests: counter(
                 &r,
@@ -656,6 +674,14 @@ impl PolicyMetrics {
         for kind in ["take", "renew", "return"] {
             self.metrics.lease_calls.with_label_values(&[limit, kind]);
         }
+    }
+
+    /// Exports the series of a concurrency limit from the start.
+    pub fn export_concurrency(&self, limit: &str) {
+        self.metrics.concurrency_holds.with_label_values(&[limit]);
+        self.metrics
+            .concurrency_reclaimed
+            .with_label_values(&[limit]);
     }
 
     /// One decision of a limit.

@@ -515,6 +515,21 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        // The upstream's work is done: its holds go now, not after the
+        // last bytes reach the client and the request is logged.
+        if end_of_stream {
+            ctx.facts.holds.clear();
+        }
+        Ok(None)
+    }
+
     async fn response_trailer_filter(
         &self,
         _session: &mut Session,

@@ -263,7 +263,8 @@ impl RateHeaders {
         let (c, v) = charges
             .iter()
             .zip(verdicts)
-            .filter(|(c, _)| c.enforce)
+            // Concurrency limits count requests in flight, not a rate.
+            .filter(|(c, _)| c.enforce && c.hold.is_none())
             .min_by_key(|(c, v)| {
                 (v.remaining as u128 * 1_000_000) / c.params.quota().max(1) as u128
             })?;

@@ -96,6 +96,9 @@ impl Runtime {
         for limit in policy.limits.iter().filter(|l| l.lease.is_some()) {
             metrics.export_lease(&limit.name);
         }
+        for limit in policy.limits.iter().filter(|l| l.params.is_concurrency()) {
+            metrics.export_concurrency(&limit.name);
+        }
         Self {
             policy,
             pools,
@@ -203,6 +206,39 @@ impl BackgroundService for LeaseKeeper {
                 () = tokio::time::sleep(LEASE_TICK) => {}
             }
             self.limiter.keep_leases().await;
+        }
+    }
+}
+
+/// Releases the holds of ended requests and renews those of running ones,
+/// off the request path: releases as soon as there are some, renewals on a
+/// short tick.
+pub struct HoldKeeper {
+    limiter: Arc<Limiter>,
+}
+
+/// How often holds are looked at for renewal (a third of the shortest
+/// `hold_ttl_ms` is 333 ms).
+const HOLD_TICK: Duration = Duration::from_millis(100);
+
+impl HoldKeeper {
+    /// Keeps the holds of `limiter`.
+    pub fn new(limiter: Arc<Limiter>) -> Self {
+        Self { limiter }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for HoldKeeper {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        // Runs through the drain; the drain releases what is left once
+        // the requests have finished.
+        loop {
+            tokio::select! {
+                () = self.limiter.hold_work() => {}
+                () = tokio::time::sleep(HOLD_TICK) => {}
+            }
+            self.limiter.keep_holds().await;
         }
     }
 }

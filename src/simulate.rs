@@ -12,7 +12,8 @@
 //! and minutes, not with the length of the log.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::io::BufRead;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -26,7 +27,7 @@ use crate::clock::{Clock, ManualClock};
 use crate::config::Policy;
 use crate::edge::target;
 use crate::limits::memory::MemoryStore;
-use crate::limits::Gate;
+use crate::limits::{gate, Charge, Gate};
 use crate::routes::request_host;
 
 /// The fields of an access log line the replay reads.
@@ -57,6 +58,47 @@ pub struct LogLine {
     /// as the gateway's edge would; used when `path` is absent.
     #[serde(skip)]
     pub target: Option<String>,
+    /// How long the request took, in ms: it started `duration_ms` before
+    /// `time`. Concurrency limits are modelled from it.
+    #[serde(default)]
+    pub duration_ms: Option<f64>,
+}
+
+impl LogLine {
+    /// When the request started (ms since the epoch), given that it ended
+    /// at `end`: `None` when the line has no duration.
+    pub fn start(&self, end: u64) -> Option<u64> {
+        let ms = self.duration_ms.filter(|d| d.is_finite() && *d >= 0.0)?;
+        Some(end.saturating_sub(ms.round() as u64))
+    }
+}
+
+/// Holds taken by a replayed request, released when it ended.
+#[derive(Debug)]
+struct Ending {
+    end: u64,
+    seq: u64,
+    holds: Vec<Charge>,
+}
+
+impl PartialEq for Ending {
+    fn eq(&self, other: &Self) -> bool {
+        (self.end, self.seq) == (other.end, other.seq)
+    }
+}
+
+impl Eq for Ending {}
+
+impl PartialOrd for Ending {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ending {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.end, self.seq).cmp(&(other.end, other.seq))
+    }
 }
 
 /// The formats of access logs `simulate` reads.
@@ -150,6 +192,7 @@ impl LogReader {
             auth_source: None,
             client: Some(addr.to_owned()),
             target: Some(target.to_owned()),
+            duration_ms: None,
         };
         Some((line, at))
     }
@@ -240,6 +283,14 @@ pub struct Simulation {
     pub replayed: u64,
     /// Lines that could not be replayed.
     pub skipped: u64,
+    /// Whether the policy has concurrency limits, modelled from each
+    /// line's start and end.
+    pub models_holds: bool,
+    /// Lines replayed without a duration: their holds could not be
+    /// modelled (each is taken to end as it starts).
+    pub undated: u64,
+    /// Holds of replayed requests still running, soonest end first.
+    ending: BinaryHeap<Reverse<Ending>>,
 }
 
 impl Simulation {
@@ -252,9 +303,13 @@ impl Simulation {
             .credentials()
             .map(|c| (c.id.clone(), c.clone()))
             .collect();
+        let models_holds = policy.limits.iter().any(|l| l.params.is_concurrency());
         Self {
             store: MemoryStore::new(clock.clone()),
             clock,
+            models_holds,
+            undated: 0,
+            ending: BinaryHeap::new(),
             policy,
             credentials,
             limits: BTreeMap::new(),
@@ -272,9 +327,22 @@ impl Simulation {
     /// Replays one request at `at_ms` (ms since the epoch); the clock never
     /// goes back, so lines slightly out of order are taken at the latest
     /// time seen.
+    ///
+    /// With concurrency limits, a request is decided at its start
+    /// (`time` − `duration_ms`), its holds released at its end, and the
+    /// lines should come in order of start ([`run`] re-sorts them).
     pub fn replay(&mut self, line: &LogLine, at_ms: u64) {
-        self.clock.set(self.clock.now_ms().max(at_ms));
+        let start = if self.models_holds {
+            line.start(at_ms).unwrap_or_else(|| {
+                self.undated += 1;
+                at_ms
+            })
+        } else {
+            at_ms
+        };
+        self.clock.set(self.clock.now_ms().max(start));
         let now = self.clock.now_ms();
+        self.end_before(now);
         let path = match (&line.path, &line.target) {
             (Some(path), _) => Some(Cow::Borrowed(path.as_str())),
             // A target the edge refuses (400, 404) never reaches a limit.
@@ -323,6 +391,23 @@ impl Simulation {
         let (charges, authenticated) =
             admission::charges(&self.policy, route, network, credential.as_deref(), None);
         let verdicts = self.store.decide_now(&charges, Gate::Open).0;
+        if self.models_holds {
+            let charged = gate(&charges, |i| verdicts[i].allowed, Gate::Open);
+            let holds: Vec<Charge> = charges
+                .iter()
+                .zip(&verdicts)
+                .filter(|(c, v)| c.hold.is_some() && v.allowed && charged.admits(c.group))
+                .map(|(c, _)| c.clone())
+                .collect();
+            if !holds.is_empty() {
+                let seq = self.replayed;
+                self.ending.push(Reverse(Ending {
+                    end: at_ms.max(now),
+                    seq,
+                    holds,
+                }));
+            }
+        }
         let cost = route.cost;
         // Concluded exactly as the gateway concludes.
         let plan = admission::Plan {
@@ -391,6 +476,15 @@ impl Simulation {
         }
     }
 
+    /// Releases the holds of the replayed requests that ended by `now`.
+    fn end_before(&mut self, now: u64) {
+        while self.ending.peek().is_some_and(|e| e.0.end <= now) {
+            if let Some(Reverse(done)) = self.ending.pop() {
+                self.store.refund(&done.holds, done.end);
+            }
+        }
+    }
+
     /// The minute with the most refusals, and their number.
     pub fn peak_minute(&self) -> Option<(u64, u64)> {
         self.refusals_per_minute
@@ -418,8 +512,19 @@ impl Simulation {
     }
 }
 
+/// The least span of log (ms) that [`run`] re-sorts by start.
+pub const REORDER_MS: u64 = 10_000;
+
 /// Replays every line of `log` (within `[from, to)` when given), read by
-/// `reader`, against each simulation, in the log's order.
+/// `reader`, against each simulation, in the log's order; or, when a policy
+/// has concurrency limits, in order of the requests' starts.
+///
+/// A log is written as requests end. Lines wait in a buffer until no line
+/// still to come can have started before them: one ending at `e` started
+/// no earlier than `e` less the longest duration, taken as the longest seen
+/// so far and at least [`REORDER_MS`]. So the buffer holds that much of
+/// the log, not all of it; a request longer than both may be replayed
+/// later than it started.
 pub fn run(
     log: impl BufRead,
     reader: &LogReader,
@@ -428,6 +533,20 @@ pub fn run(
     to: Option<SystemTime>,
 ) -> std::io::Result<()> {
     let (from, to) = (from.map(epoch_ms), to.map(epoch_ms));
+    let by_start = sims.iter().any(|s| s.models_holds);
+    let mut waiting: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
+    let mut lines: HashMap<u64, (LogLine, u64)> = HashMap::new();
+    let mut longest = REORDER_MS;
+    let mut replayed = 0u64;
+    let mut replay = |sims: &mut [Simulation], line: &LogLine, at: u64| {
+        for sim in sims.iter_mut() {
+            sim.replay(line, at);
+            if replayed % 100_000 == 0 {
+                sim.sweep();
+            }
+        }
+        replayed += 1;
+    };
     for (i, line) in log.lines().enumerate() {
         let line = line?;
         let Some((line, at)) = reader.parse(&line) else {
@@ -437,11 +556,28 @@ pub fn run(
         if from.is_some_and(|f| at < f) || to.is_some_and(|t| at >= t) {
             continue;
         }
-        for sim in sims.iter_mut() {
-            sim.replay(&line, at);
-            if i % 100_000 == 0 {
-                sim.sweep();
+        if !by_start {
+            replay(sims, &line, at);
+            continue;
+        }
+        let start = line.start(at).unwrap_or(at);
+        longest = longest.max(at - start);
+        waiting.push(Reverse((start, i as u64)));
+        lines.insert(i as u64, (line, at));
+        let settled = at.saturating_sub(longest);
+        while let Some(&Reverse((start, seq))) = waiting.peek() {
+            if start > settled {
+                break;
             }
+            waiting.pop();
+            if let Some((line, at)) = lines.remove(&seq) {
+                replay(sims, &line, at);
+            }
+        }
+    }
+    while let Some(Reverse((_, seq))) = waiting.pop() {
+        if let Some((line, at)) = lines.remove(&seq) {
+            replay(sims, &line, at);
         }
     }
     Ok(())
@@ -487,6 +623,18 @@ pub fn report(name: &str, sim: &Simulation, top: usize) -> String {
             ));
         }
         None => out.push_str("\nno request would have been refused\n"),
+    }
+    if sim.models_holds {
+        out.push_str(
+            "\nconcurrency limits: each request held from its start (time - duration_ms) to its end (time)\n",
+        );
+        if sim.undated > 0 {
+            out.push_str(&format!(
+                "concurrency limits cannot be modelled for {} lines without duration_ms: \
+                 each was taken to end as it started, so their holds are not counted\n",
+                sim.undated
+            ));
+        }
     }
     out
 }

@@ -44,6 +44,7 @@ pub fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
         on_store_error: OnStoreError::Closed,
         lease: None,
         op: Op::DECIDE,
+        hold: None,
     }
 }
 

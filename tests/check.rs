@@ -27,7 +27,7 @@ fn example_policies_are_valid() {
 
 const FIXTURES: &[(&str, &str)] = &[
     ("unknown_field", "tests/config/unknown_field.yaml:6:5: unknown key limtis at routes[0]; did you mean limits?"),
-    ("unknown_algorithm", "tests/config/unknown_algorithm.yaml:3:43: limits.per-tenant.algorithm: unknown variant `leaky_bucket`, expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log`, `quota`"),
+    ("unknown_algorithm", "tests/config/unknown_algorithm.yaml:3:43: limits.per-tenant.algorithm: unknown variant `leaky_bucket`, expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log`, `quota`, `concurrency`"),
     ("yaml_syntax", "tests/config/yaml_syntax.yaml:4:1: did not find expected ',' or '}' at line 4 column 1, while parsing a flow mapping at line 3 column 5"),
     ("dangling_limit", "tests/config/dangling_limit.yaml: routes[0].limits[1]: unknown limit \"per-tenat\"; did you mean \"per-tenant\"?"),
     ("dangling_upstream", "tests/config/dangling_upstream.yaml: routes[0].upstream: unknown upstream \"apii\"; did you mean \"api\"?"),
@@ -63,6 +63,7 @@ const FIXTURES: &[(&str, &str)] = &[
     ("bad_timeout", "tests/config/bad_timeout.yaml: server.timeouts.header_read_ms: must be between 1 and 3600000, got 0"),
     ("sentinel_without_master", "tests/config/sentinel_without_master.yaml: store.master_name: backend redis_sentinel needs the primary's name at the sentinels"),
     ("master_name_without_sentinel", "tests/config/master_name_without_sentinel.yaml: store.master_name: is for backend redis_sentinel, not redis"),
+    ("concurrency_bad", "tests/config/concurrency_bad.yaml: limits.delayed.hold_ttl_ms: must be between 1000 and 3600000, got 500\ntests/config/concurrency_bad.yaml: limits.delayed.on_limit: a concurrency limit admits when a request ends, which no wait can foretell: use on_limit: reject (429 with Retry-After: 1), or a pool's queue\ntests/config/concurrency_bad.yaml: limits.inflight: `capacity` does not apply to concurrency; it takes `max_in_flight` and `hold_ttl_ms`\ntests/config/concurrency_bad.yaml: limits.inflight.max_in_flight: must be between 1 and 1000000, got 0\ntests/config/concurrency_bad.yaml: limits.leased.sync: a concurrency limit's hold is one request in flight, taken and released with it: it cannot be leased ahead, use sync: exact\ntests/config/concurrency_bad.yaml: limits.rate: `max_in_flight` does not apply to token_bucket; it is for concurrency\ntests/config/concurrency_bad.yaml: plans.pro.leased.hold_ttl_ms: a plan changes a concurrency limit's max_in_flight; its hold_ttl_ms is the limit's"),
     ("lease_on_sliding_log", "tests/config/lease_on_sliding_log.yaml: limits.exact.sync: a sliding_log records the time of each admission, and a lease spends units later than the store charged them: use sliding_window, or sync: exact"),
     ("lease_without_terms", "tests/config/lease_without_terms.yaml: limits.global.lease: sync: lease needs lease: { units, ttl_ms }"),
     ("lease_too_large", "tests/config/lease_too_large.yaml: limits.global.lease.units: must be a whole number from 1 to 100, got 500\ntests/config/lease_too_large.yaml: limits.global.lease.ttl_ms: must be a whole number from 10 to 60000, got 5"),

@@ -13,7 +13,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use support::redis_server::{RedisCluster, RedisServer};
 use tollgate::clock::ManualClock;
-use tollgate::limits::algorithm::{Bucket, Params, Period, Quota, Window, MICRO};
+use tollgate::limits::algorithm::{
+    Bucket, Concurrency, HoldId, Params, Period, Quota, Window, MICRO,
+};
+use tollgate::limits::holds::next_id;
 use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::cluster::ClusterStore;
@@ -398,6 +401,9 @@ struct Step {
     /// is set: a reload that changes the algorithm or the numbers of a key
     /// with state, and back.
     second: u8,
+    /// After the requests, the hold of a concurrency limit taken earlier
+    /// (by index among those still held) is released.
+    release: Option<usize>,
 }
 
 /// A list of (limit index, cost, group, what the charge does) and the first
@@ -415,7 +421,13 @@ fn any_params() -> impl Strategy<Value = Params> {
         prop_oneof![Just(Period::Day), Just(Period::Month)],
     )
         .prop_map(|(limit, period)| Quota { limit, period });
+    let concurrency =
+        (1u64..30, 1_000u64..5_000).prop_map(|(max_in_flight, hold_ttl_ms)| Concurrency {
+            max_in_flight,
+            hold_ttl_ms,
+        });
     prop_oneof![
+        concurrency.prop_map(Params::Concurrency),
         bucket.clone().prop_map(Params::TokenBucket),
         bucket.prop_map(Params::Gcra),
         win.clone().prop_map(Params::FixedWindow),
@@ -441,6 +453,10 @@ fn resized(params: Params, to: u64) -> Params {
         Params::SlidingWindow(w) => Params::SlidingWindow(Window { limit: to, ..w }),
         Params::SlidingLog(w) => Params::SlidingLog(Window { limit: to, ..w }),
         Params::Quota(q) => Params::Quota(Quota { limit: to, ..q }),
+        Params::Concurrency(c) => Params::Concurrency(Concurrency {
+            max_in_flight: to,
+            ..c
+        }),
     }
 }
 
@@ -467,6 +483,14 @@ fn limit_set() -> impl Strategy<Value = Vec<(Params, Params, bool)>> {
 
 fn group() -> impl Strategy<Value = Group> {
     prop_oneof![Just(Group::PreAuth), Just(Group::Request)]
+}
+
+/// The hold a forced charge of `key` renews: the oldest still held there.
+fn renewed(held: &[Charge], key: &str, op: Op) -> Option<HoldId> {
+    if !op.is_force() {
+        return None;
+    }
+    held.iter().find(|c| c.key == key).and_then(|c| c.hold)
 }
 
 fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
@@ -502,13 +526,19 @@ fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
             (charges, blocked_from)
         });
     let second = prop_oneof![3 => Just(0u8), 1 => any::<u8>()];
-    let step = (0u64..2_500, prop::collection::vec(request, 1..4), second).prop_map(
-        |(advance_ms, requests, second)| Step {
+    let release = prop::option::weighted(0.5, 0usize..64);
+    let step = (
+        0u64..2_500,
+        prop::collection::vec(request, 1..4),
+        second,
+        release,
+    )
+        .prop_map(|(advance_ms, requests, second, release)| Step {
             advance_ms,
             requests,
             second,
-        },
-    );
+            release,
+        });
     prop::collection::vec(step, 1..25)
 }
 
@@ -532,6 +562,8 @@ fn lua_and_rust_agree_on_random_sequences() {
             let clock = ManualClock::new(1_764_000_000_000 + id * 1_000_000_000);
             let memory = MemoryStore::new(clock.clone());
             let redis = Arc::new(store(&server, &clock));
+            // Holds of concurrency limits taken and not yet released.
+            let mut held: Vec<Charge> = Vec::new();
             for step in steps {
                 clock.advance(step.advance_ms);
                 let requests: Vec<(Vec<Charge>, Gate)> = step
@@ -552,6 +584,12 @@ fn lua_and_rust_agree_on_random_sequences() {
                                 c.enforce = enforce;
                                 c.group = group;
                                 c.op = op;
+                                if params.is_concurrency() {
+                                    // One unit per request; a forced
+                                    // charge renews a hold taken before.
+                                    c.cost = 1;
+                                    c.hold = Some(renewed(&held, &key, op).unwrap_or_else(next_id));
+                                }
                                 c
                             })
                             .collect();
@@ -574,6 +612,24 @@ fn lua_and_rust_agree_on_random_sequences() {
                 for ((charges, blocked), got) in requests.iter().zip(&got) {
                     let expected = memory.decide_now(charges, *blocked).0;
                     prop_assert_eq!(got, &expected, "charges {:?}", charges);
+                    let charged = tollgate::limits::gate(charges, |i| got[i].allowed, *blocked);
+                    held.extend(
+                        charges
+                            .iter()
+                            .zip(got)
+                            .filter(|(c, v)| {
+                                c.hold.is_some()
+                                    && !c.op.is_force()
+                                    && v.allowed
+                                    && charged.admits(c.group)
+                            })
+                            .map(|(c, _)| c.clone()),
+                    );
+                }
+                if let Some(k) = step.release.filter(|_| !held.is_empty()) {
+                    let gone = held.remove(k % held.len());
+                    memory.refund(&[&gone], 1);
+                    rt.block_on(redis.give_back(&[&gone], 1)).unwrap();
                 }
                 // Every limit read without charging, at two costs: the same
                 // in both stores, and the same when read again.
@@ -818,6 +874,7 @@ fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
             max_delay_ms: 0,
             force: false,
             max_debt: 0,
+            hold: None,
         }],
         blocked_from: Gate::Open.wire(),
         refund_at: 0,

@@ -175,6 +175,7 @@ fn verdict(allowed: bool) -> Verdict {
         at: 0,
         delay_ms: 0,
         uncharged: 0,
+        reclaimed: 0,
     }
 }
 

@@ -108,6 +108,10 @@ pub const EXPECTED_INSTANCES: Bound = Bound::new(1, 10_000, 1);
 pub const MAX_DELAY_MS: Bound = Bound::computed(1, 60_000);
 /// `limits.*.lease.ttl_ms`.
 pub const LEASE_TTL_MS: Bound = Bound::computed(10, 60_000);
+/// `limits.*.max_in_flight` (`algorithm: concurrency`).
+pub const LIMIT_MAX_IN_FLIGHT: Bound = Bound::computed(1, 1_000_000);
+/// `limits.*.hold_ttl_ms` (`algorithm: concurrency`).
+pub const HOLD_TTL_MS: Bound = Bound::new(1_000, HOUR_MS, 30_000);
 /// `auth.jwt[].leeway_s`.
 pub const JWT_LEEWAY_S: Bound = Bound::new(0, 300, 30);
 /// `auth.jwt[].refresh_s`.

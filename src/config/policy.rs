@@ -413,6 +413,9 @@ impl Policy {
         for route in self.routes.iter() {
             for &id in route.pre_auth.iter().chain(&route.request) {
                 let limit = &self.limits[id];
+                if limit.params.is_concurrency() {
+                    continue;
+                }
                 if let Some(spec) = &route.cost_from_response {
                     let capacity = limit.params.quota();
                     if spec.max - route.cost > capacity {

@@ -598,6 +598,13 @@ pub struct RawOverride {
     pub window_seconds: Option<f64>,
     /// `quota`: `day` or `month` (calendar periods in UTC).
     pub period: Option<crate::limits::algorithm::Period>,
+    /// Replacement `max_in_flight` of a `concurrency` limit.
+    #[schemars(transform = bounds::LIMIT_MAX_IN_FLIGHT.schema())]
+    pub max_in_flight: Option<u64>,
+    /// `hold_ttl_ms` of a `concurrency` limit (not in plans or overrides:
+    /// it is the limit's).
+    #[schemars(transform = bounds::HOLD_TTL_MS.schema())]
+    pub hold_ttl_ms: Option<u64>,
 }
 
 /// The values of `limits.*.scope`: when a limit runs.
@@ -642,6 +649,9 @@ pub enum AlgorithmName {
     SlidingLog,
     /// `limit` per calendar `period` (UTC), with no refill.
     Quota,
+    /// At most `max_in_flight` requests at once, each holding one unit
+    /// until it ends.
+    Concurrency,
 }
 
 impl fmt::Display for AlgorithmName {
@@ -653,6 +663,7 @@ impl fmt::Display for AlgorithmName {
             AlgorithmName::SlidingWindow => "sliding_window",
             AlgorithmName::SlidingLog => "sliding_log",
             AlgorithmName::Quota => "quota",
+            AlgorithmName::Concurrency => "concurrency",
         })
     }
 }
@@ -693,6 +704,13 @@ pub struct RawLimit {
     pub window_seconds: Option<f64>,
     /// `quota`: `day` or `month` (calendar periods in UTC).
     pub period: Option<crate::limits::algorithm::Period>,
+    /// `concurrency`: requests in flight at once per key, 1-1000000.
+    #[schemars(transform = bounds::LIMIT_MAX_IN_FLIGHT.schema())]
+    pub max_in_flight: Option<u64>,
+    /// `concurrency`: a hold its instance has not renewed within this is
+    /// reclaimed (the instance died), 1000-3600000 ms; default 30000.
+    #[schemars(transform = bounds::HOLD_TTL_MS.schema())]
+    pub hold_ttl_ms: Option<u64>,
     /// `local` or `shared`; `shared` when absent (`local` with `backend: memory`).
     pub store: Option<Placement>,
     /// What a shared limit does while the store fails; `closed` when absent.

@@ -13,7 +13,7 @@
 //! [`Params::spend`]. The store runs the first two for every limit of a
 //! request and the third only when all of them admit.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Micro-units per token.
 pub const MICRO: u64 = 1_000_000;
@@ -34,6 +34,83 @@ pub enum Params {
     SlidingLog(Window),
     /// A count per calendar period (UTC), with no refill.
     Quota(Quota),
+    /// Requests in flight: one hold per admitted request until it ends.
+    Concurrency(Concurrency),
+}
+
+/// The bound and hold lifetime of a concurrency limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Concurrency {
+    /// Holds at once.
+    pub max_in_flight: u64,
+    /// A hold not renewed within this many ms is reclaimed.
+    pub hold_ttl_ms: u64,
+}
+
+/// One request's hold on a concurrency limit: unique across the fleet
+/// (the instance's random prefix in the high 64 bits, its request count in
+/// the low ones).
+pub type HoldId = u128;
+
+/// The holds of one concurrency key: each hold's expiry, kept both ways so
+/// that a hold is found by id and the expired ones by time, each in
+/// O(log n).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holds {
+    expiry: BTreeMap<HoldId, u64>,
+    by_expiry: BTreeSet<(u64, HoldId)>,
+}
+
+impl Holds {
+    /// Holds kept (expired ones not yet removed included).
+    pub fn len(&self) -> u64 {
+        self.expiry.len() as u64
+    }
+
+    /// Whether no hold is kept.
+    pub fn is_empty(&self) -> bool {
+        self.expiry.is_empty()
+    }
+
+    /// Whether hold `id` is kept.
+    pub fn contains(&self, id: HoldId) -> bool {
+        self.expiry.contains_key(&id)
+    }
+
+    /// Keeps hold `id` until `until` (taken, or renewed).
+    fn put(&mut self, id: HoldId, until: u64) {
+        if let Some(old) = self.expiry.insert(id, until) {
+            self.by_expiry.remove(&(old, id));
+        }
+        self.by_expiry.insert((until, id));
+    }
+
+    /// Drops hold `id`; whether it was kept.
+    fn remove(&mut self, id: HoldId) -> bool {
+        match self.expiry.remove(&id) {
+            Some(until) => self.by_expiry.remove(&(until, id)),
+            None => false,
+        }
+    }
+
+    /// Drops the holds expired at `now` (expiry at or before it); how many.
+    fn expire(&mut self, now: u64) -> u64 {
+        let mut dropped = 0;
+        while let Some(&(until, id)) = self.by_expiry.first() {
+            if until > now {
+                break;
+            }
+            self.by_expiry.pop_first();
+            self.expiry.remove(&id);
+            dropped += 1;
+        }
+        dropped
+    }
+
+    /// The latest expiry kept.
+    fn latest(&self) -> Option<u64> {
+        self.by_expiry.last().map(|&(until, _)| until)
+    }
 }
 
 /// Limit and period of a calendar quota.
@@ -200,6 +277,8 @@ pub enum State {
         /// Cost admitted in the window before it.
         prev: u64,
     },
+    /// The holds of a concurrency limit.
+    Holds(Holds),
     /// Admitted `(time, cost)` entries inside the window, oldest first.
     Log {
         /// `(time, cost)` of each admission, oldest first.
@@ -238,6 +317,7 @@ impl Params {
             Params::TokenBucket(b) | Params::Gcra(b) => b.capacity / MICRO,
             Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => w.limit,
             Params::Quota(q) => q.limit,
+            Params::Concurrency(c) => c.max_in_flight,
         }
     }
 
@@ -256,7 +336,10 @@ impl Params {
             Params::FixedWindow(w) | Params::SlidingWindow(w) | Params::SlidingLog(w) => {
                 Some(w.window_ms)
             }
-            Params::TokenBucket(_) | Params::Gcra(_) | Params::Quota(_) => None,
+            Params::TokenBucket(_)
+            | Params::Gcra(_)
+            | Params::Quota(_)
+            | Params::Concurrency(_) => None,
         }
     }
 
@@ -274,7 +357,13 @@ impl Params {
                 Period::Day => 86_400,
                 Period::Month => 30 * 86_400,
             },
+            Params::Concurrency(c) => c.hold_ttl_ms.div_ceil(1000).max(1),
         }
+    }
+
+    /// Whether the limit counts requests in flight rather than a rate.
+    pub fn is_concurrency(&self) -> bool {
+        matches!(self, Params::Concurrency(_))
     }
 
     /// This instance's share of the budget when `instances` gateways each
@@ -291,6 +380,10 @@ impl Params {
             Params::Quota(q) => Params::Quota(Quota {
                 limit: (q.limit / n).max(1),
                 ..q
+            }),
+            Params::Concurrency(c) => Params::Concurrency(Concurrency {
+                max_in_flight: (c.max_in_flight / n).max(1),
+                ..c
             }),
         }
     }
@@ -320,6 +413,7 @@ impl Params {
                 start: q.period.bounds(now).0,
                 count: 0,
             },
+            Params::Concurrency(_) => State::Holds(Holds::default()),
         }
     }
 
@@ -336,6 +430,7 @@ impl Params {
                 w.window_ms
             }
             Params::Quota(q) => q.period.code(),
+            Params::Concurrency(_) => 0,
         }
     }
 
@@ -401,6 +496,9 @@ impl Params {
                     (*prev, *curr) = (*curr, 0);
                 }
             }
+            (Params::Concurrency(_), State::Holds(holds)) => {
+                holds.expire(now);
+            }
             (Params::SlidingLog(w), State::Log { entries, total }) => {
                 let now = log_now(entries, now);
                 while let Some(&(at, cost)) = entries.front() {
@@ -441,6 +539,9 @@ impl Params {
             }
             (Params::SlidingLog(w), State::Log { entries, total }) => {
                 check_log(w, entries, *total, cost, log_now(entries, now))
+            }
+            (Params::Concurrency(c), State::Holds(holds)) => {
+                check_counter(c.max_in_flight, holds.len(), cost, HOLD_RETRY_MS)
             }
             (params, _) => params.check(&params.fresh(now), cost, now),
         }
@@ -513,7 +614,7 @@ impl Params {
     /// many: a lease's top-up after its request's own cost was spent. A
     /// sliding log grants nothing (each entry is an admission's time).
     pub fn take(&self, state: &mut State, want: u64, now: u64) -> u64 {
-        if want == 0 || matches!(self, Params::SlidingLog(_)) {
+        if want == 0 || matches!(self, Params::SlidingLog(_) | Params::Concurrency(_)) {
             return 0;
         }
         let granted = want.min(self.check(state, 0, now).remaining);
@@ -604,10 +705,57 @@ impl Params {
             (Params::SlidingLog(w), State::Log { entries, .. }) => entries
                 .back()
                 .map_or(0, |&(at, _)| (at + w.window_ms).saturating_sub(now)),
+            (Params::Concurrency(_), State::Holds(holds)) => {
+                holds.latest().map_or(0, |until| until.saturating_sub(now))
+            }
+            _ => 0,
+        }
+    }
+
+    /// Takes hold `id` of a concurrency limit until `hold_ttl_ms` from
+    /// `now`. Other algorithms have no holds.
+    pub fn hold(&self, state: &mut State, id: HoldId, now: u64) {
+        if let (Params::Concurrency(c), State::Holds(holds)) = (self, state) {
+            holds.put(id, now + c.hold_ttl_ms);
+        }
+    }
+
+    /// Keeps hold `id` until `hold_ttl_ms` from `now` if it is still held
+    /// (the state refreshed to `now`). A hold reclaimed meanwhile is not
+    /// taken again, even though its request still runs: the bound holds,
+    /// and that request runs uncounted. Whether it was held.
+    pub fn renew(&self, state: &mut State, id: HoldId, now: u64) -> bool {
+        match (self, state) {
+            (Params::Concurrency(c), State::Holds(holds)) if holds.contains(id) => {
+                holds.put(id, now + c.hold_ttl_ms);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Releases hold `id`; whether it was kept.
+    pub fn release(&self, state: &mut State, id: HoldId) -> bool {
+        match state {
+            State::Holds(holds) => holds.remove(id),
+            _ => false,
+        }
+    }
+
+    /// Drops the holds of a concurrency limit that expired unrenewed by
+    /// `now` (their instance died, or could not reach the store): how
+    /// many. [`Params::refresh`] drops them too, uncounted.
+    pub fn reclaim(&self, state: &mut State, now: u64) -> u64 {
+        match (self, state) {
+            (Params::Concurrency(_), State::Holds(holds)) => holds.expire(now),
             _ => 0,
         }
     }
 }
+
+/// The wait a full concurrency limit answers: a hold is released when a
+/// request ends, which no clock foretells, so a second (`Retry-After: 1`).
+pub const HOLD_RETRY_MS: u64 = 1000;
 
 /// The check of a bucket holding `balance` micro-tokens (below zero in
 /// debt): a GCRA's as well, its balance being the capacity less its debt.

@@ -20,9 +20,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::breaker::{Breaker, Permit};
+use super::holds::{HoldGuard, Holds};
 use super::lease::{GiveBack, Leases, Spend, Taker, Token};
 use super::memory::MemoryStore;
-use super::plan::{in_order, part_gate, settle, settlement, DebtBound, Fallback, Part, Split};
+use super::plan::{
+    fallback_charge, in_order, part_gate, settle, settlement, DebtBound, Fallback, Part, Split,
+};
 use super::{gate, undone, Charge, Gate, LimitStore, Op, Overload, Source, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
 use crate::logs::STORE as STORE_LOG;
@@ -47,6 +50,7 @@ pub struct Limiter<C: Clock = MonotonicClock> {
     local: Arc<MemoryStore<C>>,
     shared: Option<Shared>,
     leases: Leases,
+    holds: Arc<Holds>,
     /// Give-back calls in flight, which a shutdown waits for.
     giving_back: AtomicUsize,
     /// Signalled whenever the last give-back in flight ends.
@@ -71,10 +75,25 @@ impl<C: Clock> Limiter<C> {
         shared: Option<Shared>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let holds = {
+            let (release, now) = (local.clone(), local.clone());
+            // A dropped decision's call lands within its wait to be sent
+            // and its own bound, each `timeout_ms`.
+            let late_by = shared
+                .as_ref()
+                .map_or(0, |s| 2 * s.timeout.as_millis() as u64);
+            Holds::new(
+                Box::new(move |c| release.refund(&[c], 0)),
+                Box::new(move || now.now_ms()),
+                late_by,
+                metrics.clone(),
+            )
+        };
         Self {
             local,
             shared,
             leases: Leases::new(metrics.clone()),
+            holds: Arc::new(holds),
             giving_back: AtomicUsize::new(0),
             given_back: tokio::sync::Notify::new(),
             clock,
@@ -276,6 +295,81 @@ impl<C: Clock> Limiter<C> {
             );
         }
         verdicts
+    }
+
+    /// Watches the holds of concurrency limits among `charges`, before
+    /// they are decided: the guard releases every hold the decision takes
+    /// when it is dropped with its request. `None` when none holds.
+    pub fn watch_holds(&self, charges: &[Charge]) -> Option<HoldGuard> {
+        self.holds.watch(charges)
+    }
+
+    /// Records what the decision of `charges` did with their holds, and
+    /// counts the expired holds it reclaimed.
+    pub fn holds_decided(&self, charges: &[Charge], verdicts: &[Verdict]) {
+        let instances = self.shared.as_ref().map_or(1, |s| s.instances);
+        self.holds
+            .decided(charges, verdicts, |c| fallback_charge(c, instances));
+        self.holds.reclaimed(charges, verdicts);
+    }
+
+    /// Holds this instance's requests keep.
+    pub fn holds_kept(&self) -> usize {
+        self.holds.len()
+    }
+
+    /// Resolves when a hold is queued for release.
+    pub async fn hold_work(&self) {
+        self.holds.work().await
+    }
+
+    /// Releases the shared holds whose requests ended, in one batched call,
+    /// and renews every hold a third of its `hold_ttl_ms` old, in one more:
+    /// off the request path. The hold keeper runs this whenever
+    /// [`Limiter::hold_work`] resolves, and every tick.
+    pub async fn keep_holds(&self) {
+        let now = self.holds.now();
+        let released = self.holds.due_releases(now, false);
+        self.release_shared(released).await;
+        let (local, shared) = self.holds.renewals(now);
+        if !local.is_empty() {
+            let (verdicts, _) = self.local.decide_now(&local, Gate::Open);
+            self.holds.reclaimed(&local, &verdicts);
+        }
+        if let (Some(store), false) = (&self.shared, shared.is_empty()) {
+            for chunk in shared.chunks(HOLDS_PER_CALL) {
+                let charges: Vec<&Charge> = chunk.iter().collect();
+                // A failed renewal is tried again at the next tick; a hold
+                // the store dropped meanwhile is taken again.
+                if let Ok(verdicts) = self.call(store, &charges, Gate::Open).await {
+                    self.holds.reclaimed(chunk, &verdicts);
+                }
+            }
+        }
+    }
+
+    /// Releases every shared hold, queued or kept, and waits for the
+    /// store calls (shutdown): the requests still running end with the
+    /// process, and one that ends meanwhile finds its holds released
+    /// already (each hold leaves the registry once).
+    pub async fn release_holds(&self) {
+        let mut all = self.holds.surrender();
+        all.extend(self.holds.due_releases(0, true));
+        self.release_shared(all).await;
+    }
+
+    /// Gives holds back to the shared store: each one released.
+    async fn release_shared(&self, holds: Vec<Charge>) {
+        let Some(shared) = &self.shared else { return };
+        for chunk in holds.chunks(HOLDS_PER_CALL) {
+            let charges: Vec<&Charge> = chunk.iter().collect();
+            if let Err(failed) = shared.store.give_back(&charges, 1).await {
+                if failed.is_failure() {
+                    self.metrics.store_error(failed.reason());
+                }
+                tracing::warn!(target: STORE_LOG, error = %failed, holds = charges.len(), "releasing holds failed; the store reclaims them when they expire");
+            }
+        }
     }
 
     /// Holds again what leases spent for groups the decision did not charge.
@@ -651,6 +745,9 @@ impl Shared {
         self.breaker.open_for().as_millis().div_ceil(1000).max(1) as u64
     }
 }
+
+/// Holds released or renewed per store call, at most.
+const HOLDS_PER_CALL: usize = 1024;
 
 /// The verdict of a charge whose decision was shed.
 fn shed(why: Overload) -> Verdict {

@@ -58,6 +58,11 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// The store's clock, in ms.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
     /// Number of live keys (approximate between sweeps).
     pub fn len(&self) -> u64 {
         self.keys.load(Ordering::Relaxed)
@@ -85,31 +90,43 @@ impl<C: Clock> MemoryStore<C> {
         let shard_ids: Vec<usize> = charges().map(|c| self.shard_of(&c.key)).collect();
         let mut guards = self.lock(&shard_ids);
 
-        // Each charge's check, and the delay it is admitted after (0: now).
+        // Each charge's check, the delay it is admitted after (0: now) and
+        // the expired holds it found.
         let mut checks = Vec::with_capacity(shard_ids.len());
         for (c, &s) in charges().zip(&shard_ids) {
             let slot = self.slot(locked(&mut guards, s), c, now);
+            let reclaimed = c.params.reclaim(&mut slot.state, now);
             c.params.refresh(&mut slot.state, now);
-            checks.push(delayed(c, c.params.check(&slot.state, c.cost, now)));
+            let (check, delay) = delayed(c, c.params.check(&slot.state, c.cost, now));
+            checks.push((check, delay, reclaimed));
         }
 
         let admits = |i: usize| checks[i].0.allowed;
         let gate = super::gate(charges(), admits, blocked_from);
         let mut verdicts = Vec::with_capacity(shard_ids.len());
-        for ((c, &s), &(check, delay_ms)) in charges().zip(&shard_ids).zip(&checks) {
+        for ((c, &s), &(check, delay_ms, reclaimed)) in charges().zip(&shard_ids).zip(&checks) {
             let slot = locked(&mut guards, s)
                 .slots
                 .get_mut(&c.key)
                 .expect("the first pass made a slot for every charge");
             let spend = check.allowed && gate.admits(c.group);
             let (mut granted, mut uncharged) = (0, 0);
-            if c.op.is_force() {
-                uncharged = c
-                    .params
-                    .force(&mut slot.state, c.cost, c.op.max_debt(), now);
-            } else if spend {
-                c.params.spend(&mut slot.state, c.cost, now);
-                granted = c.params.take(&mut slot.state, c.op.units(), now);
+            match (c.hold, c.op.is_force()) {
+                // A hold is taken when spent and renewed when forced.
+                (Some(id), true) => {
+                    c.params.renew(&mut slot.state, id, now);
+                }
+                (Some(id), false) if spend => c.params.hold(&mut slot.state, id, now),
+                (None, true) => {
+                    uncharged = c
+                        .params
+                        .force(&mut slot.state, c.cost, c.op.max_debt(), now);
+                }
+                (None, false) if spend => {
+                    c.params.spend(&mut slot.state, c.cost, now);
+                    granted = c.params.take(&mut slot.state, c.op.units(), now);
+                }
+                _ => {}
             }
             let remaining = if c.op.is_force() {
                 c.params.check(&slot.state, 0, now).remaining
@@ -125,7 +142,8 @@ impl<C: Clock> MemoryStore<C> {
                 Verdict::decided(check.allowed, remaining, check.wait_ms, reset_ms, now)
                     .with_granted(granted)
                     .with_delay(delay_ms)
-                    .with_uncharged(uncharged),
+                    .with_uncharged(uncharged)
+                    .with_reclaimed(reclaimed),
             );
         }
         for (_, guard) in guards.iter_mut() {
@@ -138,7 +156,8 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Gives back what [`MemoryStore::decide_now`] charged at `spent_at` for
-    /// these charges (a later part of the same decision denied).
+    /// these charges (a later part of the same decision denied), and
+    /// releases their holds.
     pub fn refund<B: Borrow<Charge>>(&self, charges: &[B], spent_at: u64) {
         let now = self.clock.now_ms();
         let charges = || charges.iter().map(Borrow::borrow);
@@ -146,7 +165,13 @@ impl<C: Clock> MemoryStore<C> {
         let mut guards = self.lock(&shard_ids);
         for (c, &s) in charges().zip(&shard_ids) {
             if let Some(slot) = locked(&mut guards, s).slots.get_mut(&c.key) {
-                c.params.refund(&mut slot.state, c.cost, spent_at, now);
+                match c.hold {
+                    // Giving a hold back releases it.
+                    Some(id) => {
+                        c.params.release(&mut slot.state, id);
+                    }
+                    None => c.params.refund(&mut slot.state, c.cost, spent_at, now),
+                }
             }
         }
     }

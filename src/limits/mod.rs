@@ -6,6 +6,7 @@
 
 pub mod algorithm;
 pub mod breaker;
+pub mod holds;
 pub mod keys;
 pub mod lease;
 pub mod limiter;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use algorithm::Params;
+use algorithm::{HoldId, Params};
 
 /// Index of a limit in the policy's list of limits.
 pub type LimitId = usize;
@@ -140,6 +141,10 @@ pub struct Charge {
     pub lease: Option<LeaseTerms>,
     /// What the charge does to its limit.
     pub op: Op,
+    /// The request's hold on a concurrency limit: taken when the charge
+    /// is spent, renewed when it is forced, released when it is given
+    /// back. `None` for every other limit.
+    pub hold: Option<HoldId>,
 }
 
 /// What a charge does to its limit: each meaning with only what it needs,
@@ -289,6 +294,9 @@ pub struct Verdict {
     /// Units of a forced charge that were not charged because the limit
     /// was at its deepest debt (see [`Op::Force`]).
     pub uncharged: u64,
+    /// Holds of a concurrency limit found expired and dropped by this
+    /// decision: their requests' instances stopped renewing them.
+    pub reclaimed: u64,
 }
 
 impl Verdict {
@@ -313,6 +321,7 @@ impl Verdict {
             at,
             delay_ms: 0,
             uncharged: 0,
+            reclaimed: 0,
         }
     }
 
@@ -348,6 +357,15 @@ impl Verdict {
     pub fn with_uncharged(self, units: u64) -> Self {
         Self {
             uncharged: units,
+            ..self
+        }
+    }
+
+    /// With `holds` expired holds reclaimed.
+    #[must_use]
+    pub fn with_reclaimed(self, holds: u64) -> Self {
+        Self {
+            reclaimed: holds,
             ..self
         }
     }

@@ -76,14 +76,7 @@ impl Fallback {
             }
             match (c.local, c.on_store_error) {
                 (true, _) => run.push((i, c.clone())),
-                (false, OnStoreError::Local) => {
-                    let fallback = Charge {
-                        params: c.params.share(instances),
-                        key: format!("\u{1e}fallback\u{1f}{}", c.key),
-                        ..c.clone()
-                    };
-                    run.push((i, fallback));
-                }
+                (false, OnStoreError::Local) => run.push((i, fallback_charge(c, instances))),
                 (false, OnStoreError::Open) => {
                     fixed[i] = Some(Verdict::undecided(true, Source::FailOpen));
                 }
@@ -122,6 +115,16 @@ impl Fallback {
     }
 }
 
+/// The charge a shared limit's local fallback decides in this process:
+/// `1/instances` of its budget, under a key of its own.
+pub fn fallback_charge(c: &Charge, instances: u32) -> Charge {
+    Charge {
+        params: c.params.share(instances),
+        key: format!("\u{1e}fallback\u{1f}{}", c.key),
+        ..c.clone()
+    }
+}
+
 /// How deep into debt a settlement may push each limit
 /// (`cost_from_response.max_debt`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +155,8 @@ pub fn settlement(charged: &[(Charge, u64)], delta: i64, debt: DebtBound) -> Vec
     }
     charged
         .iter()
+        // A hold is one unit whatever the request cost.
+        .filter(|(c, _)| c.hold.is_none())
         .map(|(c, at)| {
             let c = Charge {
                 cost: delta.unsigned_abs(),
@@ -259,6 +264,7 @@ mod tests {
             at: 0,
             delay_ms: 0,
             uncharged: 0,
+            reclaimed: 0,
         }
     }
 

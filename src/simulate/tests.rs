@@ -257,3 +257,73 @@ fn jwt_callers_are_replayed_as_their_lines_name_them() {
     replay(log, &mut sims);
     assert_eq!(sims[0].callers["acme"].refused.0, 20);
 }
+
+/// A line of [`line`]'s shape for credential c1, ending at `end_ms` after
+/// `duration_ms` (none: the field left out).
+fn timed(end_ms: u64, duration_ms: Option<f64>) -> String {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&line(end_ms, Some("c1"), Some("/v1/x"))).unwrap();
+    match duration_ms {
+        Some(d) => v["duration_ms"] = d.into(),
+        None => {
+            v.as_object_mut().unwrap().remove("duration_ms");
+        }
+    }
+    v.to_string() + "\n"
+}
+
+/// The example policy with a concurrency limit of one request in flight.
+fn one_in_flight() -> Policy {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    let digest = hex::encode(crate::auth::digest(b"key-c1"));
+    let text = POLICY.replace("DIGEST", &digest).replace(
+        "  watch:",
+        "  inflight: { key: [tenant], algorithm: concurrency, max_in_flight: 1 }\n  watch:",
+    );
+    let text = text.replace(
+        "limits: [per-tenant, watch]",
+        "limits: [per-tenant, inflight]",
+    );
+    std::fs::write(&file, text).unwrap();
+    crate::config::load(&file).unwrap()
+}
+
+#[test]
+fn holds_are_modelled_from_each_lines_start_and_end() {
+    // Logged as they ended: two short requests (1-2 s, 3-4 s) inside a
+    // long one (0-5 s), then one after it (6-7 s). Replayed by start, the
+    // long one holds the only unit and both short ones are refused (by
+    // end, each short one would have gone first).
+    let log = [
+        timed(2_000, Some(1_000.0)),
+        timed(4_000, Some(1_000.0)),
+        timed(5_000, Some(5_000.0)),
+        timed(7_000, Some(1_000.0)),
+    ]
+    .concat();
+    let mut sims = [Simulation::new(one_in_flight())];
+    replay(log, &mut sims);
+    let inflight = sims[0].limits["inflight"];
+    assert_eq!((inflight.admitted.0, inflight.refused.0), (2, 2));
+    assert_eq!(sims[0].undated, 0);
+    let report = report("p", &sims[0], 5);
+    assert!(
+        report.contains("held from its start (time - duration_ms)"),
+        "{report}"
+    );
+    assert!(!report.contains("cannot be modelled"), "{report}");
+}
+
+#[test]
+fn a_log_without_durations_says_holds_cannot_be_modelled() {
+    let log = [timed(1_000, None), timed(1_500, None)].concat();
+    let mut sims = [Simulation::new(one_in_flight())];
+    replay(log, &mut sims);
+    assert_eq!(sims[0].undated, 2);
+    let report = report("p", &sims[0], 5);
+    assert!(
+        report.contains("concurrency limits cannot be modelled for 2 lines without duration_ms"),
+        "{report}"
+    );
+}

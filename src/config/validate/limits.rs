@@ -9,6 +9,20 @@ pub(super) fn params(
     algorithm: AlgorithmName,
     n: &RawOverride,
 ) -> Option<Params> {
+    if algorithm == AlgorithmName::Concurrency {
+        return concurrency(c, path, n);
+    }
+    for (field, set) in [
+        ("max_in_flight", n.max_in_flight.is_some()),
+        ("hold_ttl_ms", n.hold_ttl_ms.is_some()),
+    ] {
+        if set {
+            c.fail(
+                path,
+                format!("`{field}` does not apply to {algorithm}; it is for concurrency"),
+            );
+        }
+    }
     if algorithm == AlgorithmName::Quota {
         return quota(c, path, n);
     }
@@ -144,6 +158,8 @@ pub(super) fn limits(
             limit: l.limit,
             window_seconds: l.window_seconds,
             period: l.period,
+            max_in_flight: l.max_in_flight,
+            hold_ttl_ms: l.hold_ttl_ms,
         };
         let Some(params) = params(c, &path, l.algorithm, &numbers) else {
             // Known but invalid: references to it are not a second error.
@@ -188,7 +204,13 @@ pub(super) fn delay(c: &mut Checker, path: &str, l: &RawLimit, params: &Params) 
             0
         }
         (OnLimit::Delay, Some(ms)) => {
-            if !matches!(params, Params::TokenBucket(_) | Params::Gcra(_)) {
+            if params.is_concurrency() {
+                c.fail(
+                    format!("{path}.on_limit"),
+                    "a concurrency limit admits when a request ends, which no wait can foretell: \
+                     use on_limit: reject (429 with Retry-After: 1), or a pool's queue",
+                );
+            } else if !matches!(params, Params::TokenBucket(_) | Params::Gcra(_)) {
                 c.fail(
                     format!("{path}.on_limit"),
                     "delay schedules an admission ahead, which token_bucket and gcra can; \
@@ -208,6 +230,75 @@ pub(super) fn delay(c: &mut Checker, path: &str, l: &RawLimit, params: &Params) 
             )
         }
     }
+}
+
+/// A concurrency limit: `max_in_flight` and `hold_ttl_ms`, nothing else.
+pub(super) fn concurrency(c: &mut Checker, path: &str, n: &RawOverride) -> Option<Params> {
+    for (field, set) in [
+        ("capacity", n.capacity.is_some()),
+        ("refill_per_second", n.refill_per_second.is_some()),
+        ("limit", n.limit.is_some()),
+        ("window_seconds", n.window_seconds.is_some()),
+        ("period", n.period.is_some()),
+    ] {
+        if set {
+            c.fail(
+                path,
+                format!(
+                    "`{field}` does not apply to concurrency; it takes `max_in_flight` and `hold_ttl_ms`"
+                ),
+            );
+        }
+    }
+    let max = c.required(path, "max_in_flight", n.max_in_flight)?;
+    let max_in_flight = c.bounded(
+        &format!("{path}.max_in_flight"),
+        Some(max),
+        bounds::LIMIT_MAX_IN_FLIGHT,
+    );
+    let hold_ttl_ms = c.bounded(
+        &format!("{path}.hold_ttl_ms"),
+        n.hold_ttl_ms,
+        bounds::HOLD_TTL_MS,
+    );
+    Some(Params::Concurrency(Concurrency {
+        max_in_flight,
+        hold_ttl_ms,
+    }))
+}
+
+/// A plan's or a tenant override's numbers for a limit of `params`, with
+/// what belongs to the limit alone (a quota's period, a concurrency
+/// limit's hold lifetime) taken from it and refused when given.
+fn limit_owned(
+    c: &mut Checker,
+    path: &str,
+    params: &Params,
+    mut numbers: RawOverride,
+    who: &str,
+) -> RawOverride {
+    match *params {
+        Params::Quota(q) => {
+            if numbers.period.is_some() {
+                c.fail(
+                    format!("{path}.period"),
+                    format!("{who} changes a quota's limit; its period is the limit's"),
+                );
+            }
+            numbers.period = Some(q.period);
+        }
+        Params::Concurrency(l) => {
+            if numbers.hold_ttl_ms.is_some() {
+                c.fail(
+                    format!("{path}.hold_ttl_ms"),
+                    format!("{who} changes a concurrency limit's max_in_flight; its hold_ttl_ms is the limit's"),
+                );
+            }
+            numbers.hold_ttl_ms = Some(l.hold_ttl_ms);
+        }
+        _ => {}
+    }
+    numbers
 }
 
 /// A calendar quota: `limit` and `period`, nothing else.
@@ -266,6 +357,14 @@ pub(super) fn lease(
             format!("{path}.sync"),
             "a quota counts a calendar period; a lease's units would outlive it: use sync: exact",
         );
+    }
+    if params.is_concurrency() {
+        c.fail(
+            format!("{path}.sync"),
+            "a concurrency limit's hold is one request in flight, taken and released with it: \
+             it cannot be leased ahead, use sync: exact",
+        );
+        return None;
     }
     if matches!(params, Params::SlidingLog(_)) {
         c.fail(
@@ -339,17 +438,7 @@ pub(super) fn plans(
                     "a pre_auth limit runs before the plan is known and cannot be overridden",
                 );
             }
-            let mut numbers = numbers;
-            if let Params::Quota(q) = limits[id].params {
-                // A plan changes a quota's amount; the period is the limit's.
-                if numbers.period.is_some() {
-                    c.fail(
-                        format!("{path}.period"),
-                        "a plan changes a quota's limit; its period is the limit's",
-                    );
-                }
-                numbers.period = Some(q.period);
-            }
+            let numbers = limit_owned(c, &path, &limits[id].params, numbers, "a plan");
             if let Some(p) = params(c, &path, algorithm, &numbers) {
                 plan.overrides.push((id, p));
             }
@@ -398,19 +487,12 @@ pub fn override_params(
         Params::SlidingWindow(_) => AlgorithmName::SlidingWindow,
         Params::SlidingLog(_) => AlgorithmName::SlidingLog,
         Params::Quota(_) => AlgorithmName::Quota,
+        Params::Concurrency(_) => AlgorithmName::Concurrency,
     };
-    let mut numbers = raw.clone();
-    if let Params::Quota(q) = limit.params {
-        if numbers.period.is_some() {
-            c.fail(
-                format!("{path}.period"),
-                "an override changes a quota's limit; its period is the limit's",
-            );
-        }
-        numbers.period = Some(q.period);
-    }
+    let numbers = limit_owned(&mut c, &path, &limit.params, raw.clone(), "an override");
     let params = params(&mut c, &path, algorithm, &numbers);
-    if let Some(p) = params {
+    // A concurrency limit holds one unit per request, whatever its cost.
+    if let Some(p) = params.filter(|p| !p.is_concurrency()) {
         for route in policy.routes.iter().filter(|r| r.request.contains(&id)) {
             if route.admission_cost() > p.quota() {
                 c.fail(

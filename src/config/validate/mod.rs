@@ -23,7 +23,7 @@ use crate::access_log::{AccessLogSettings, Destination};
 use crate::auth::{parse_digest, Credential, KeyTable, KeyTableBuilder, Tenant};
 use crate::client_ip::{ClientIpConfig, ForwardHeader};
 use crate::edge::{EdgeSettings, EncodedSlash, PathRules};
-use crate::limits::algorithm::{Bucket, Params, Quota, Window, MICRO};
+use crate::limits::algorithm::{Bucket, Concurrency, Params, Quota, Window, MICRO};
 use crate::limits::redis::redacted;
 use crate::limits::LeaseTerms;
 use crate::routes::{HostPattern, Matching, PathTemplate, Router};

@@ -264,7 +264,8 @@ pub(super) fn route_limits(
             .iter()
             .filter_map(|p| p.params_for(id).map(|x| (Some(&p.name), x)));
         for (plan, params) in std::iter::once((None, limit.params)).chain(plan_params) {
-            if cost > params.quota() {
+            // A concurrency limit holds one unit per request, whatever its cost.
+            if cost > params.quota() && !params.is_concurrency() {
                 let whose = plan.map_or(String::new(), |p| format!(" (plan {p:?})"));
                 c.fail(&at, format!("route cost {cost} exceeds the capacity {} of limit {name:?}{whose}: it could never be admitted", params.quota()));
             }

@@ -65,6 +65,7 @@ fn store_verdict(allowed: bool) -> Verdict {
         at: 0,
         delay_ms: 0,
         uncharged: 0,
+        reclaimed: 0,
     }
 }
 

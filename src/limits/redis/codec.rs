@@ -8,13 +8,15 @@
 //! and its refund time (8 bytes), then per limit the key's index (4 bytes),
 //! the algorithm (1 byte), its two parameters and the cost (8 bytes each),
 //! its flags (1 byte: bit 0 enforced, bit 1 the group, bit 2 a take
-//! follows, bit 3 a longest delay follows, bit 4 forced) and then, as the
-//! flags say, the units to take beyond the cost, the longest delay in ms
-//! and a forced charge's deepest debt in units (8 bytes each). All numbers
-//! are little-endian. The reply is one binary string: five `i64`s per
-//! limit (admitted: 1, 0, or 2 when after a delay; remaining; wait or -1,
-//! or the delay when 2; reset; units taken, or for a forced charge the
-//! units left uncharged), then the store time of the decision.
+//! follows, bit 3 a longest delay follows, bit 4 forced, bit 5 a hold
+//! follows) and then, as the flags say, the units to take beyond the cost,
+//! the longest delay in ms and a forced charge's deepest debt in units (8
+//! bytes each), and a concurrency limit's hold (16 bytes, big-endian: the
+//! member of its sorted set). All numbers are little-endian. The reply is
+//! one binary string: five `i64`s per limit (admitted: 1, 0, or 2 when
+//! after a delay; remaining; wait or -1, or the delay when 2; reset; units
+//! taken, for a forced charge the units left uncharged, for a hold the
+//! expired holds reclaimed), then the store time of the decision.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,6 +41,8 @@ pub mod kind {
     pub const SLIDING_LOG: u8 = 5;
     /// `quota`: a = limit, b = the period (1 day, 2 month, UTC).
     pub const QUOTA: u8 = 6;
+    /// `concurrency`: a = max_in_flight, b = hold_ttl_ms.
+    pub const CONCURRENCY: u8 = 7;
 }
 
 /// The refund time that asks the script to peek: read every limit, charge
@@ -61,6 +65,8 @@ const TAKES: u8 = 4;
 const DELAYS: u8 = 8;
 /// Flag bit: charged whatever the state (a cost learnt after the response).
 const FORCED: u8 = 16;
+/// Flag bit: a hold follows (after the debt, if any).
+const HOLDS: u8 = 32;
 /// Bytes of one number in the script's reply.
 const NUMBER: usize = 8;
 /// Bytes of one limit's verdict in the script's reply.
@@ -87,6 +93,8 @@ pub struct Spec {
     pub force: bool,
     /// A forced charge's deepest debt, in units.
     pub max_debt: u64,
+    /// A concurrency limit's hold.
+    pub hold: Option<u128>,
 }
 
 impl Spec {
@@ -99,6 +107,7 @@ impl Spec {
             Params::SlidingWindow(w) => (kind::SLIDING_WINDOW, w.limit, w.window_ms),
             Params::SlidingLog(w) => (kind::SLIDING_LOG, w.limit, w.window_ms),
             Params::Quota(q) => (kind::QUOTA, q.limit, q.period.code()),
+            Params::Concurrency(c) => (kind::CONCURRENCY, c.max_in_flight, c.hold_ttl_ms),
         };
         Spec {
             kind,
@@ -110,6 +119,7 @@ impl Spec {
             max_delay_ms: charge.op.max_delay_ms(),
             force: charge.op.is_force(),
             max_debt: charge.op.max_debt(),
+            hold: charge.hold,
         }
     }
 }
@@ -165,7 +175,7 @@ pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'
     let mut keys: Vec<&str> = Vec::new();
     let size = requests
         .clone()
-        .map(|r| REQUEST_HEAD + r.limits.len() * (LIMIT + 16))
+        .map(|r| REQUEST_HEAD + r.limits.len() * (LIMIT + 32))
         .sum();
     let mut bytes = Vec::with_capacity(size);
     let mut count = 0;
@@ -194,6 +204,9 @@ pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'
             if l.force {
                 flags |= FORCED;
             }
+            if l.hold.is_some() {
+                flags |= HOLDS;
+            }
             bytes.push(flags);
             if l.take > 0 {
                 bytes.extend_from_slice(&l.take.to_le_bytes());
@@ -203,6 +216,9 @@ pub fn encode<'a>(requests: impl Iterator<Item = &'a Request> + Clone) -> Call<'
             }
             if l.force {
                 bytes.extend_from_slice(&l.max_debt.to_le_bytes());
+            }
+            if let Some(hold) = l.hold {
+                bytes.extend_from_slice(&hold.to_be_bytes());
             }
         }
     }
@@ -238,7 +254,11 @@ pub fn split(reply: &[u8], batch: &[&Request]) -> Result<Vec<Decided>, StoreErro
                 .limits
                 .iter()
                 .zip(verdicts.by_ref())
-                .map(|(l, v)| if l.force { forced(v) } else { v })
+                .map(|(l, v)| match (l.hold, l.force) {
+                    (Some(_), _) => held(v),
+                    (None, true) => forced(v),
+                    (None, false) => v,
+                })
                 .collect();
             (verdicts, at)
         })
@@ -249,6 +269,11 @@ pub fn split(reply: &[u8], batch: &[&Request]) -> Result<Vec<Decided>, StoreErro
 /// uncharged, not units taken.
 fn forced(v: Verdict) -> Verdict {
     v.with_uncharged(v.granted).with_granted(0)
+}
+
+/// A hold's verdict: its fifth number is the expired holds reclaimed.
+fn held(v: Verdict) -> Verdict {
+    v.with_reclaimed(v.granted).with_granted(0)
 }
 
 /// The script's reply for `limits` limits: their verdicts in order, and the

@@ -40,16 +40,22 @@ fn read_back(call: &Call<'_>) -> Vec<ReadBack> {
             let want = field(TAKES);
             let delay = field(DELAYS);
             let max_debt = field(FORCED);
+            let hold = (flags & HOLDS != 0).then(|| {
+                let mut member = [0u8; 16];
+                member.copy_from_slice(take(16));
+                u128::from_be_bytes(member)
+            });
             let spec = Spec {
                 kind,
                 a,
                 b: bb,
                 cost,
-                flags: flags & !(TAKES | DELAYS | FORCED),
+                flags: flags & !(TAKES | DELAYS | FORCED | HOLDS),
                 take: want,
                 max_delay_ms: delay,
                 force: flags & FORCED != 0,
                 max_debt,
+                hold,
             };
             limits.push((call.keys[key - 1].to_owned(), spec));
         }
@@ -72,6 +78,8 @@ fn spec(kind: u8, a: u64) -> Spec {
         max_delay_ms: if a % 3 == 0 { a + 500 } else { 0 },
         force: a % 5 == 0,
         max_debt: if a % 5 == 0 { a * 7 } else { 0 },
+        // Every fourth holds a unit of a concurrency limit.
+        hold: (a % 4 == 0).then_some(u128::MAX - u128::from(a)),
     }
 }
 

@@ -1,0 +1,350 @@
+//! The holds this instance's requests keep on concurrency limits, from the
+//! decision that takes them to the end of their request.
+//!
+//! A hold is taken in the request's all-or-nothing decision like any other
+//! charge. Before that decision a [`HoldGuard`] watches the request's holds;
+//! whichever way the request ends (its response done, its client gone, its
+//! upstream failing or timing out, a later refusal, the process shutting
+//! down) the guard is dropped with it, and each hold it took is released
+//! exactly once: at once for a hold in this process, in a batched store
+//! call off the request path for a shared one. A decision dropped before it
+//! answered may still take its holds in the store: they are released once
+//! the call can no longer land (twice `store.timeout_ms` later).
+//!
+//! While a request runs, its shared holds are renewed in one batched call
+//! every `hold_ttl_ms / 3`; an instance that dies stops renewing, and the
+//! store drops its holds once they expire.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use super::algorithm::{HoldId, Params};
+use super::{gate, Charge, Gate, Op, Source, Verdict};
+use crate::metrics::Metrics;
+
+/// This process's half of every hold id: random, so that two instances'
+/// holds never meet in a shared key.
+static INSTANCE: LazyLock<u64> = LazyLock::new(|| {
+    let seed = (std::process::id(), crate::clock::wall_ms());
+    ahash::RandomState::new().hash_one(seed)
+});
+/// This process's requests, counted.
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A hold id no other request of the fleet has.
+pub fn next_id() -> HoldId {
+    (u128::from(*INSTANCE) << 64) | u128::from(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Where a hold lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Its decision has not answered yet: it may be taken anywhere.
+    Deciding,
+    /// In this process: a local limit, or a shared one's fallback.
+    Local,
+    /// In the shared store.
+    Shared,
+}
+
+/// A hold a request of this instance keeps.
+#[derive(Debug)]
+struct Live {
+    /// The charge that took it (for a fallback, the fallback's charge).
+    charge: Charge,
+    place: Place,
+    /// When it was last taken or renewed (the limiter's clock, ms).
+    renewed_at: u64,
+}
+
+impl Live {
+    /// Whether it is, or may be, in the shared store.
+    fn maybe_shared(&self) -> bool {
+        match self.place {
+            Place::Shared => true,
+            Place::Deciding => !self.charge.local,
+            Place::Local => false,
+        }
+    }
+}
+
+/// A shared hold to release once `due` (the limiter's clock, ms).
+#[derive(Debug)]
+pub struct Release {
+    /// The charge that took it.
+    pub charge: Charge,
+    /// Not before this.
+    pub due: u64,
+}
+
+/// Releases a hold kept in this process.
+pub type LocalRelease = Box<dyn Fn(&Charge) + Send + Sync>;
+/// Reads the limiter's clock (ms).
+pub type Now = Box<dyn Fn() -> u64 + Send + Sync>;
+
+/// The holds of this instance's requests.
+pub struct Holds {
+    live: Mutex<HashMap<HoldId, Live, ahash::RandomState>>,
+    releases: Mutex<Vec<Release>>,
+    /// Signalled when a shared hold is to be released.
+    work: tokio::sync::Notify,
+    release_local: LocalRelease,
+    now: Now,
+    /// How long after a dropped decision its store call may still land.
+    late_by: u64,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Holds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holds").finish_non_exhaustive()
+    }
+}
+
+/// A request's holds: released when it is dropped, with the request.
+pub struct HoldGuard {
+    holds: Arc<Holds>,
+    ids: Vec<HoldId>,
+}
+
+impl std::fmt::Debug for HoldGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HoldGuard")
+            .field("holds", &self.ids.len())
+            .finish()
+    }
+}
+
+impl Holds {
+    /// No holds yet. `release_local` releases one kept in this process,
+    /// `now` reads the limiter's clock, and `late_by` is how long after a
+    /// dropped decision its store call may still land.
+    pub fn new(release_local: LocalRelease, now: Now, late_by: u64, metrics: Arc<Metrics>) -> Self {
+        Self {
+            live: Mutex::new(HashMap::default()),
+            releases: Mutex::new(Vec::new()),
+            work: tokio::sync::Notify::new(),
+            release_local,
+            now,
+            late_by,
+            metrics,
+        }
+    }
+
+    /// Watches the holds among `charges` before they are decided: from
+    /// now on they are released however the request ends. `None` when no
+    /// charge holds.
+    pub fn watch(self: &Arc<Self>, charges: &[Charge]) -> Option<HoldGuard> {
+        let now_ms = (self.now)();
+        let mut ids = Vec::new();
+        let mut live = self.lock_live();
+        for c in charges {
+            let Some(id) = c.hold else { continue };
+            ids.push(id);
+            live.insert(
+                id,
+                Live {
+                    charge: c.clone(),
+                    place: Place::Deciding,
+                    renewed_at: now_ms,
+                },
+            );
+        }
+        drop(live);
+        (!ids.is_empty()).then(|| HoldGuard {
+            holds: self.clone(),
+            ids,
+        })
+    }
+
+    /// Records what the decision of `charges` did with their holds: a
+    /// hold is kept where its verdict was reached when its charge was
+    /// spent (admitted, and its group charged), and forgotten otherwise.
+    /// `fallback(c)` is the charge a shared limit's local fallback decided.
+    pub fn decided(
+        &self,
+        charges: &[Charge],
+        verdicts: &[Verdict],
+        fallback: impl Fn(&Charge) -> Charge,
+    ) {
+        let charged = gate(charges, |i| verdicts[i].allowed, Gate::Open);
+        let mut live = self.lock_live();
+        for (c, v) in charges.iter().zip(verdicts) {
+            let Some(id) = c.hold else { continue };
+            let place = match v.source {
+                _ if !(v.allowed && charged.admits(c.group)) => None,
+                Source::Store if c.local => Some(Place::Local),
+                Source::Store => Some(Place::Shared),
+                Source::Fallback => Some(Place::Local),
+                Source::FailOpen | Source::FailClosed | Source::Shed(_) => None,
+            };
+            match place {
+                Some(place) => {
+                    if let Some(held) = live.get_mut(&id) {
+                        held.place = place;
+                        if v.source == Source::Fallback {
+                            held.charge = fallback(c);
+                        }
+                        self.gauge(c).inc();
+                    }
+                }
+                None => {
+                    live.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// Releases the holds `ids`: their request ended.
+    fn release(&self, ids: &[HoldId]) {
+        let now = (self.now)();
+        let mut gone = Vec::new();
+        {
+            let mut live = self.lock_live();
+            gone.extend(ids.iter().filter_map(|id| live.remove(id)));
+        }
+        let mut shared = Vec::new();
+        for held in gone {
+            match held.place {
+                Place::Local => {
+                    self.gauge(&held.charge).dec();
+                    (self.release_local)(&held.charge);
+                }
+                Place::Shared => {
+                    self.gauge(&held.charge).dec();
+                    shared.push(Release {
+                        charge: held.charge,
+                        due: now,
+                    });
+                }
+                // Its decision was dropped: the hold may have been taken,
+                // here at once, in the store by a call still to land.
+                Place::Deciding if held.charge.local => (self.release_local)(&held.charge),
+                Place::Deciding => shared.push(Release {
+                    charge: held.charge,
+                    due: now + self.late_by,
+                }),
+            }
+        }
+        if !shared.is_empty() {
+            self.lock_releases().extend(shared);
+            self.work.notify_one();
+        }
+    }
+
+    /// The shared holds due for release at `now` (all of them with
+    /// `everything`, at shutdown), taken out of the queue.
+    pub fn due_releases(&self, now: u64, everything: bool) -> Vec<Charge> {
+        let mut queue = self.lock_releases();
+        let (due, later): (Vec<Release>, Vec<Release>) = std::mem::take(&mut *queue)
+            .into_iter()
+            .partition(|r| everything || r.due <= now);
+        *queue = later;
+        due.into_iter().map(|r| r.charge).collect()
+    }
+
+    /// The soonest a queued release falls due, if any is queued.
+    pub fn next_due(&self) -> Option<u64> {
+        self.lock_releases().iter().map(|r| r.due).min()
+    }
+
+    /// The holds to renew at `now`: each one last renewed a third of its
+    /// `hold_ttl_ms` ago or more, as forced charges (a forced hold is kept
+    /// on if it is still held), split into those kept in this process and
+    /// those in the store. Marked renewed at `now`.
+    pub fn renewals(&self, now: u64) -> (Vec<Charge>, Vec<Charge>) {
+        let (mut local, mut shared) = (Vec::new(), Vec::new());
+        let mut live = self.lock_live();
+        for held in live.values_mut() {
+            let Params::Concurrency(terms) = held.charge.params else {
+                continue;
+            };
+            if held.place == Place::Deciding || now < held.renewed_at + terms.hold_ttl_ms / 3 {
+                continue;
+            }
+            held.renewed_at = now;
+            let renewal = Charge {
+                op: Op::Force { max_debt: 0 },
+                ..held.charge.clone()
+            };
+            if held.place == Place::Local {
+                local.push(renewal);
+            } else {
+                shared.push(renewal);
+            }
+        }
+        (local, shared)
+    }
+
+    /// Every hold that may be in the shared store, released as the process
+    /// stops: its requests end with it.
+    pub fn surrender(&self) -> Vec<Charge> {
+        let mut live = self.lock_live();
+        let mut out = Vec::new();
+        live.retain(|_, held| {
+            if !held.maybe_shared() {
+                return true;
+            }
+            if held.place == Place::Shared {
+                self.gauge(&held.charge).dec();
+            }
+            out.push(held.charge.clone());
+            false
+        });
+        out
+    }
+
+    /// The limiter's clock, in ms.
+    pub fn now(&self) -> u64 {
+        (self.now)()
+    }
+
+    /// Holds kept by this instance's requests (decided or deciding).
+    pub fn len(&self) -> usize {
+        self.lock_live().len()
+    }
+
+    /// Whether no request keeps a hold.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resolves when a shared hold is queued for release.
+    pub async fn work(&self) {
+        self.work.notified().await
+    }
+
+    /// Counts reclaimed holds that decisions reported.
+    pub fn reclaimed(&self, charges: &[Charge], verdicts: &[Verdict]) {
+        for (c, v) in charges.iter().zip(verdicts) {
+            if c.hold.is_some() && v.reclaimed > 0 {
+                self.metrics
+                    .concurrency_reclaimed
+                    .with_label_values(&[&c.name])
+                    .inc_by(v.reclaimed);
+            }
+        }
+    }
+
+    fn gauge(&self, c: &Charge) -> prometheus::IntGauge {
+        self.metrics.concurrency_holds.with_label_values(&[&c.name])
+    }
+
+    fn lock_live(&self) -> std::sync::MutexGuard<'_, HashMap<HoldId, Live, ahash::RandomState>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_releases(&self) -> std::sync::MutexGuard<'_, Vec<Release>> {
+        self.releases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for HoldGuard {
+    fn drop(&mut self) {
+        self.holds.release(&self.ids);
+    }
+}
+
+#[cfg(test)]
+mod tests;
