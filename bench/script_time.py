@@ -8,6 +8,9 @@ connection, one call at a time (no batching), calls:
                  per tenant, global), admitted: the full path's store work;
   decide.lua     the same, eleven requests in one call (a batch under load);
   decide.lua     one request with one token bucket;
+  holds          the full path with a concurrency limit added: the
+                 decision taking a hold, and its release (one, or eleven
+                 in one call);
   --compare FILE the same three with another decide.lua (an earlier one);
   limit.lua      the reference chapter's single-bucket script (bench/lua);
   floor          TIME + MGET of 3 keys + 3 SET ... PX, and nothing else;
@@ -94,6 +97,59 @@ def batch(requests, limits_per_request):
             # A bucket of 1e6 units refilling 1e5/s: always admits.
             out += struct.pack("<IBqqqB", l + 1, 1, 10**6 * MICRO, 100 * MICRO // 1000, 1, 3)
     return out
+
+
+HOLDS = 32
+CONCURRENCY = 7
+
+
+def hold_spec(key, member, refund_at=0):
+    """One request holding `member` of a concurrency limit (max 10^6 in
+    flight, 30 s holds) under key index `key`; with `refund_at`, its
+    release."""
+    return (struct.pack("<BHq", 255, 1, refund_at)
+            + struct.pack("<IBqqqB", key, CONCURRENCY, 10**6, 30000, 1, 3 | HOLDS) + member)
+
+
+def with_hold(member):
+    """The full path's three buckets and a concurrency hold, one request."""
+    out = struct.pack("<BHq", 255, 4, 0)
+    for l in range(3):
+        out += struct.pack("<IBqqqB", l + 1, 1, 10**6 * MICRO, 100 * MICRO // 1000, 1, 3)
+    return out + struct.pack("<IBqqqB", 4, CONCURRENCY, 10**6, 30000, 1, 3 | HOLDS) + member
+
+
+def holds(redis, pid, sha, fn, keys4, calls):
+    """A concurrency limit added to the full path: each decision takes a
+    hold (EVALSHA), and its release goes in a call of its own (FCALL, so
+    that Redis counts the two apart), one hold per release call, then
+    eleven (a batch under load). The set stays at its steady size."""
+    for per_release in (1, 11):
+        redis.send("FLUSHALL")
+        redis.send("CONFIG", "RESETSTAT")
+        cpu0 = cpu_seconds(pid)
+        n = 0
+        for _ in range(calls // per_release):
+            members = []
+            for _ in range(per_release):
+                member = struct.pack(">QQ", 7, n)
+                n += 1
+                members.append(member)
+                redis.send("EVALSHA", sha, 4, *keys4, 0, 1, with_hold(member))
+            release = b"".join(hold_spec(1, m, refund_at=1) for m in members)
+            redis.send("FCALL", fn, 1, keys4[3], 0, per_release, release)
+        cpu = cpu_seconds(pid) - cpu0
+        s = stats(redis)
+        decide_n, decide_usec = s.get("evalsha", (0, 0))
+        release_n, release_usec = s.get("fcall", (0, 0))
+        decide = decide_usec / max(decide_n, 1)
+        release = release_usec / max(release_n, 1)
+        # Redis CPU over both kinds of call, per request.
+        row = (f"| decide.lua, 1 request × 3 limits + a concurrency hold, released {per_release} a call "
+               f"| {decide:.1f} µs + release {release:.1f} µs | {decide + release / per_release:.1f} µs "
+               f"| {cpu * 1e6 / max(decide_n, 1):.1f} µs a request |")
+        print(row)
+        ROWS.append(row)
 
 
 def stats(redis):
@@ -218,6 +274,8 @@ def main():
                     ["tollgate_decide_bench", 3, *keys3, 0, 11, batch(11, 3)], args.calls // 4, 11)
             measure(redis, server.pid, "decide.lua as a function (FCALL), 1 request × 1 limit", "FCALL",
                     ["tollgate_decide_bench", 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
+            holds(redis, server.pid, sha["decide"], "tollgate_decide_bench",
+                  [*keys3, "bench:inflight"], args.calls)
             if args.compare:
                 other = redis.send("SCRIPT", "LOAD", open(args.compare).read()).decode()
                 redis.send("FLUSHALL")

@@ -78,6 +78,8 @@ pub struct Line<'a> {
     pub bytes_in: u64,
     /// Response body bytes sent.
     pub bytes_out: u64,
+    /// The request's trace (W3C Trace Context), 32 hex digits.
+    pub trace_id: Option<String>,
 }
 
 /// The access log of the process.
@@ -274,6 +276,7 @@ mod tests {
             duration_ms: 1.5,
             bytes_in: 0,
             bytes_out: 12,
+            trace_id: None,
         };
         log.log(&line);
         let written = || std::fs::read_to_string(&path).unwrap_or_default();
@@ -325,6 +328,7 @@ mod tests {
             duration_ms: 0.1,
             bytes_in: 0,
             bytes_out: 0,
+            trace_id: None,
         };
         for _ in 0..5 {
             log.log(&line);

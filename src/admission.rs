@@ -66,6 +66,11 @@ pub struct Facts {
     /// The request's holds on concurrency limits, released when the
     /// facts are dropped with the request, however it ends.
     pub holds: Vec<crate::limits::holds::HoldGuard>,
+    /// The trace the request belongs to (W3C `traceparent`).
+    pub trace: Option<crate::trace::TraceContext>,
+    /// When the decision of its limits began and ended, kept for a
+    /// sampled trace's span.
+    pub decided: Option<(std::time::Instant, std::time::Instant)>,
 }
 
 impl Facts {
@@ -157,6 +162,16 @@ fn plan_into<'a>(
     facts: &mut Facts,
 ) -> Result<Plan<'a>, Rejection> {
     let policy = &rt.policy;
+    let traceparent = req
+        .headers
+        .get("traceparent")
+        .map(http::HeaderValue::as_bytes);
+    let trusted = policy.client_ip.is_trusted(peer);
+    facts.trace = Some(crate::trace::TraceContext::of(
+        traceparent,
+        trusted,
+        policy.server.trace_sample_ppm,
+    ));
     let ip = client_ip::resolve(peer, &req.headers, &policy.client_ip);
     facts.client_ip = Some(ip);
     if !policy.ip_rules.admits(ip) {
@@ -670,11 +685,18 @@ async fn decide(rt: &Runtime, charges: &[Charge], facts: &mut Facts) -> Vec<Verd
         return Vec::new();
     }
     let limiter = rt.limiter();
+    let timed = facts.trace.is_some_and(|t| t.sampled);
+    let started = timed.then(crate::clock::instant);
     let holds = limiter.watch_holds(charges);
     let verdicts = limiter.decide(charges).await;
     if let Some(holds) = holds {
         limiter.holds_decided(charges, &verdicts);
         facts.holds.push(holds);
+    }
+    if let Some(started) = started {
+        // From the first call's start to the last one's end.
+        let first = facts.decided.map_or(started, |(first, _)| first);
+        facts.decided = Some((first, crate::clock::instant()));
     }
     verdicts
 }

@@ -35,3 +35,4 @@ pub mod store_keys;
 pub mod testing;
 pub mod tls;
 pub mod top;
+pub mod trace;

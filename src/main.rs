@@ -483,6 +483,13 @@ fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Resu
         )),
         None => None,
     };
+    let tracer = match &settings.tracing {
+        Some(to) => Some(
+            tollgate::trace::otlp::Exporter::start(to, metrics.trace_spans_dropped.clone())
+                .context("server.tracing: cannot start the span exporter")?,
+        ),
+        None => None,
+    };
     Ok(Arc::new(Services {
         body_budget: tollgate::edge::body::BodyBudget::new(),
         client_log,
@@ -501,6 +508,7 @@ fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Resu
         revocations: Arc::default(),
         overrides: Arc::default(),
         store_keys: Arc::default(),
+        tracer,
     }))
 }
 

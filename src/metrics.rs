@@ -90,6 +90,9 @@ pub struct Metrics {
     /// `tollgate_lease_calls_total{limit,kind}`: lease store calls (`take`
     /// by a request, `renew` in the background, `return`).
     pub lease_calls: IntCounterVec,
+    /// `tollgate_trace_spans_dropped_total`: spans not exported because the
+    /// exporter was behind.
+    pub trace_spans_dropped: IntCounter,
     /// `tollgate_concurrency_holds{limit}`: holds this instance's requests
     /// keep on concurrency limits.
     pub concurrency_holds: IntGaugeVec,
@@ -320,6 +323,15 @@ impl Metrics {
                 "Lease store calls by limit and kind (take, renew, return).",
                 &["limit", "kind"],
             ),
+            trace_spans_dropped: {
+                let c = IntCounter::new(
+                    "tollgate_trace_spans_dropped_total",
+                    "Spans not exported because the exporter was behind.",
+                )
+                .expect("valid metric");
+                r.register(Box::new(c.clone())).expect("registered once");
+                c
+            },
             concurrency_holds: gauge(
                 &r,
                 "tollgate_concurrency_holds",

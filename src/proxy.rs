@@ -465,6 +465,14 @@ impl ProxyHttp for Gateway {
         if let Some(class) = &ctx.facts.route_header {
             upstream.insert_header(ROUTE_CLASS, class.clone())?;
         }
+        if let Some(trace) = &ctx.facts.trace {
+            // This gateway's span is the upstream's parent; a state that
+            // came with a trace the gateway did not continue is not its.
+            upstream.insert_header("traceparent", trace.header())?;
+            if trace.parent_id.is_none() {
+                upstream.remove_header("tracestate");
+            }
+        }
         Ok(())
     }
 
@@ -627,6 +635,35 @@ impl ProxyHttp for Gateway {
         if let Some(log) = rt.services.access_log.as_ref().filter(|l| l.wants()) {
             access(log, &rt, session, ctx, status, elapsed_ms);
         }
+        if let (Some(tracer), Some(trace)) = (&rt.services.tracer, ctx.facts.trace) {
+            if trace.sampled {
+                tracer.export(&trace, &spans_of(session, ctx, status));
+            }
+        }
+    }
+}
+
+/// What a finished request did, for its spans: times read back from the
+/// monotonic clock onto the wall clock's now.
+fn spans_of(session: &Session, ctx: &RequestCtx, status: u16) -> crate::trace::otlp::RequestSpans {
+    let now = crate::clock::wall();
+    let ago = |elapsed: std::time::Duration| now.checked_sub(elapsed).unwrap_or(now);
+    let start = ctx.started.map_or(now, |s| ago(s.elapsed()));
+    crate::trace::otlp::RequestSpans {
+        method: session.req_header().method.to_string(),
+        route: ctx.facts.route.as_deref().unwrap_or("unmatched").to_owned(),
+        status,
+        outcome: ctx.outcome.map(Outcome::as_str),
+        violated: ctx.facts.violated.iter().map(|v| v.to_string()).collect(),
+        request: (start, now),
+        decision: ctx
+            .facts
+            .decided
+            .map(|(from, to)| (ago(from.elapsed()), ago(to.elapsed()))),
+        upstream: ctx.upstream_started.map(|s| {
+            let server = ctx.server.map(|(_, a)| a.to_string()).unwrap_or_default();
+            (ago(s.elapsed()), now, server)
+        }),
     }
 }
 
@@ -675,6 +712,7 @@ fn access(
         duration_ms,
         bytes_in: ctx.body_bytes,
         bytes_out: session.body_bytes_sent() as u64,
+        trace_id: ctx.facts.trace.as_ref().map(|t| t.trace_id_hex()),
     });
 }
 

@@ -41,6 +41,8 @@ pub struct Services {
     pub overrides: Arc<crate::overrides::Overrides>,
     /// Credentials provisioned at runtime, as this instance cached them.
     pub store_keys: Arc<crate::store_keys::StoreKeys>,
+    /// Exports request spans, when `server.tracing` is set (at start).
+    pub tracer: Option<crate::trace::otlp::Exporter>,
 }
 
 /// Reload generations: each runtime's is new, so what was resolved against

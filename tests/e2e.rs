@@ -431,6 +431,7 @@ fn the_access_log_has_one_json_line_per_request_as_the_client_saw_it() {
         "duration_ms",
         "bytes_in",
         "bytes_out",
+        "trace_id",
     ];
     expected.sort_unstable();
     let mut fields = fields;

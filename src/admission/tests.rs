@@ -54,6 +54,7 @@ fn runtime() -> Runtime {
         revocations: Arc::default(),
         overrides: Arc::default(),
         store_keys: Arc::default(),
+        tracer: None,
     });
     Runtime::new(policy, services)
 }

@@ -88,6 +88,11 @@ pub struct ServerSettings {
     pub access_log: Option<AccessLogSettings>,
     /// TLS listeners and their certificate, if any.
     pub tls: Option<TlsSettings>,
+    /// Where request spans are exported, if anywhere (`server.tracing`).
+    pub tracing: Option<crate::trace::Exporting>,
+    /// Traces started here that are sampled, per million:
+    /// `tracing.sample`, 0 without tracing.
+    pub trace_sample_ppm: u32,
 }
 
 /// The validated `store` section.

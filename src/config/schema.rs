@@ -189,6 +189,21 @@ pub struct RawServer {
     /// are counted and summarized.
     #[schemars(transform = bounds::LOG_CLIENT_ERRORS_PER_S.schema())]
     pub log_client_errors_per_s: Option<u32>,
+    /// Spans of requests exported over OTLP/HTTP (`server.tracing`).
+    /// Without it `traceparent` is still continued, started and forwarded.
+    pub tracing: Option<RawTracing>,
+}
+
+/// The `server.tracing` section.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    /// Where spans are sent: an OTLP/HTTP traces endpoint
+    /// (`http://collector:4318/v1/traces`), protobuf encoded.
+    pub otlp_endpoint: String,
+    /// The share of traces this gateway starts that are sampled, 0 to 1;
+    /// default 1. A trace continued from a trusted proxy keeps its flag.
+    pub sample: Option<f64>,
 }
 
 /// The `server.tls` section.

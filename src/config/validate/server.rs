@@ -39,6 +39,7 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
     if let Some(env) = &raw.admin_token_env {
         env_name(c, "server.admin_token_env", env);
     }
+    let tracing = raw.tracing.and_then(|t| tracing(c, t));
     let limits = raw.limits.unwrap_or_default();
     let buffered_bytes_total = c.bounded(
         "server.limits.buffered_bytes_total",
@@ -84,6 +85,8 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
         }),
         shutdown_grace: Duration::from_secs(grace),
         access_log: raw.access_log.map(|a| access_log(c, a)),
+        trace_sample_ppm: tracing.as_ref().map_or(0, |t| t.sample_ppm),
+        tracing,
         tls: raw.tls.map(|t| tls(c, t, base)),
         edge: EdgeSettings {
             http2: raw.http2,
@@ -154,6 +157,49 @@ fn admin_tokens(c: &mut Checker, raw: Vec<RawAdminToken>) -> Vec<AdminToken> {
             })
         })
         .collect()
+}
+
+/// `server.tracing`: an OTLP/HTTP endpoint, resolved now, and a sample.
+pub(super) fn tracing(c: &mut Checker, raw: RawTracing) -> Option<crate::trace::Exporting> {
+    let sample = match raw.sample {
+        None => 1.0,
+        Some(s) if (0.0..=1.0).contains(&s) => s,
+        Some(s) => {
+            c.fail(
+                "server.tracing.sample",
+                format!("must be from 0 to 1, got {s}"),
+            );
+            1.0
+        }
+    };
+    let path = "server.tracing.otlp_endpoint";
+    let Ok(url) = url::Url::parse(&raw.otlp_endpoint) else {
+        c.fail(path, format!("{:?} is not a URL", raw.otlp_endpoint));
+        return None;
+    };
+    if url.scheme() != "http" {
+        c.fail(path, "must be http:// (a collector beside the gateway)");
+        return None;
+    }
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        c.fail(path, "needs a host");
+        return None;
+    };
+    let Some(addr) = (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+    else {
+        c.fail(path, format!("cannot resolve {host}:{port}"));
+        return None;
+    };
+    Some(crate::trace::Exporting {
+        url: raw.otlp_endpoint.clone(),
+        addr,
+        host: format!("{host}:{port}"),
+        path: url.path().to_owned(),
+        sample_ppm: (sample * 1e6).round() as u32,
+    })
 }
 
 /// `server.access_log`.
