@@ -8,9 +8,9 @@ connection, one call at a time (no batching), calls:
                  per tenant, global), admitted: the full path's store work;
   decide.lua     the same, eleven requests in one call (a batch under load);
   decide.lua     one request with one token bucket;
-  holds          the full path with a concurrency limit added: the
-                 decision taking a hold, and its release (one, or eleven
-                 in one call);
+  holds          the full path with a concurrency limit added, as
+                 functions: the decision taking a hold, and its release
+                 (one, or eleven in one call);
   --compare FILE the same three with another decide.lua (an earlier one);
   limit.lua      the reference chapter's single-bucket script (bench/lua);
   floor          TIME + MGET of 3 keys + 3 SET ... PX, and nothing else;
@@ -119,37 +119,38 @@ def with_hold(member):
     return out + struct.pack("<IBqqqB", 4, CONCURRENCY, 10**6, 30000, 1, 3 | HOLDS) + member
 
 
-def holds(redis, pid, sha, fn, keys4, calls):
-    """A concurrency limit added to the full path: each decision takes a
-    hold (EVALSHA), and its release goes in a call of its own (FCALL, so
-    that Redis counts the two apart), one hold per release call, then
-    eleven (a batch under load). The set stays at its steady size."""
-    for per_release in (1, 11):
-        redis.send("FLUSHALL")
+def holds(redis, pid, fn, keys4, calls):
+    """A concurrency limit added to the full path, as functions (FCALL, as
+    the gateway calls them on Redis >= 7): `calls` decisions each taking a
+    hold (the set grows to `calls` holds), then their releases, one a call
+    and then eleven a call (a batch under load)."""
+    members = [struct.pack(">QQ", 7, n) for n in range(calls)]
+
+    def timed(label, send, count, requests_per_call):
         redis.send("CONFIG", "RESETSTAT")
         cpu0 = cpu_seconds(pid)
-        n = 0
-        for _ in range(calls // per_release):
-            members = []
-            for _ in range(per_release):
-                member = struct.pack(">QQ", 7, n)
-                n += 1
-                members.append(member)
-                redis.send("EVALSHA", sha, 4, *keys4, 0, 1, with_hold(member))
-            release = b"".join(hold_spec(1, m, refund_at=1) for m in members)
-            redis.send("FCALL", fn, 1, keys4[3], 0, per_release, release)
+        for i in range(count):
+            send(i)
         cpu = cpu_seconds(pid) - cpu0
-        s = stats(redis)
-        decide_n, decide_usec = s.get("evalsha", (0, 0))
-        release_n, release_usec = s.get("fcall", (0, 0))
-        decide = decide_usec / max(decide_n, 1)
-        release = release_usec / max(release_n, 1)
-        # Redis CPU over both kinds of call, per request.
-        row = (f"| decide.lua, 1 request × 3 limits + a concurrency hold, released {per_release} a call "
-               f"| {decide:.1f} µs + release {release:.1f} µs | {decide + release / per_release:.1f} µs "
-               f"| {cpu * 1e6 / max(decide_n, 1):.1f} µs a request |")
-        print(row)
-        ROWS.append(row)
+        n, usec = stats(redis).get("fcall", (0, 0))
+        row_of(label, usec / max(n, 1), cpu * 1e6 / max(count, 1), requests_per_call)
+
+    def take(i):
+        redis.send("FCALL", fn, 4, *keys4, 0, 1, with_hold(members[i]))
+
+    def release(per_call):
+        def send(i):
+            chunk = members[i * per_call:(i + 1) * per_call]
+            release = b"".join(hold_spec(1, m, refund_at=1) for m in chunk)
+            redis.send("FCALL", fn, 1, keys4[3], 0, len(chunk), release)
+        return send
+
+    redis.send("FLUSHALL")
+    timed("decide.lua as a function, 1 request × 3 limits + a concurrency hold", take, calls, 1)
+    timed("release of 1 hold a call (FCALL)", release(1), calls, 1)
+    for i in range(calls):
+        take(i)
+    timed("release of 11 holds a call (FCALL)", release(11), calls // 11, 11)
 
 
 def stats(redis):
@@ -274,8 +275,7 @@ def main():
                     ["tollgate_decide_bench", 3, *keys3, 0, 11, batch(11, 3)], args.calls // 4, 11)
             measure(redis, server.pid, "decide.lua as a function (FCALL), 1 request × 1 limit", "FCALL",
                     ["tollgate_decide_bench", 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
-            holds(redis, server.pid, sha["decide"], "tollgate_decide_bench",
-                  [*keys3, "bench:inflight"], args.calls)
+            holds(redis, server.pid, "tollgate_decide_bench", [*keys3, "bench:inflight"], args.calls)
             if args.compare:
                 other = redis.send("SCRIPT", "LOAD", open(args.compare).read()).decode()
                 redis.send("FLUSHALL")

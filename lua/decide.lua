@@ -657,7 +657,8 @@ function concurrency.open(s, k)
     call('ZREMRANGEBYRANK', key, 0, removed - 1)
     s.reclaimed = removed
   end
-  s.count = call('ZCOUNT', key, '(' .. int(now), '+inf')
+  -- The live holds: all of them but the expired ones still kept.
+  s.count = call('ZCARD', key) - (expired - s.reclaimed)
 end
 
 function concurrency.check(s, cost)
@@ -698,9 +699,11 @@ function concurrency.refund(s, _, _, l)
   if not m or s.foreign then return end
   local added = s.added[m]
   s.added[m] = nil
-  local stored = not s.stale and call('ZSCORE', s.key, m)
-  if stored then call('ZREM', s.key, m) end
-  if added or (stored and tonumber(stored) > now) then s.count = s.count - 1 end
+  -- (A release's answer is not read: the count may take an expired hold
+  -- for a live one.)
+  local removed = not s.stale and call('ZREM', s.key, m) == 1
+  if added or removed then s.count = s.count - 1 end
+  if not (added or removed) then return end
   -- The latest expiry, now that this hold's may have been it.
   s.latest = 0
   if not s.stale then
