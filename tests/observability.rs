@@ -111,10 +111,11 @@ version: 1
 server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", access_log: {{ path: "{}" }} }}
 limits:
   per-ip: {{ key: [ip], capacity: 10, refill_per_second: 1 }}
+  inflight: {{ key: [ip], algorithm: concurrency, max_in_flight: 10 }}
 upstreams:
   api: {{ servers: ["{{upstream}}"] }}
 routes:
-  - {{ name: api, path: "/**", auth: none, upstream: api, limits: [per-ip] }}
+  - {{ name: api, path: "/**", auth: none, upstream: api, limits: [per-ip, inflight] }}
 "#,
             dir.path().join("access.log").display()
         ),
@@ -210,6 +211,7 @@ store: {}
 limits:
   per-ip: {{ key: [ip], capacity: 2, refill_per_second: 0.001 }}
   shared: {{ key: [], capacity: 1000, refill_per_second: 100, sync: lease, lease: {{ units: 10, ttl_ms: 1000 }} }}
+  inflight: {{ key: [], algorithm: concurrency, max_in_flight: 100 }}
 upstreams:
   api: {{ servers: ["{{upstream}}"] }}
 routes:
@@ -217,7 +219,7 @@ routes:
     path: "/**"
     auth: none
     upstream: api
-    limits: [per-ip, shared]
+    limits: [per-ip, shared, inflight]
     cost_from_response: {{ header: x-cost, max: 5 }}
 "#,
             redis.store(500)

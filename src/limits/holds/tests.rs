@@ -311,3 +311,75 @@ proptest! {
         })?;
     }
 }
+
+/// A store that is down: every call fails.
+struct Down;
+
+#[async_trait::async_trait]
+impl LimitStore for Down {
+    async fn decide(
+        &self,
+        _: &[&Charge],
+        _: Gate,
+    ) -> Result<Vec<Verdict>, crate::limits::StoreError> {
+        Err(crate::limits::StoreError::Connection("refused".into()))
+    }
+
+    async fn give_back(&self, _: &[&Charge], _: u64) -> Result<(), crate::limits::StoreError> {
+        Err(crate::limits::StoreError::Connection("refused".into()))
+    }
+}
+
+#[test]
+fn while_the_store_fails_a_local_fallback_holds_its_share_and_releases_it() {
+    let clock = ManualClock::new(1_000);
+    // Two instances expected: each holds half of four.
+    let limiter = instance(&clock, Some(Arc::new(Down) as Arc<dyn LimitStore>));
+    let c = || Charge {
+        on_store_error: crate::limits::OnStoreError::Local,
+        ..request(4)
+    };
+    block_on(async {
+        let first = admit(&limiter, &c()).await.expect("one of two");
+        let _second = admit(&limiter, &c()).await.expect("two of two");
+        assert!(admit(&limiter, &c()).await.is_none(), "half of four");
+        drop(first);
+        assert!(
+            admit(&limiter, &c()).await.is_some(),
+            "released from the fallback's own key"
+        );
+    });
+}
+
+#[test]
+fn a_shadow_limit_holds_what_it_admits_and_never_refuses() {
+    let clock = ManualClock::new(1_000);
+    let store = Arc::new(MemoryStore::new(clock.clone()));
+    let limiter = instance(&clock, Some(store.clone() as Arc<dyn LimitStore>));
+    let c = || Charge {
+        enforce: false,
+        ..request(1)
+    };
+    block_on(async {
+        let charges = [c()];
+        let kept = limiter.watch_holds(&charges);
+        let verdicts = limiter.decide(&charges).await;
+        limiter.holds_decided(&charges, &verdicts);
+        assert!(verdicts[0].allowed);
+        let over = [c()];
+        let guard = limiter.watch_holds(&over);
+        let verdicts = limiter.decide(&over).await;
+        limiter.holds_decided(&over, &verdicts);
+        assert!(!verdicts[0].allowed, "over the limit");
+        let decision = crate::limits::combine(&over, &verdicts, crate::limits::Group::Request);
+        assert_eq!(
+            decision,
+            crate::limits::Decision::Allow,
+            "a shadow limit never refuses"
+        );
+        assert_eq!(limiter.holds_kept(), 1, "only the admitted request holds");
+        drop((kept, guard));
+        limiter.keep_holds().await;
+        assert_eq!(counted(&store, &charges[0]), 0);
+    });
+}
