@@ -71,6 +71,8 @@ pub struct Facts {
     /// When the decision of its limits began and ended, kept for a
     /// sampled trace's span.
     pub decided: Option<(std::time::Instant, std::time::Instant)>,
+    /// The store calls that decided a sampled request.
+    pub store_calls: Vec<crate::trace::CallRef>,
 }
 
 impl Facts {
@@ -688,7 +690,20 @@ async fn decide(rt: &Runtime, charges: &[Charge], facts: &mut Facts) -> Vec<Verd
     let timed = facts.trace.is_some_and(|t| t.sampled);
     let started = timed.then(crate::clock::instant);
     let holds = limiter.watch_holds(charges);
-    let verdicts = limiter.decide(charges).await;
+    let verdicts = if timed {
+        // The store calls that decide it are noted, and exported.
+        let noted = std::cell::RefCell::new(Vec::new());
+        let (verdicts, calls) = crate::trace::STORE_CALLS
+            .scope(noted, async {
+                let verdicts = limiter.decide(charges).await;
+                (verdicts, crate::trace::STORE_CALLS.with(|c| c.take()))
+            })
+            .await;
+        facts.store_calls.extend(calls);
+        verdicts
+    } else {
+        limiter.decide(charges).await
+    };
     if let Some(holds) = holds {
         limiter.holds_decided(charges, &verdicts);
         facts.holds.push(holds);

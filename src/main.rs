@@ -485,7 +485,7 @@ fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Resu
     };
     let tracer = match &settings.tracing {
         Some(to) => Some(
-            tollgate::trace::otlp::Exporter::start(to, metrics.trace_spans_dropped.clone())
+            tollgate::trace::otlp::install(to, metrics.trace_spans_dropped.clone())
                 .context("server.tracing: cannot start the span exporter")?,
         ),
         None => None,

@@ -660,6 +660,7 @@ fn spans_of(session: &Session, ctx: &RequestCtx, status: u16) -> crate::trace::o
             .facts
             .decided
             .map(|(from, to)| (ago(from.elapsed()), ago(to.elapsed()))),
+        store_calls: ctx.facts.store_calls.clone(),
         upstream: ctx.upstream_started.map(|s| {
             let server = ctx.server.map(|(_, a)| a.to_string()).unwrap_or_default();
             (ago(s.elapsed()), now, server)

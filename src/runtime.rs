@@ -42,7 +42,7 @@ pub struct Services {
     /// Credentials provisioned at runtime, as this instance cached them.
     pub store_keys: Arc<crate::store_keys::StoreKeys>,
     /// Exports request spans, when `server.tracing` is set (at start).
-    pub tracer: Option<crate::trace::otlp::Exporter>,
+    pub tracer: Option<&'static crate::trace::otlp::Exporter>,
 }
 
 /// Reload generations: each runtime's is new, so what was resolved against

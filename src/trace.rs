@@ -42,6 +42,41 @@ pub struct TraceContext {
     pub sampled: bool,
 }
 
+/// A store call's span, which the decisions it served link to: one call
+/// decides up to a batch of requests, from several traces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallRef {
+    /// The call's own trace.
+    pub trace_id: [u8; 16],
+    /// Its span.
+    pub span_id: [u8; 8],
+}
+
+tokio::task_local! {
+    /// Set around the decision of a sampled request: the store calls that
+    /// decided it are noted here, and a call that serves a sampled request
+    /// is exported as a span of its own.
+    pub static STORE_CALLS: std::cell::RefCell<Vec<CallRef>>;
+}
+
+/// Whether the running task decides a sampled request.
+pub fn traced() -> bool {
+    STORE_CALLS.try_with(|_| ()).is_ok()
+}
+
+/// Notes a store call that served the running task's sampled request.
+pub fn note_call(call: CallRef) {
+    let _ = STORE_CALLS.try_with(|calls| calls.borrow_mut().push(call));
+}
+
+/// A new trace id (never zero).
+pub fn trace_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&random_u64().to_be_bytes());
+    id[8..].copy_from_slice(&random_u64().to_be_bytes());
+    id
+}
+
 /// Random ids from a per-process random key and a counter: unique, not
 /// guessable from outside, and cheap (no system call per request).
 static IDS: LazyLock<ahash::RandomState> = LazyLock::new(ahash::RandomState::new);
@@ -102,17 +137,12 @@ impl TraceContext {
                 span_id: span_id(),
                 sampled: flags & 1 == 1,
             },
-            None => {
-                let mut trace_id = [0u8; 16];
-                trace_id[..8].copy_from_slice(&random_u64().to_be_bytes());
-                trace_id[8..].copy_from_slice(&random_u64().to_be_bytes());
-                Self {
-                    trace_id,
-                    parent_id: None,
-                    span_id: span_id(),
-                    sampled: random_u64() % 1_000_000 < u64::from(sample_ppm),
-                }
-            }
+            None => Self {
+                trace_id: trace_id(),
+                parent_id: None,
+                span_id: span_id(),
+                sampled: random_u64() % 1_000_000 < u64::from(sample_ppm),
+            },
         }
     }
 

@@ -295,3 +295,49 @@ routes:
         }
     }
 }
+
+#[test]
+fn a_decision_links_to_the_batched_store_call_that_made_it() {
+    let collector = Collector::start();
+    let redis = support::redis_server::RedisServer::start();
+    let text = format!(
+        r#"
+version: 1
+server:
+  listen: ["{{listen}}"]
+  admin_listen: "{{admin}}"
+  tracing: {{ otlp_endpoint: "http://{}/v1/traces" }}
+store: {}
+auth:
+  keys: [ {{ id: c1, tenant: acme, sha256: "{}" }} ]
+limits:
+  per-tenant: {{ key: [tenant], capacity: 100, refill_per_second: 100 }}
+routes:
+  - {{ name: api, path: "/**", respond: {{ status: 200, body: ok }}, limits: [per-tenant] }}
+"#,
+        collector.addr,
+        redis.store(2_000),
+        digest("key-c1")
+    );
+    let gw = Gateway::start_with_env(&text, None, &[("TOLLGATE_KEY_SECRET", "trace-secret")]);
+    assert_eq!(
+        gw.get("/x", &[("authorization", "Bearer key-c1")]).status,
+        200
+    );
+    let find = |name: &str| collector.spans().into_iter().find(|s| s.name == name);
+    assert!(eventually(Duration::from_secs(10), || find(
+        "decide limits"
+    )
+    .is_some()
+        && find("store call").is_some()));
+    let (decide, call) = (find("decide limits").unwrap(), find("store call").unwrap());
+    assert_eq!(decide.links.len(), 1, "{decide:?}");
+    assert_eq!(decide.links[0].span_id, call.span_id);
+    assert_eq!(decide.links[0].trace_id, call.trace_id);
+    assert_ne!(
+        call.trace_id, decide.trace_id,
+        "a call serves many traces: a trace of its own"
+    );
+    assert_eq!(attribute(&call, "db.system").as_deref(), Some("redis"));
+    assert_eq!(attribute(&call, "tollgate.requests").as_deref(), Some("1"));
+}

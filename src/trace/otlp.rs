@@ -8,16 +8,92 @@
 //! request; a collector that fails loses its batch, with a warning.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, ResourceSpans, ScopeSpans, Span};
+use opentelemetry_proto::tonic::trace::v1::span::{Link, SpanKind};
+use opentelemetry_proto::tonic::trace::v1::{status, ResourceSpans, ScopeSpans, Span, Status};
 use prometheus::IntCounter;
 use prost::Message;
 
-use super::{Exporting, TraceContext};
+use super::{CallRef, Exporting, TraceContext};
+
+/// The process's exporter, once `server.tracing` started it: the store's
+/// thread exports its calls' spans through it too.
+static INSTALLED: OnceLock<Exporter> = OnceLock::new();
+
+/// Starts the exporter of the process (at most once), posting to `to`.
+pub fn install(to: &Exporting, dropped: IntCounter) -> std::io::Result<&'static Exporter> {
+    if let Some(running) = INSTALLED.get() {
+        return Ok(running);
+    }
+    let exporter = Exporter::start(to, dropped)?;
+    Ok(INSTALLED.get_or_init(|| exporter))
+}
+
+/// The process's exporter, when one runs.
+pub fn installed() -> Option<&'static Exporter> {
+    INSTALLED.get()
+}
+
+/// A store call being made for at least one sampled request.
+#[derive(Debug)]
+pub struct CallSpan {
+    call: CallRef,
+    start: SystemTime,
+    requests: usize,
+}
+
+impl CallSpan {
+    /// A call starting now, deciding `requests` requests.
+    pub fn start(requests: usize) -> Self {
+        Self {
+            call: CallRef {
+                trace_id: super::trace_id(),
+                span_id: super::span_id(),
+            },
+            start: crate::clock::wall(),
+            requests,
+        }
+    }
+
+    /// What the requests it served link to.
+    pub fn call(&self) -> CallRef {
+        self.call
+    }
+
+    /// Exports the call, ended now (`error`: why it failed).
+    pub fn finish(self, error: Option<&str>) {
+        let Some(exporter) = installed() else { return };
+        let mut attributes = vec![
+            text("db.system", "redis"),
+            text("db.operation.name", "decide"),
+            int("tollgate.requests", self.requests as i64),
+        ];
+        if let Some(e) = error {
+            attributes.push(text("error.type", e));
+        }
+        let span = Span {
+            trace_id: self.call.trace_id.to_vec(),
+            span_id: self.call.span_id.to_vec(),
+            flags: 1,
+            name: "store call".into(),
+            kind: SpanKind::Client as i32,
+            start_time_unix_nano: nanos(self.start),
+            end_time_unix_nano: nanos(crate::clock::wall()),
+            attributes,
+            status: error.map(|e| Status {
+                message: e.to_owned(),
+                code: status::StatusCode::Error as i32,
+            }),
+            ..Span::default()
+        };
+        exporter.send(vec![span]);
+    }
+}
 
 /// Spans waiting for the exporter, at most.
 const QUEUE: usize = 8_192;
@@ -43,6 +119,8 @@ pub struct RequestSpans {
     pub request: (SystemTime, SystemTime),
     /// The decision of its limits, when one was made.
     pub decision: Option<(SystemTime, SystemTime)>,
+    /// The store calls that made the decision.
+    pub store_calls: Vec<CallRef>,
     /// Its time with the upstream, when it was forwarded.
     pub upstream: Option<(SystemTime, SystemTime, String)>,
 }
@@ -68,7 +146,11 @@ impl Exporter {
     /// span, the child of the caller's span when a trusted proxy named
     /// one), and its decision and upstream as its children.
     pub fn export(&self, trace: &TraceContext, r: &RequestSpans) {
-        let spans = spans(trace, r);
+        self.send(spans(trace, r));
+    }
+
+    /// Queues spans, or counts them dropped when the queue is full.
+    fn send(&self, spans: Vec<Span>) {
         let n = spans.len() as u64;
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(spans)
         {
@@ -118,6 +200,18 @@ pub fn spans(trace: &TraceContext, r: &RequestSpans) -> Vec<Span> {
     if let Some(times) = r.decision {
         let mut decide = child("decide limits", SpanKind::Internal, times);
         decide.attributes.push(text("http.route", &r.route));
+        // The batched store calls that decided it, each a span of its own
+        // trace (one call serves requests of many traces).
+        decide.links = r
+            .store_calls
+            .iter()
+            .map(|c| Link {
+                trace_id: c.trace_id.to_vec(),
+                span_id: c.span_id.to_vec(),
+                flags: 1,
+                ..Link::default()
+            })
+            .collect();
         if !r.violated.is_empty() {
             decide
                 .attributes

@@ -69,6 +69,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::limits::{Overload, StoreError};
+use crate::trace::otlp::CallSpan;
+use crate::trace::CallRef;
 
 /// Requests in one script call, at most.
 pub const MAX_BATCH: usize = 128;
@@ -129,10 +131,15 @@ pub trait Link: Send + Sync + 'static {
     }
 }
 
+/// A job's answer, with the call that made it when its request is traced.
+type Answer<R> = (Result<R, StoreError>, Option<CallRef>);
+
 /// A request waiting in a batch queue.
 struct Job<L: Link> {
     request: L::Request,
-    reply: oneshot::Sender<Result<L::Reply, StoreError>>,
+    reply: oneshot::Sender<Answer<L::Reply>>,
+    /// Its request is sampled for tracing: the call is exported as a span.
+    traced: bool,
     /// `timeout` after it was queued.
     deadline: Instant,
     /// Counts the job as pending until the driver is done with it.
@@ -228,11 +235,16 @@ impl<L: Link> Batches<L> {
         let job = Job {
             request,
             reply,
+            traced: crate::trace::traced(),
             deadline: Instant::now() + bounds.timeout,
             _pending: pending,
         };
         self.queue(slot).send(job).map_err(|_| stopped())?;
-        rx.await.unwrap_or_else(|_| Err(stopped()))
+        let (answer, call) = rx.await.unwrap_or_else(|_| (Err(stopped()), None));
+        if let Some(call) = call {
+            crate::trace::note_call(call);
+        }
+        answer
     }
 
     /// The queue of `slot`, with its driver started on first use.
@@ -307,7 +319,9 @@ impl<L: Link> Core<L> {
             if job.reply.is_closed() {
                 // Its caller went away.
             } else if job.deadline <= now {
-                let _ = job.reply.send(Err(StoreError::Overloaded(Overload::Wait)));
+                let _ = job
+                    .reply
+                    .send((Err(StoreError::Overloaded(Overload::Wait)), None));
             } else {
                 batch.push(job);
             }
@@ -320,7 +334,9 @@ impl<L: Link> Core<L> {
     fn expire(&self, waiting: &mut VecDeque<Job<L>>, now: Instant) {
         while waiting.front().is_some_and(|j| j.deadline <= now) {
             if let Some(job) = waiting.pop_front() {
-                let _ = job.reply.send(Err(StoreError::Overloaded(Overload::Wait)));
+                let _ = job
+                    .reply
+                    .send((Err(StoreError::Overloaded(Overload::Wait)), None));
             }
         }
     }
@@ -342,8 +358,17 @@ async fn drive<L: Link>(mut rx: mpsc::UnboundedReceiver<Job<L>>, core: Arc<Core<
             if !batch.is_empty() {
                 let core = core.clone();
                 calls.spawn(async move {
+                    // A call serving a sampled request is a span of its own.
+                    let span = batch
+                        .iter()
+                        .any(|j| j.traced)
+                        .then(|| CallSpan::start(batch.len()));
                     let result = core.call(&batch).await;
-                    dispatch(batch, result);
+                    let call = span.as_ref().map(CallSpan::call);
+                    if let Some(span) = span {
+                        span.finish(result.as_ref().err().map(StoreError::reason));
+                    }
+                    dispatch(batch, result, call);
                 });
             }
         }
@@ -410,8 +435,12 @@ async fn bounded<F: std::future::Future>(bound: Duration, call: F) -> Option<F::
     }
 }
 
-/// Hands every job its part of the reply.
-fn dispatch<L: Link>(batch: Vec<Job<L>>, result: Result<Vec<L::Reply>, StoreError>) {
+/// Hands every job its part of the reply, and a traced one the call.
+fn dispatch<L: Link>(
+    batch: Vec<Job<L>>,
+    result: Result<Vec<L::Reply>, StoreError>,
+    call: Option<CallRef>,
+) {
     let replies = result.and_then(|replies| {
         if replies.len() == batch.len() {
             Ok(replies)
@@ -426,12 +455,14 @@ fn dispatch<L: Link>(batch: Vec<Job<L>>, result: Result<Vec<L::Reply>, StoreErro
     match replies {
         Ok(replies) => {
             for (job, reply) in batch.into_iter().zip(replies) {
-                let _ = job.reply.send(Ok(reply));
+                let call = call.filter(|_| job.traced);
+                let _ = job.reply.send((Ok(reply), call));
             }
         }
         Err(e) => {
             for job in batch {
-                let _ = job.reply.send(Err(e.clone()));
+                let call = call.filter(|_| job.traced);
+                let _ = job.reply.send((Err(e.clone()), call));
             }
         }
     }
