@@ -329,10 +329,13 @@ impl ProxyHttp for Gateway {
                 body,
                 content_type,
             }) => {
+                // Answered here: the request's holds go before the answer.
+                ctx.facts.holds.clear();
                 respond_directly(session, ctx, status, body, content_type).await?;
                 Ok(true)
             }
             Err(rejection) => {
+                ctx.facts.holds.clear();
                 reject(session, &rejection, ctx).await?;
                 Ok(true)
             }

@@ -321,3 +321,19 @@ fn the_memory_store_bounds_one_gateways_requests_in_flight() {
         .status
         == 200));
 }
+
+#[test]
+fn a_caller_that_waits_for_each_answer_is_never_refused_at_its_bound() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let text = policy(&redis.store(2_000), 1, 60_000, "")
+        .replace("routes:\n", "routes:\n  - { name: fixed, path: \"/fixed\", respond: { status: 200, body: ok }, limits: [rate, inflight] }\n");
+    let gw = Gateway::start_with_env(&text, Some(&upstream), &[SECRET]);
+    // One request at a time, each sent as soon as the last one's answer
+    // arrived: the hold of the last is always released before the next
+    // is decided.
+    for i in 0..200 {
+        let path = if i % 2 == 0 { "/fast" } else { "/fixed" };
+        assert_eq!(gw.get(path, &A).status, 200, "request {i}");
+    }
+}

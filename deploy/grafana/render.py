@@ -58,6 +58,9 @@ class Upstream(BaseHTTPRequestHandler):
     """200 at once; `/v1/slow…` after half a second; `/v1/fail…` 500."""
 
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without this, each answer
+    # waits for a delayed ACK.
+    disable_nagle_algorithm = True
 
     def do_GET(self):
         if self.path.startswith("/v1/slow"):
@@ -219,7 +222,7 @@ def main():
             h2load(port, "key-a", "/v1/orders/1", s, 4),
             h2load(port, "key-b", "/v1/orders/2", s, 2, rate=20),
             # tenant c runs half-second reports into its 4 in flight.
-            h2load(port, "key-c", "/v1/slow/export", s, 8),
+            h2load(port, "key-c", "/v1/slow/export", s, 8, rate=10),
             # a legacy route whose upstream answers 500.
             h2load(port, "key-b", "/v1/fail/x", s, 1, rate=5),
         ]
@@ -261,7 +264,7 @@ def main():
             print("no chromium: skipped the screenshot (apt-get install chromium)")
             return
         subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        f"--screenshot={out_png}", "--window-size=1660,2600", out_html.as_uri()],
+                        f"--screenshot={out_png}", "--window-size=1660,2980", out_html.as_uri()],
                        check=True, capture_output=True, timeout=120)
         print(f"wrote {out_png}")
     finally:

@@ -6,8 +6,10 @@
 //! whichever way the request ends (its response done, its client gone, its
 //! upstream failing or timing out, a later refusal, the process shutting
 //! down) the guard is dropped with it, and each hold it took is released
-//! exactly once: at once for a hold in this process, in a batched store
-//! call off the request path for a shared one. A decision dropped before it
+//! exactly once: at once for a hold in this process; for a shared one,
+//! queued at once for the store's next (batched) call, so that a decision
+//! queued after it, such as the same client's next request, is decided
+//! after it. A decision dropped before it
 //! answered may still take its holds in the store: they are released once
 //! the call can no longer land (twice `store.timeout_ms` later).
 //!
@@ -82,6 +84,9 @@ pub struct Release {
 pub type LocalRelease = Box<dyn Fn(&Charge) + Send + Sync>;
 /// Reads the limiter's clock (ms).
 pub type Now = Box<dyn Fn() -> u64 + Send + Sync>;
+/// Queues the release of shared holds in the store at once; `false` when
+/// it cannot (they wait in the keeper's queue instead).
+pub type SharedRelease = Box<dyn Fn(&[&Charge]) -> bool + Send + Sync>;
 
 /// The holds of this instance's requests.
 pub struct Holds {
@@ -90,6 +95,7 @@ pub struct Holds {
     /// Signalled when a shared hold is to be released.
     work: tokio::sync::Notify,
     release_local: LocalRelease,
+    release_shared: SharedRelease,
     now: Now,
     /// How long after a dropped decision its store call may still land.
     late_by: u64,
@@ -118,14 +124,22 @@ impl std::fmt::Debug for HoldGuard {
 
 impl Holds {
     /// No holds yet. `release_local` releases one kept in this process,
+    /// `release_shared` queues the release of shared ones in the store,
     /// `now` reads the limiter's clock, and `late_by` is how long after a
     /// dropped decision its store call may still land.
-    pub fn new(release_local: LocalRelease, now: Now, late_by: u64, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        release_local: LocalRelease,
+        release_shared: SharedRelease,
+        now: Now,
+        late_by: u64,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             live: Mutex::new(HashMap::default()),
             releases: Mutex::new(Vec::new()),
             work: tokio::sync::Notify::new(),
             release_local,
+            release_shared,
             now,
             late_by,
             metrics,
@@ -205,6 +219,7 @@ impl Holds {
             gone.extend(ids.iter().filter_map(|id| live.remove(id)));
         }
         let mut shared = Vec::new();
+        let mut ended = Vec::new();
         for held in gone {
             match held.place {
                 Place::Local => {
@@ -213,10 +228,7 @@ impl Holds {
                 }
                 Place::Shared => {
                     self.gauge(&held.charge).dec();
-                    shared.push(Release {
-                        charge: held.charge,
-                        due: now,
-                    });
+                    ended.push(held.charge);
                 }
                 // Its decision was dropped: the hold may have been taken,
                 // here at once, in the store by a call still to land.
@@ -226,6 +238,13 @@ impl Holds {
                     due: now + self.late_by,
                 }),
             }
+        }
+        // Queued in the store now, before the request's end is known to
+        // its client: a decision queued after it (the client's next
+        // request) is decided after it.
+        let charges: Vec<&Charge> = ended.iter().collect();
+        if !charges.is_empty() && !(self.release_shared)(&charges) {
+            shared.extend(ended.into_iter().map(|charge| Release { charge, due: now }));
         }
         if !shared.is_empty() {
             self.lock_releases().extend(shared);

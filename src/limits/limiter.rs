@@ -77,6 +77,7 @@ impl<C: Clock> Limiter<C> {
     ) -> Self {
         let holds = {
             let (release, now) = (local.clone(), local.clone());
+            let store = shared.as_ref().map(|s| s.store.clone());
             // A dropped decision's call lands within its wait to be sent
             // and its own bound, each `timeout_ms`.
             let late_by = shared
@@ -84,6 +85,7 @@ impl<C: Clock> Limiter<C> {
                 .map_or(0, |s| 2 * s.timeout.as_millis() as u64);
             Holds::new(
                 Box::new(move |c| release.refund(&[c], 0)),
+                Box::new(move |charges| store.as_ref().is_some_and(|s| s.release_now(charges))),
                 Box::new(move || now.now_ms()),
                 late_by,
                 metrics.clone(),

@@ -467,6 +467,15 @@ pub trait LimitStore: Send + Sync {
     /// a window that has rolled since is left alone.
     async fn give_back(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError>;
 
+    /// Queues the give-back of these holds (as [`LimitStore::give_back`])
+    /// at once, before this returns, without waiting for it: a decision
+    /// queued after it is decided after it. `false` when this store
+    /// cannot, or is too busy to (the caller gives them back itself).
+    fn release_now(&self, charges: &[&Charge]) -> bool {
+        let _ = charges;
+        false
+    }
+
     /// What each charge's limit holds now, charging nothing and writing
     /// nothing: whether its cost would fit, the whole units left before it
     /// (`remaining`), the wait until it would fit, and the reset. For

@@ -247,6 +247,41 @@ impl<L: Link> Batches<L> {
         answer
     }
 
+    /// Queues one request for the next call of `slot` now, before this
+    /// returns, so that anything queued after it is decided after it;
+    /// its answer is awaited on the store's thread, and `failed` told if
+    /// it fails. `false` when `max_pending` decisions are pending already.
+    pub fn queue_now(
+        &self,
+        slot: u16,
+        request: L::Request,
+        failed: impl FnOnce(StoreError) + Send + 'static,
+    ) -> bool {
+        let bounds = self.core.bounds;
+        let Some(pending) = Pending::enter(&self.core.pending, bounds.max_pending) else {
+            return false;
+        };
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            request,
+            reply,
+            traced: false,
+            deadline: Instant::now() + bounds.timeout,
+            _pending: pending,
+        };
+        if self.queue(slot).send(job).is_err() {
+            return false;
+        }
+        self.runtime.spawn(async move {
+            match rx.await {
+                Ok((Ok(_), _)) => {}
+                Ok((Err(e), _)) => failed(e),
+                Err(_) => failed(stopped()),
+            }
+        });
+        true
+    }
+
     /// The queue of `slot`, with its driver started on first use.
     fn queue(&self, slot: u16) -> mpsc::UnboundedSender<Job<L>> {
         let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());

@@ -32,6 +32,9 @@ use crate::limits::keys::{KeyCache, KeyHasher, CACHED_KEYS};
 use crate::limits::plan::{in_order, part_gate, settle, Part};
 use crate::limits::{Charge, Gate, LimitStore, StoreError, Verdict};
 
+/// One slot's charges, with their keys.
+type SlotPart<'c> = (u16, Vec<&'c Charge>, Vec<Arc<str>>);
+
 /// Hash slots of a Redis Cluster.
 const SLOTS: u16 = 16_384;
 
@@ -50,6 +53,23 @@ impl ClusterStore {
             batches: Batches::new(Connection::cluster(seeds, bounds.timeout)?, bounds)?,
             keys: KeyCache::new(keys, CACHED_KEYS),
         })
+    }
+
+    /// `charges` grouped by their keys' slot, with their keys.
+    fn by_slot<'c>(&self, charges: &[&'c Charge]) -> Vec<SlotPart<'c>> {
+        let mut slots: Vec<SlotPart<'c>> = Vec::new();
+        for c in charges {
+            let key = self.keys.key(c);
+            let s = slot(&key);
+            match slots.iter_mut().find(|(other, ..)| *other == s) {
+                Some((_, members, keys)) => {
+                    members.push(c);
+                    keys.push(key);
+                }
+                None => slots.push((s, vec![c], vec![key])),
+            }
+        }
+        slots
     }
 
     /// One slot's part of a request, in that slot's next script call.
@@ -191,25 +211,24 @@ impl LimitStore for ClusterStore {
     }
 
     async fn give_back(&self, charges: &[&Charge], spent_at: u64) -> Result<(), StoreError> {
-        let mut slots: Vec<(u16, Vec<&Charge>, Vec<Arc<str>>)> = Vec::new();
-        for c in charges {
-            let key = self.keys.key(c);
-            let s = slot(&key);
-            match slots.iter_mut().find(|(other, ..)| *other == s) {
-                Some((_, members, keys)) => {
-                    members.push(c);
-                    keys.push(key);
-                }
-                None => slots.push((s, vec![c], vec![key])),
-            }
-        }
-        let calls = slots.into_iter().map(|(s, members, keys)| {
+        let calls = self.by_slot(charges).into_iter().map(|(s, members, keys)| {
             self.call(s, Request::new(keys, &members, Gate::Open, spent_at.max(1)))
         });
         join_all(calls)
             .await
             .into_iter()
             .try_for_each(|r| r.map(drop))
+    }
+
+    fn release_now(&self, charges: &[&Charge]) -> bool {
+        // Every slot's part queued before this returns; when one cannot
+        // be, the caller gives them all back later (a release twice is
+        // one release).
+        self.by_slot(charges).into_iter().all(|(s, members, keys)| {
+            let request = Request::new(keys, &members, Gate::Open, 1);
+            codec::fits(&request).is_ok()
+                && self.batches.queue_now(s, request, super::released_badly)
+        })
     }
 
     /// Each slot's charges read in one call, all slots at once; nothing is

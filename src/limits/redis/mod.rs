@@ -140,6 +140,12 @@ impl LimitStore for RedisStore {
             .map(drop)
     }
 
+    fn release_now(&self, charges: &[&Charge]) -> bool {
+        let keys = charges.iter().map(|c| self.keys.key(c)).collect();
+        let request = Request::new(keys, charges, Gate::Open, 1);
+        codec::fits(&request).is_ok() && self.batches.queue_now(0, request, released_badly)
+    }
+
     async fn peek(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
         if charges.is_empty() {
             return Ok(Vec::new());
@@ -199,6 +205,12 @@ impl LimitStore for RedisStore {
     fn pending(&self) -> usize {
         self.batches.pending()
     }
+}
+
+/// A release queued at once failed: the store reclaims the holds when
+/// they expire.
+pub(crate) fn released_badly(e: StoreError) {
+    tracing::warn!(target: crate::logs::STORE, error = %e, "releasing holds failed; the store reclaims them when they expire");
 }
 
 #[cfg(test)]
