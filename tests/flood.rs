@@ -350,3 +350,93 @@ fn a_paused_store_under_a_flood_falls_to_the_failure_modes_and_comes_back() {
     );
     assert_eq!(gw.metric("tollgate_store_circuit_open"), 0.0);
 }
+
+/// Holds of concurrency limits in Redis, over every key of `limit`.
+fn holds_in(redis: &RedisServer, limit: &str) -> usize {
+    redis
+        .keys()
+        .iter()
+        .filter(|k| k.contains(limit))
+        .map(|k| redis.cmd::<usize>(&["ZCARD", k]).unwrap_or(0))
+        .sum()
+}
+
+#[test]
+fn a_concurrency_bound_holds_under_a_flood_and_every_hold_comes_back() {
+    let _one = FLOODS.lock().unwrap_or_else(|e| e.into_inner());
+    let redis = redis();
+    // Each forwarded request holds the upstream for 100 ms: the flood keeps
+    // far more than the bound waiting.
+    let upstream = support::Upstream::slow(Duration::from_millis(100));
+    let policy = format!(
+        r#"
+version: 1
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 2, http2: true }}
+store: {{ backend: redis, urls: ["{}"], timeout_ms: 100 }}
+auth:
+  keys:
+    - {{ id: flooder, tenant: flood, sha256: "{}" }}
+    - {{ id: quiet, tenant: quiet, sha256: "{}" }}
+limits:
+  inflight: {{ key: [tenant], algorithm: concurrency, max_in_flight: 8, hold_ttl_ms: 60000 }}
+upstreams:
+  api: {{ servers: ["{{upstream}}"], max_in_flight: 256, queue: {{ max_waiting: 256, timeout_ms: 1000 }} }}
+routes:
+  - {{ name: slow, path: "/slow", upstream: api, limits: [inflight] }}
+"#,
+        redis.url(),
+        digest(FLOODER),
+        digest(QUIET),
+    );
+    let gw = Gateway::start_with_env(&policy, Some(&upstream), &[SECRET]);
+    let base = format!("http://{}", gw.addr);
+    let flood = h2load(Wire::H2c, &format!("{base}/slow"), 6, 20, 20);
+    assert!(
+        eventually(Duration::from_secs(10), || upstream.hits() > 20),
+        "the flood never reached the upstream"
+    );
+    // Another tenant's bound is its own while the flood is on: admitted,
+    // or shed by a gateway too busy to decide, never refused by the bound.
+    let quiet_statuses: Vec<u16> = (0..5)
+        .map(|_| {
+            get(
+                gw.addr,
+                "/slow",
+                &[("authorization", &format!("Bearer {QUIET}"))],
+            )
+            .status
+        })
+        .collect();
+    let (ok, limited, _) = statuses(flood);
+    assert!(ok > 0 && limited > 0, "admitted {ok}, refused {limited}");
+    assert!(
+        quiet_statuses.iter().all(|s| *s == 200 || *s == 503),
+        "{quiet_statuses:?}"
+    );
+    // The flooding tenant never had more than its bound at the upstream
+    // (the quiet tenant's one request at a time aside).
+    assert!(
+        upstream.max_in_flight() <= 8 + 1,
+        "{} at once",
+        upstream.max_in_flight()
+    );
+    // Every hold comes back once the flood is over: released, or, for a
+    // decision its client dropped mid-way, once its call could no longer
+    // land; none is left to expire.
+    assert!(
+        eventually(Duration::from_secs(10), || holds_in(&redis, "inflight")
+            == 0),
+        "{} holds left",
+        holds_in(&redis, "inflight")
+    );
+    assert_eq!(total(&gw, "tollgate_concurrency_holds", ""), 0.0);
+    assert_eq!(total(&gw, "tollgate_concurrency_reclaimed_total", ""), 0.0);
+    assert_eq!(
+        total(
+            &gw,
+            "tollgate_limit_decisions_total",
+            "outcome=\"fail_open\""
+        ),
+        0.0
+    );
+}
