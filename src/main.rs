@@ -38,7 +38,7 @@ use tollgate::metrics::Metrics;
 use tollgate::pools::Pools;
 use tollgate::proxy::Gateway;
 use tollgate::reload::{HangupListener, Reloader};
-use tollgate::runtime::{HoldKeeper, LeaseKeeper, Runtime, Services};
+use tollgate::runtime::{Keeper, Kept, Runtime, Services};
 use tollgate::tls::Certificate;
 use tollgate::top::{Redactor, Top};
 
@@ -432,11 +432,11 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
     ));
     server.add_service(background_service(
         "lease keeper",
-        LeaseKeeper::new(services.limiter.clone()),
+        Keeper::new(services.limiter.clone(), Kept::Leases),
     ));
     server.add_service(background_service(
         "hold keeper",
-        HoldKeeper::new(services.limiter.clone()),
+        Keeper::new(services.limiter.clone(), Kept::Holds),
     ));
     server.add_service(background_service(
         "drain on SIGTERM",

@@ -181,66 +181,57 @@ impl BackgroundService for RecordsRefresher {
     }
 }
 
-/// Renews leases that ran low and gives back what is due, off the request
-/// path: as soon as there is work, and on a short tick for expiries.
-pub struct LeaseKeeper {
+/// Background work of the limiter, off the request path: as soon as there
+/// is some, and on a short tick for what falls due by time.
+pub struct Keeper {
     limiter: Arc<Limiter>,
+    of: Kept,
 }
 
-/// How often expired leases are looked for.
-const LEASE_TICK: Duration = Duration::from_millis(50);
+/// What a [`Keeper`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// Leases: renews those that ran low, gives back what is due
+    /// (expiries, every 50 ms).
+    Leases,
+    /// Holds of concurrency limits: releases what the registry queued,
+    /// renews those a third of their lifetime old (every 100 ms; a third
+    /// of the shortest `hold_ttl_ms` is 333 ms).
+    Holds,
+}
 
-impl LeaseKeeper {
-    /// Keeps the leases of `limiter`.
-    pub fn new(limiter: Arc<Limiter>) -> Self {
-        Self { limiter }
+impl Keeper {
+    /// Keeps `of` for `limiter`.
+    pub fn new(limiter: Arc<Limiter>, of: Kept) -> Self {
+        Self { limiter, of }
     }
 }
 
 #[async_trait]
-impl BackgroundService for LeaseKeeper {
+impl BackgroundService for Keeper {
     async fn start(&self, _shutdown: ShutdownWatch) {
-        // Runs through the drain, while requests still take and spend;
-        // the drain gives every lease back once they have finished.
+        // Runs through the drain, while requests still take, spend and
+        // hold; the drain gives everything back once they have finished.
+        let limiter = &self.limiter;
+        let tick = match self.of {
+            Kept::Leases => Duration::from_millis(50),
+            Kept::Holds => Duration::from_millis(100),
+        };
         loop {
+            let work = async {
+                match self.of {
+                    Kept::Leases => limiter.lease_work().await,
+                    Kept::Holds => limiter.hold_work().await,
+                }
+            };
             tokio::select! {
-                () = self.limiter.lease_work() => {}
-                () = tokio::time::sleep(LEASE_TICK) => {}
+                () = work => {}
+                () = tokio::time::sleep(tick) => {}
             }
-            self.limiter.keep_leases().await;
-        }
-    }
-}
-
-/// Releases the holds of ended requests and renews those of running ones,
-/// off the request path: releases as soon as there are some, renewals on a
-/// short tick.
-pub struct HoldKeeper {
-    limiter: Arc<Limiter>,
-}
-
-/// How often holds are looked at for renewal (a third of the shortest
-/// `hold_ttl_ms` is 333 ms).
-const HOLD_TICK: Duration = Duration::from_millis(100);
-
-impl HoldKeeper {
-    /// Keeps the holds of `limiter`.
-    pub fn new(limiter: Arc<Limiter>) -> Self {
-        Self { limiter }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for HoldKeeper {
-    async fn start(&self, _shutdown: ShutdownWatch) {
-        // Runs through the drain; the drain releases what is left once
-        // the requests have finished.
-        loop {
-            tokio::select! {
-                () = self.limiter.hold_work() => {}
-                () = tokio::time::sleep(HOLD_TICK) => {}
+            match self.of {
+                Kept::Leases => limiter.keep_leases().await,
+                Kept::Holds => limiter.keep_holds().await,
             }
-            self.limiter.keep_holds().await;
         }
     }
 }

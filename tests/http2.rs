@@ -177,7 +177,17 @@ fn a_client_silent_after_choosing_h2_by_alpn_is_cut_at_the_header_timeout() {
     let config = support::tls_client_config(&ca, &[b"h2"]);
     let name = ServerName::try_from("localhost").unwrap();
     let mut conn = rustls::ClientConnection::new(config, name).unwrap();
-    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+    // The TLS listener may start a moment after the ones the gateway was
+    // found ready on.
+    let mut connected = None;
+    assert!(support::eventually(
+        std::time::Duration::from_secs(10),
+        || {
+            connected = std::net::TcpStream::connect(("127.0.0.1", tls_port)).ok();
+            connected.is_some()
+        }
+    ));
+    let mut tcp = connected.unwrap();
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .unwrap();
     // The handshake completes (well within the 1.5 s, even on a loaded

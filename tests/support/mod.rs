@@ -333,6 +333,27 @@ fn dechunk(mut rest: &str) -> String {
     out
 }
 
+/// The addresses of `server.tls.listen` in the policy file at `config`:
+/// that listener may start a moment after the others.
+fn tls_listeners(config: &std::path::Path) -> Vec<SocketAddr> {
+    let text = std::fs::read_to_string(config).unwrap_or_default();
+    let Some(tls) = text.find("tls:") else {
+        return Vec::new();
+    };
+    let rest = &text[tls..];
+    let Some(list) = rest
+        .find("listen:")
+        .filter(|&at| at < 80)
+        .and_then(|at| rest[at..].split_once('[')?.1.split_once(']'))
+        .map(|(list, _)| list)
+    else {
+        return Vec::new();
+    };
+    list.split(',')
+        .filter_map(|a| a.trim().trim_matches('"').parse().ok())
+        .collect()
+}
+
 /// The real binary serving a policy; stopped on drop.
 pub struct Gateway {
     pub addr: SocketAddr,
@@ -405,8 +426,11 @@ impl Gateway {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!("tollgate exited with {status}: {}", self.log()));
             }
-            let up =
-                TcpStream::connect(self.addr).is_ok() && TcpStream::connect(self.admin).is_ok();
+            let up = TcpStream::connect(self.addr).is_ok()
+                && TcpStream::connect(self.admin).is_ok()
+                && tls_listeners(&self.config)
+                    .iter()
+                    .all(|a| TcpStream::connect(a).is_ok());
             if up && get(self.admin, "/healthz", &[]).status == 200 {
                 return Ok(());
             }
