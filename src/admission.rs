@@ -172,7 +172,7 @@ fn plan_into<'a>(
     facts.trace = Some(crate::trace::TraceContext::of(
         traceparent,
         trusted,
-        policy.server.trace_sample_ppm,
+        policy.server.tracing.as_ref().map_or(0, |t| t.sample_ppm),
     ));
     let ip = client_ip::resolve(peer, &req.headers, &policy.client_ip);
     facts.client_ip = Some(ip);

@@ -56,3 +56,13 @@ pub fn local_charge(name: &str, key: &str, params: Params, cost: u64) -> Charge 
         ..charge(name, key, params, cost)
     }
 }
+
+/// Runs `f` to its end on a runtime of its own, one thread, with timers:
+/// a property test's async steps, one case after the other.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime")
+        .block_on(f)
+}

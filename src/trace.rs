@@ -19,12 +19,6 @@ use http::HeaderValue;
 pub struct Exporting {
     /// The OTLP/HTTP traces endpoint, as configured.
     pub url: String,
-    /// The collector's address, resolved when the policy was loaded.
-    pub addr: std::net::SocketAddr,
-    /// Its `Host`.
-    pub host: String,
-    /// The path spans are posted to (`/v1/traces`).
-    pub path: String,
     /// Traces started here that are sampled, per million.
     pub sample_ppm: u32,
 }

@@ -90,9 +90,6 @@ pub struct ServerSettings {
     pub tls: Option<TlsSettings>,
     /// Where request spans are exported, if anywhere (`server.tracing`).
     pub tracing: Option<crate::trace::Exporting>,
-    /// Traces started here that are sampled, per million:
-    /// `tracing.sample`, 0 without tracing.
-    pub trace_sample_ppm: u32,
 }
 
 /// The validated `store` section.

@@ -73,11 +73,11 @@ impl Live {
 
 /// A shared hold to release once `due` (the limiter's clock, ms).
 #[derive(Debug)]
-pub struct Release {
+struct Release {
     /// The charge that took it.
-    pub charge: Charge,
+    charge: Charge,
     /// Not before this.
-    pub due: u64,
+    due: u64,
 }
 
 /// Releases a hold kept in this process.
@@ -261,11 +261,6 @@ impl Holds {
             .partition(|r| everything || r.due <= now);
         *queue = later;
         due.into_iter().map(|r| r.charge).collect()
-    }
-
-    /// The soonest a queued release falls due, if any is queued.
-    pub fn next_due(&self) -> Option<u64> {
-        self.lock_releases().iter().map(|r| r.due).min()
     }
 
     /// The holds to renew at `now`: each one last renewed a third of its

@@ -325,9 +325,10 @@ impl<C: Clock> Limiter<C> {
         self.holds.work().await
     }
 
-    /// Releases the shared holds whose requests ended, in one batched call,
-    /// and renews every hold a third of its `hold_ttl_ms` old, in one more:
-    /// off the request path. The hold keeper runs this whenever
+    /// Releases the shared holds left to it (those the store could not
+    /// queue when their request ended, and those of decisions dropped
+    /// before they answered, once due), and renews every hold a third of
+    /// its `hold_ttl_ms` old in one batched call: off the request path. The hold keeper runs this whenever
     /// [`Limiter::hold_work`] resolves, and every tick.
     pub async fn keep_holds(&self) {
         let now = self.holds.now();
@@ -341,8 +342,9 @@ impl<C: Clock> Limiter<C> {
         if let (Some(store), false) = (&self.shared, shared.is_empty()) {
             for chunk in shared.chunks(HOLDS_PER_CALL) {
                 let charges: Vec<&Charge> = chunk.iter().collect();
-                // A failed renewal is tried again at the next tick; a hold
-                // the store dropped meanwhile is taken again.
+                // A failed renewal is tried again at the next third of the
+                // hold's lifetime; a hold the store reclaimed meanwhile is
+                // not taken again.
                 if let Ok(verdicts) = self.call(store, &charges, Gate::Open).await {
                     self.holds.reclaimed(chunk, &verdicts);
                 }

@@ -133,7 +133,7 @@ pub struct Exporter {
 
 impl Exporter {
     /// Starts the thread that posts spans to `to`.
-    pub fn start(to: &Exporting, dropped: IntCounter) -> std::io::Result<Self> {
+    fn start(to: &Exporting, dropped: IntCounter) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let url = to.url.clone();
         std::thread::Builder::new()
@@ -160,7 +160,7 @@ impl Exporter {
 }
 
 /// The spans of one request.
-pub fn spans(trace: &TraceContext, r: &RequestSpans) -> Vec<Span> {
+fn spans(trace: &TraceContext, r: &RequestSpans) -> Vec<Span> {
     let trace_id = trace.trace_id.to_vec();
     let flags = u32::from(trace.sampled);
     let child = |name: &str, kind: SpanKind, (start, end): (SystemTime, SystemTime)| Span {
@@ -228,7 +228,7 @@ pub fn spans(trace: &TraceContext, r: &RequestSpans) -> Vec<Span> {
 }
 
 /// The body of one post: `spans` from this service.
-pub fn request_of(spans: Vec<Span>) -> ExportTraceServiceRequest {
+fn request_of(spans: Vec<Span>) -> ExportTraceServiceRequest {
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
             resource: Some(Resource {

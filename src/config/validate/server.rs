@@ -85,7 +85,6 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
         }),
         shutdown_grace: Duration::from_secs(grace),
         access_log: raw.access_log.map(|a| access_log(c, a)),
-        trace_sample_ppm: tracing.as_ref().map_or(0, |t| t.sample_ppm),
         tracing,
         tls: raw.tls.map(|t| tls(c, t, base)),
         edge: EdgeSettings {
@@ -185,19 +184,17 @@ pub(super) fn tracing(c: &mut Checker, raw: RawTracing) -> Option<crate::trace::
         c.fail(path, "needs a host");
         return None;
     };
-    let Some(addr) = (host, port)
+    // Resolved now only to refuse a name that does not resolve: the
+    // exporter's client resolves it again when it connects.
+    if (host, port)
         .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-    else {
+        .map_or(true, |mut a| a.next().is_none())
+    {
         c.fail(path, format!("cannot resolve {host}:{port}"));
         return None;
-    };
+    }
     Some(crate::trace::Exporting {
-        url: raw.otlp_endpoint.clone(),
-        addr,
-        host: format!("{host}:{port}"),
-        path: url.path().to_owned(),
+        url: raw.otlp_endpoint,
         sample_ppm: (sample * 1e6).round() as u32,
     })
 }

@@ -14,7 +14,7 @@ use crate::limits::breaker::Breaker;
 use crate::limits::limiter::{Limiter, Shared};
 use crate::limits::memory::MemoryStore;
 use crate::limits::LimitStore;
-use crate::testing::{charge, local_charge};
+use crate::testing::{block_on, charge, local_charge};
 
 const TTL_MS: u64 = 3_000;
 /// The store timeout of every instance: a dropped decision's hold is
@@ -58,14 +58,6 @@ fn counted(store: &MemoryStore<ManualClock>, probe: &Charge) -> u64 {
         ..probe.clone()
     };
     probe.params.quota() - store.peek_now(std::slice::from_ref(&probe))[0].remaining
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("a runtime")
-        .block_on(f)
 }
 
 /// Decides `c` on `limiter` as the request path does: watched, decided,

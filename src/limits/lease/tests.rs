@@ -18,7 +18,7 @@ use crate::limits::limiter::{Limiter, Shared};
 use crate::limits::memory::MemoryStore;
 use crate::limits::{Charge, Gate, LeaseTerms, LimitStore, OnStoreError, StoreError, Verdict};
 use crate::metrics::Metrics;
-use crate::testing::{bucket_params, charge, local_charge, window};
+use crate::testing::{block_on, bucket_params, charge, local_charge, window};
 
 /// The shared store of the fleet, counting its calls; it can be failed.
 struct Store {
@@ -118,14 +118,6 @@ fn growing(params: Params, units: u64, max_units: u64, ttl_ms: u64, cost: u64) -
         }),
         ..charge("hot", "hot", params, cost)
     }
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("a runtime")
-        .block_on(f)
 }
 
 /// One arrival: time since the last, the instance it reaches, its cost,
