@@ -11,14 +11,22 @@ the contender only (the kernel's share is the same for all of them, and
 Redis runs in its own process). Under valgrind the CPU's SHA extensions are
 hidden, so SHA-256 and HMAC run in software and count more than they cost.
 
-    python3 bench/instructions.py                 # all three
+    python3 bench/instructions.py                 # all four
     python3 bench/instructions.py tollgate_full   # one
+
+Then, from each dump (`callgrind_annotate --inclusive=yes`), where the
+instructions go: the inclusive count per request of the stages of a
+request (Pingora's, and each hook of the proxy) and of the parts of
+tollgate's own work, side by side. Inclusive counts nest (a hook's count
+holds its parts'); `memcpy` counts a `rep movsb` copy byte by byte, so it
+weighs more here than it costs a CPU.
 
 Needs a release build (`make bench` makes one) and valgrind.
 """
 
 import glob
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -66,18 +74,70 @@ def measure(name, seconds=10):
         dump = glob.glob(f"{out}/cg.{pid}.1")[0]
         with open(dump) as f:
             total = next(int(l.split()[1]) for l in f if l.startswith("summary:"))
-        return w, total
+        return w, total, inclusive(dump)
     finally:
         bench.procs.stop_all()
         run.render = render
 
 
+# The parts of a request compared, as (label, function name): inclusive
+# counts, so each holds those indented under it.
+PARTS = [
+    ("connection loop, per request (the edge's, or Pingora's)", r"ServerApp>::process_new::\{\{closure\}\}"),
+    ("· one request's session (Pingora)", r"HttpServerApp>::process_new_http::\{\{closure\}\}"),
+    ("· · the proxy's request cycle", r"HttpProxy<SV,C>::process_request::\{\{closure\}\}"),
+    ("· · · `request_filter`", r"ProxyHttp>::request_filter::\{\{closure\}\}"),
+    ("· · · · planning: client IP, target, route, key, charges", r"^tollgate::admission::plan$"),
+    ("· · · · · the key's SHA-256 (its compression function)", r"^sha2::sha256::compress256$"),
+    ("· · · · · the charges", r"^tollgate::admission::charges$"),
+    ("· · · · · the client IP", r"^tollgate::client_ip::resolve$"),
+    ("· · · · · the target's parse and normalization", r"^tollgate::edge::target::parse$"),
+    ("· · · · the decision (store call, verdicts)", r"^tollgate::admission::decide::\{\{closure\}\}$"),
+    ("· · · forwarding to the upstream and back", r"HttpProxy<SV,C>::proxy_to_upstream::\{\{closure\}\}"),
+    ("· · · · `upstream_request_filter`", r"ProxyHttp>::upstream_request_filter::\{\{closure\}\}"),
+    ("· · · · · forwarding headers", r"^tollgate::edge::headers::rewrite$"),
+    ("· · · · `response_filter`", r"ProxyHttp>::response_filter::\{\{closure\}\}"),
+    ("· · · `logging` (metrics)", r"ProxyHttp>::logging::\{\{closure\}\}"),
+    ("· the edge's head scan (`Guarded::poll_head`)", r"^tollgate::edge::conn::Guarded::poll_head$"),
+    ("header inserts (Pingora parses each name)", r"^pingora_http::insert_header_value$"),
+    ("allocation (`mi_malloc_aligned`)", r"^mi_malloc_aligned$"),
+    ("copies (`memcpy`, byte by byte under valgrind)", r"^__memcpy_avx_unaligned_erms$"),
+]
+
+
+def inclusive(dump):
+    """Each function's largest inclusive count in a dump, by name."""
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", dump],
+                         check=True, capture_output=True, text=True).stdout
+    counts = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(?:\S+?):(.*?)(?: \[.*\])?(?: \(\d[\d,]*x\))?$", line)
+        if m:
+            n, fn = int(m.group(1).replace(",", "")), m.group(2)
+            counts[fn] = max(counts.get(fn, 0), n)
+    return counts
+
+
+def part(counts, pattern):
+    return max((n for fn, n in counts.items() if re.search(pattern, fn)), default=0)
+
+
 def main():
     names = sys.argv[1:] or CONTENDERS
+    rows = {}
     for name in names:
-        w, total = measure(name)
+        w, total, counts = measure(name)
+        n = max(w["requests"], 1)
+        rows[name] = (total / n, {label: part(counts, pattern) / n for label, pattern in PARTS})
         print(f"{name}: {w['requests']} requests, {w['errors']} errors, "
-              f"{total // max(w['requests'], 1)} instructions per request", flush=True)
+              f"{total // n} instructions per request", flush=True)
+    print("\n| part, instructions per request (inclusive) | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    print("| the whole process | " + " | ".join(f"{rows[c][0] / 1000:.1f} k" for c in names) + " |")
+    for label, _ in PARTS:
+        cells = [rows[c][1][label] for c in names]
+        if any(cells):
+            print(f"| {label} | " + " | ".join(f"{v / 1000:.1f} k" if v else "—" for v in cells) + " |")
 
 
 if __name__ == "__main__":

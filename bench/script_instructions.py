@@ -23,7 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_time import ROOT, Redis, batch, free_port  # noqa: E402
+from script_time import ROOT, Redis, batch, free_port, reads_repeats  # noqa: E402
 
 SHAPES = [("1 request × 3 limits", 1, 3), ("11 requests × 3 limits", 11, 3), ("1 request × 1 limit", 1, 1)]
 KEYS = ["bench:cred", "bench:tenant", "bench:global"]
@@ -74,13 +74,13 @@ def main():
             text = open(path).read()
             redis.send("FUNCTION", "LOAD", "REPLACE",
                        f"#!lua name=tollgate_v{i}\nlocal FUNCTION_NAME = '{function}'\n" + text)
-            functions.append((name, function))
+            functions.append((name, function, reads_repeats(text)))
         print("| script | shape | instructions per call | per request |")
         print("|---|---|---:|---:|")
         dumps = 0
         for shape, requests, limits in SHAPES:
-            for name, function in functions:
-                call = [function, limits, *KEYS[:limits], 0, requests, batch(requests, limits)]
+            for name, function, repeats in functions:
+                call = [function, limits, *KEYS[:limits], 0, requests, batch(requests, limits, repeats)]
                 redis.send("FLUSHALL")
                 for _ in range(20):  # warm-up
                     redis.send("FCALL", *call)

@@ -88,15 +88,26 @@ class Redis:
         raise RuntimeError(f"unexpected reply {line!r}")
 
 
-def batch(requests, limits_per_request):
-    """decide.lua's binary argument: `requests` requests of token buckets."""
-    out = b""
-    for r in range(requests):
-        out += struct.pack("<BHq", 255, limits_per_request, 0)
-        for l in range(limits_per_request):
-            # A bucket of 1e6 units refilling 1e5/s: always admits.
-            out += struct.pack("<IBqqqB", l + 1, 1, 10**6 * MICRO, 100 * MICRO // 1000, 1, 3)
-    return out
+# A request that repeats the one before it, byte for byte.
+SAME = b"\xfe"
+
+
+def batch(requests, limits_per_request, repeats=True):
+    """decide.lua's binary argument: `requests` requests of token buckets,
+    one caller's; after the first, each the byte SAME, as the gateway
+    encodes a request equal to the one before it (`repeats=False`: written
+    out, as a script before SAME reads them)."""
+    one = struct.pack("<BHq", 255, limits_per_request, 0)
+    for l in range(limits_per_request):
+        # A bucket of 1e6 units refilling 1e5/s: always admits.
+        one += struct.pack("<IBqqqB", l + 1, 1, 10**6 * MICRO, 100 * MICRO // 1000, 1, 3)
+    return one + (SAME if repeats else one) * (requests - 1)
+
+
+def reads_repeats(script):
+    """Whether a decide.lua's text reads SAME (an earlier version, given to
+    compare with, may not: its batches are written out)."""
+    return "local SAME = 254" in script
 
 
 HOLDS = 32
@@ -198,19 +209,19 @@ def row_of(label, per_call, cpu_per_call, requests_per_call):
 
 
 def interleaved(redis, pid, contenders, keys3, calls, rounds):
-    """Each contender (label, function name) as FCALL, A B A B ...: the
-    median of `rounds` runs per shape."""
+    """Each contender (label, function name, whether it reads repeats) as
+    FCALL, A B A B ...: the median of `rounds` runs per shape."""
     for shape, requests, limits, n in [("1 request × 3 limits", 1, 3, calls),
                                         ("11 requests × 3 limits", 11, 3, calls // 4)]:
-        results = {label: [] for label, _ in contenders}
+        results = {label: [] for label, _, _ in contenders}
         for _ in range(rounds):
-            for label, function in contenders:
+            for label, function, repeats in contenders:
                 redis.send("FLUSHALL")
                 results[label].append(measure(
                     redis, pid, label, "FCALL",
-                    [function, limits, *keys3[:limits], 0, requests, batch(requests, limits)],
+                    [function, limits, *keys3[:limits], 0, requests, batch(requests, limits, repeats)],
                     n, requests, quiet=True))
-        for label, _ in contenders:
+        for label, _, _ in contenders:
             runs = sorted(results[label])
             per_call, cpu = runs[len(runs) // 2]
             row_of(f"{label} (FCALL, median of {rounds} interleaved), {shape}", per_call, cpu,
@@ -277,21 +288,23 @@ def main():
                     ["tollgate_decide_bench", 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
             holds(redis, server.pid, "tollgate_decide_bench", [*keys3, "bench:inflight"], args.calls)
             if args.compare:
-                other = redis.send("SCRIPT", "LOAD", open(args.compare).read()).decode()
+                text = open(args.compare).read()
+                repeats = reads_repeats(text)
+                other = redis.send("SCRIPT", "LOAD", text).decode()
                 redis.send("FLUSHALL")
                 name = os.path.basename(args.compare)
                 measure(redis, server.pid, f"{name}, 1 request × 3 limits", "EVALSHA",
-                        [other, 3, *keys3, 0, 1, batch(1, 3)], args.calls, 1)
+                        [other, 3, *keys3, 0, 1, batch(1, 3, repeats)], args.calls, 1)
                 measure(redis, server.pid, f"{name}, 11 requests × 3 limits (one batch)", "EVALSHA",
-                        [other, 3, *keys3, 0, 11, batch(11, 3)], args.calls // 4, 11)
+                        [other, 3, *keys3, 0, 11, batch(11, 3, repeats)], args.calls // 4, 11)
                 measure(redis, server.pid, f"{name}, 1 request × 1 limit", "EVALSHA",
-                        [other, 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
+                        [other, 1, keys3[0], 0, 1, batch(1, 1, repeats)], args.calls, 1)
                 lib = ("#!lua name=tollgate_other\nlocal FUNCTION_NAME = 'tollgate_decide_other'\n"
-                       + open(args.compare).read())
+                       + text)
                 redis.send("FUNCTION", "LOAD", "REPLACE", lib)
                 interleaved(redis, server.pid,
-                            [("decide.lua", "tollgate_decide_bench"),
-                             (name, "tollgate_decide_other")],
+                            [("decide.lua", "tollgate_decide_bench", True),
+                             (name, "tollgate_decide_other", repeats)],
                             keys3, args.calls, args.rounds)
             measure(redis, server.pid, "reference chapter's limit.lua, 1 bucket", "EVALSHA",
                     [sha["limit"], 1, "bench:ref", 100, 50, 1], args.calls, 1)

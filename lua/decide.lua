@@ -44,6 +44,9 @@
 --          debt     i8  only with FORCED: the deepest debt, in units
 --          hold     c16 only with HOLDS: a concurrency limit's hold, the
 --                       request's member of its sorted set
+--          A request may instead be the one byte SAME (254): the request
+--          before it again, byte for byte (a busy caller's requests of one
+--          batch usually are), so that it is neither sent nor read twice.
 --
 -- A forced charge (a cost learnt after the response) is charged whatever
 -- the state, into debt of at most `debt` units (a balance that far below
@@ -108,6 +111,8 @@ local DAY, MONTH = 1, 2
 local ENTRY = '>i8i8i8'
 -- A limit's flags, as src/limits/redis/codec.rs sets them.
 local ENFORCED, GROUP, TAKES, DELAYS, FORCED, HOLDS = 1, 2, 4, 8, 16, 32
+-- A request that repeats the one before it.
+local SAME = 254
 -- Bytes of a hold, the member of a concurrency limit's sorted set.
 local HOLD = 16
 -- A full concurrency limit's wait: a second (Retry-After: 1).
@@ -125,7 +130,7 @@ for f = 0, 2 * HOLDS - 1 do
 end
 
 -- Set per call: a function library cannot reach them while it loads.
-local floor, max, min, ceil, pack, unpack_, call
+local floor, max, min, ceil, pack, unpack_, call, byte
 
 -- The call's inputs and state, set by `decide` at the start of each call:
 -- its keys, its time, the keys' string values, and their loaded state by
@@ -187,13 +192,20 @@ end
 -- admitted, -1 when it never can).
 
 -- A bucket of `capacity` micro-tokens holding `balance`. (A balance below
--- zero is a debt: a delayed admission, a forced charge.)
+-- zero is a debt: a delayed admission, a forced charge.) Whole quotients
+-- are taken with `%`, an operator, rather than math.floor and math.ceil,
+-- and an admission computes only what it answers: calls out of Lua are
+-- most of a check's cost. (The quotient of a multiple is exact.)
 local function check_bucket(capacity, per_ms, balance, cost)
   local need = cost * MICRO
-  local left = floor(max(0, balance) / MICRO)
+  if balance >= need and need <= capacity then
+    local after = balance - need
+    return true, (after - after % MICRO) / MICRO, 0
+  end
+  local left = balance > 0 and (balance - balance % MICRO) / MICRO or 0
   if need > capacity then return false, left, -1 end
-  if balance >= need then return true, floor((balance - need) / MICRO), 0 end
-  return false, left, ceil((need - balance) / per_ms)
+  local short = need - balance
+  return false, left, (short + (-short) % per_ms) / per_ms
 end
 
 -- A counter of `count` against `limit` that starts over in `until_next` ms.
@@ -281,7 +293,10 @@ function token_bucket.refund(s, cost)
   s.balance = min(s.capacity, s.balance + cost * MICRO)
 end
 
-function token_bucket.reset(s) return ceil((s.capacity - s.balance) / s.per_ms) end
+function token_bucket.reset(s)
+  local empty, per_ms = s.capacity - s.balance, s.per_ms
+  return (empty + (-empty) % per_ms) / per_ms
+end
 
 -- gcra: tat (ms, the theoretical arrival time), frac (micro-tokens owed
 -- beyond the whole ms of tat).
@@ -809,8 +824,12 @@ local function read_limit(requests, pos, l)
   return pos
 end
 
--- Reads the request at `pos` into R.
-local function read_request(requests, pos)
+-- Reads the request at `pos` into R (a repeat leaves R as it is).
+local function read_request(requests, pos, first)
+  if byte(requests, pos) == SAME then
+    if first then error('decide.lua: a repeat with no request before it') end
+    return pos + 1
+  end
   R.blocked, R.n, R.refund_at, pos = unpack_('<BI2i8', requests, pos)
   local limits = R.limits
   for j = 1, R.n do
@@ -965,7 +984,7 @@ end
 -- Decides a batch: KEYS and ARGV as described at the top.
 local function decide(call_keys, args)
   floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
-  pack, unpack_, call = struct.pack, struct.unpack, redis.call
+  pack, unpack_, call, byte = struct.pack, struct.unpack, redis.call, string.byte
   keys, S, reading = call_keys, {}, false
   now = tonumber(args[1])
   if now == 0 then
@@ -976,8 +995,8 @@ local function decide(call_keys, args)
   raw = #keys > 0 and call('MGET', unpack(keys)) or {}
   local reply = {}
   local requests, pos = args[3], 1
-  for _ = 1, tonumber(args[2]) do
-    pos = read_request(requests, pos)
+  for i = 1, tonumber(args[2]) do
+    pos = read_request(requests, pos, i == 1)
     if R.refund_at > 0 then
       refund_request(reply)
     elseif R.refund_at == -1 then

@@ -605,7 +605,9 @@ pub async fn admit(
     let mut verdicts = decide(rt, &plan.charges, facts).await;
     let pre_auth_admits = || check_group(&plan.charges, &verdicts, Group::PreAuth, 0).is_ok();
     if let Some(pending) = plan.lookup.take().filter(|_| pre_auth_admits()) {
-        match look_up(rt, &mut plan, pending, req, facts).await {
+        // Boxed: a lookup's state (a store or an HTTP call) is ten times
+        // the rest of the decision's, and most requests never make one.
+        match Box::pin(look_up(rt, &mut plan, pending, req, facts)).await {
             Ok(Some(start)) => verdicts.extend(decide(rt, &plan.charges[start..], facts).await),
             Ok(None) => {}
             Err(rejection) => {

@@ -109,8 +109,12 @@ impl Gateway {
             tokio::time::sleep(std::time::Duration::from_millis(ctx.facts.delay_ms)).await;
         }
         if let Admitted::Forward(pool_id) = admitted {
-            if let Some(rejection) = read_small_body(rt, session, ctx).await? {
-                return Ok(Err(rejection));
+            if let Some(len) = small_body(rt, session) {
+                // Boxed: reading a body is a future as large as all the
+                // rest of the request path's, and most requests have none.
+                if let Some(rejection) = Box::pin(read_small_body(rt, session, ctx, len)).await? {
+                    return Ok(Err(rejection));
+                }
             }
             if !session.is_body_empty() {
                 // A body still to stream: its bounds run from here.
@@ -141,19 +145,15 @@ impl Gateway {
 /// retry buffer. Only once authenticated and admitted by the limits (an
 /// unknown caller never makes the gateway buffer), and within
 /// `buffered_bytes_total` over the process (beyond: 503 `overloaded`).
-/// `Expect: 100-continue` is answered here, and not passed on.
+/// `Expect: 100-continue` is answered here, and not passed on. `len` is
+/// the body's declared length, from [`small_body`].
 async fn read_small_body(
     rt: &Runtime,
     session: &mut Session,
     ctx: &mut RequestCtx,
+    len: u64,
 ) -> Result<Option<Rejection>> {
     let server = &rt.policy.server;
-    let Some(len) = admission::declared_length(session.req_header()) else {
-        return Ok(None);
-    };
-    if len == 0 || len > server.edge.buffer_body_bytes || session.is_body_done() {
-        return Ok(None);
-    }
     let budget = &rt.services.body_budget;
     let Some(reservation) = budget.reserve(len, server.buffered_bytes_total) else {
         rt.all_metrics().overload_shed("body_buffer");
@@ -178,6 +178,14 @@ async fn read_small_body(
     body::read(0, true);
     ctx.body_buffer = Some(reservation);
     Ok(None)
+}
+
+/// The declared length of a body to read whole before the request takes
+/// a permit: one not yet read, of at most `server.limits.buffer_body_bytes`.
+fn small_body(rt: &Runtime, session: &mut Session) -> Option<u64> {
+    let len = admission::declared_length(session.req_header())?;
+    let limit = rt.policy.server.edge.buffer_body_bytes;
+    (len > 0 && len <= limit && !session.is_body_done()).then_some(len)
 }
 
 /// For a route whose cost the response reports: reads it from `headers`
@@ -472,7 +480,7 @@ impl ProxyHttp for Gateway {
             // This gateway's span is the upstream's parent; a state that
             // came with a trace the gateway did not continue is not its.
             upstream.insert_header("traceparent", trace.header())?;
-            if trace.parent_id.is_none() {
+            if trace.parent_id.is_none() && upstream.headers.contains_key("tracestate") {
                 upstream.remove_header("tracestate");
             }
         }

@@ -527,18 +527,22 @@ fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
         });
     let second = prop_oneof![3 => Just(0u8), 1 => any::<u8>()];
     let release = prop::option::weighted(0.5, 0usize..64);
-    let step = (
-        0u64..2_500,
-        prop::collection::vec(request, 1..4),
-        second,
-        release,
-    )
-        .prop_map(|(advance_ms, requests, second, release)| Step {
+    // A request may come 1-3 times in a row, as a busy caller's do: the
+    // script reads a repeat in a batch as one byte.
+    let requests = prop::collection::vec((request, 1usize..4), 1..4).prop_map(|requests| {
+        requests
+            .into_iter()
+            .flat_map(|(r, times)| std::iter::repeat_n(r, times))
+            .collect::<Vec<_>>()
+    });
+    let step = (0u64..2_500, requests, second, release).prop_map(
+        |(advance_ms, requests, second, release)| Step {
             advance_ms,
             requests,
             second,
             release,
-        });
+        },
+    );
     prop::collection::vec(step, 1..25)
 }
 

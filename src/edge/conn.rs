@@ -343,8 +343,12 @@ impl Guarded {
     fn check_head_if_due(&mut self) -> Option<Result<(Body, usize), (Reason, Rejection)>> {
         let from = self.scanned.saturating_sub(2);
         let fresh = &self.head[from..];
-        let may_end =
-            fresh.windows(2).any(|w| w == b"\n\n") || fresh.windows(3).any(|w| w == b"\n\r\n");
+        // A head ends at an empty line: a line feed followed by another,
+        // or by a carriage return and another.
+        let may_end = memchr::memchr_iter(b'\n', fresh).any(|i| {
+            let next = &fresh[i + 1..];
+            next.first() == Some(&b'\n') || next.starts_with(b"\r\n")
+        });
         self.scanned = self.head.len();
         if may_end || self.head.len() > self.settings.max_header_bytes {
             self.check_head()

@@ -68,7 +68,7 @@ pub struct Forwarding<'a> {
 /// Rewrites the forwarding headers of an upstream request.
 pub fn rewrite(req: &mut RequestHeader, f: &Forwarding<'_>) -> pingora::Result<()> {
     let mut drop: Vec<HeaderName> = Vec::new();
-    let mut forwarded_for = String::new();
+    let mut forwarded_for = String::with_capacity(64);
     for (name, value) in req.headers.iter() {
         let n = name.as_str();
         let owned = OWNED.iter().chain(&OVERRIDES).any(|o| folds_to(n, o))

@@ -19,9 +19,14 @@ fn read_back(call: &Call<'_>) -> Vec<ReadBack> {
         s
     };
     let u64_of = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
-    let mut out = Vec::new();
+    let mut out: Vec<ReadBack> = Vec::new();
     for _ in 0..call.requests {
         let gate = take(1)[0];
+        if gate == SAME {
+            let previous = out.last().expect("a repeat follows a request").clone();
+            out.push(previous);
+            continue;
+        }
         let count = u16::from_le_bytes(take(2).try_into().unwrap());
         let refund = u64_of(take(8));
         let mut limits = Vec::new();
@@ -112,6 +117,26 @@ fn a_batch_reads_back_as_encoded_with_each_key_once() {
         let keys: Vec<&str> = limits.iter().map(|(k, _)| k.as_str()).collect();
         let expected: Vec<&str> = r.keys.iter().map(|k| k.as_ref()).collect();
         assert_eq!(keys, expected);
+        let specs: Vec<Spec> = limits.into_iter().map(|(_, s)| s).collect();
+        assert_eq!(specs, r.limits);
+    }
+}
+
+#[test]
+fn a_request_equal_to_the_one_before_is_one_byte() {
+    let one = request(&["k1", "k2"], 255, 0);
+    let other = request(&["k1", "k2"], 0, 0);
+    let requests = [one.clone(), one.clone(), one.clone(), other, one.clone()];
+    let call = encode(requests.iter());
+    let alone = |r: &Request| encode(std::iter::once(r)).bytes.len();
+    // The first, fourth and fifth are written out (a repeat is of the
+    // request just before, not of any earlier one), the second and third
+    // are a byte each.
+    assert_eq!(call.bytes.len(), 2 * alone(&one) + 2 + alone(&requests[3]));
+    let back = read_back(&call);
+    assert_eq!(back.len(), 5);
+    for (r, (gate, refund, limits)) in requests.iter().zip(back) {
+        assert_eq!((gate, refund), (r.blocked_from, r.refund_at));
         let specs: Vec<Spec> = limits.into_iter().map(|(_, s)| s).collect();
         assert_eq!(specs, r.limits);
     }
@@ -233,15 +258,22 @@ proptest! {
     #[test]
     fn any_batch_reads_back(
         shapes in prop::collection::vec(
-            (prop::collection::vec(0u8..6, 0..5), any::<u8>(), any::<u64>()), 1..6),
+            (prop::collection::vec(0u8..6, 0..5), prop::sample::select(vec![0u8, 1, 255]),
+             any::<u64>(), 1usize..4),
+            1..6),
     ) {
+        // Each request written out 1-3 times in a row, as one busy
+        // caller's requests come.
         let requests: Vec<Request> = shapes
             .iter()
-            .map(|(keys, gate, refund)| Request {
-                keys: keys.iter().map(|k| Arc::from(format!("key{k}"))).collect(),
-                limits: keys.iter().map(|&k| spec(k % 5 + 1, u64::from(k) * 1_000_003)).collect(),
-                blocked_from: *gate,
-                refund_at: *refund,
+            .flat_map(|(keys, gate, refund, times)| {
+                let r = Request {
+                    keys: keys.iter().map(|k| Arc::from(format!("key{k}"))).collect(),
+                    limits: keys.iter().map(|&k| spec(k % 5 + 1, u64::from(k) * 1_000_003)).collect(),
+                    blocked_from: *gate,
+                    refund_at: *refund,
+                };
+                std::iter::repeat_n(r, *times)
             })
             .collect();
         let call = encode(requests.iter());
