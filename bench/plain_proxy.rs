@@ -10,11 +10,16 @@
 //! With `contract`, it also does the per-request work the design contract
 //! asks of every forwarded request, with constant values and no limits at
 //! all: SHA-256 of the presented API key, bounded upstream connect and read
-//! times, the identity headers and `X-Forwarded-For` on the upstream
-//! request, the `RateLimit` fields on the response. That is the floor under
-//! any Pingora gateway that honours the contract, before it decides a
-//! single limit.
+//! times; on the upstream request, client copies of the headers the gateway
+//! owns dropped in every spelling that folds to them, the key removed, the
+//! identity headers, `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`
+//! and a new `traceparent` set; the `RateLimit` fields on the response.
+//! That is the floor under any Pingora gateway that honours the contract,
+//! before it decides a single limit.
 
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,6 +31,43 @@ use sha2::{Digest, Sha256};
 // The same allocator as tollgate, so the comparison is of the proxy work.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Headers a gateway sets itself, or that only a trusted proxy may send:
+/// client copies go, in any spelling that folds to these.
+const OWNED: [&str; 13] = [
+    "x-tenant-id",
+    "x-credential-id",
+    "x-route-class",
+    "x-real-ip",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+    "x-method-override",
+    "x-http-method",
+    "forwarded",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-forwarded-port",
+];
+
+/// Whether a (lower-case) header name reads as `owned` once `_` and `-`
+/// are folded together.
+fn folds_to(name: &str, owned: &str) -> bool {
+    name.len() == owned.len()
+        && name
+            .bytes()
+            .zip(owned.bytes())
+            .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+}
+
+/// A new W3C `traceparent`: random trace and span ids, not sampled.
+fn traceparent() -> String {
+    static IDS: LazyLock<std::collections::hash_map::RandomState> =
+        LazyLock::new(std::collections::hash_map::RandomState::new);
+    static COUNTER: AtomicU64 = AtomicU64::new(1);
+    let id = || IDS.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed));
+    format!("00-{:016x}{:016x}-{:016x}-00", id(), id(), id())
+}
 
 struct Plain {
     upstream: String,
@@ -63,6 +105,16 @@ impl ProxyHttp for Plain {
         _ctx: &mut (),
     ) -> Result<()> {
         if self.contract {
+            let owned: Vec<http::HeaderName> = upstream
+                .headers
+                .keys()
+                .filter(|n| OWNED.iter().any(|o| folds_to(n.as_str(), o)))
+                .cloned()
+                .collect();
+            for name in &owned {
+                upstream.remove_header(name);
+            }
+            upstream.remove_header("authorization");
             upstream.insert_header("x-tenant-id", "bench-tenant")?;
             upstream.insert_header("x-credential-id", "bench")?;
             upstream.insert_header("x-route-class", "bench")?;
@@ -71,6 +123,9 @@ impl ProxyHttp for Plain {
                 .and_then(|a| a.as_inet())
                 .map_or_else(String::new, |a| a.ip().to_string());
             upstream.insert_header("x-forwarded-for", format!("203.0.113.7, {peer}"))?;
+            upstream.insert_header("x-real-ip", "203.0.113.7")?;
+            upstream.insert_header("x-forwarded-proto", "http")?;
+            upstream.insert_header("traceparent", traceparent())?;
         }
         Ok(())
     }

@@ -247,6 +247,24 @@ fn proxy_failure(status: u16) -> (&'static str, &'static str, String) {
     }
 }
 
+/// One item of a `RateLimit` field, `"name";a=1;b=2`: written byte by
+/// byte (this runs on every response), and a header value without a copy.
+/// Limit names are validated header-safe, so the value is valid.
+fn item(name: &str, (a, x): (u8, u64), (b, y): (u8, u64)) -> Option<HeaderValue> {
+    let mut numbers = itoa::Buffer::new();
+    let mut out = Vec::with_capacity(name.len() + 48);
+    out.push(b'"');
+    out.extend_from_slice(name.as_bytes());
+    out.push(b'"');
+    for (key, n) in [(a, x), (b, y)] {
+        out.push(b';');
+        out.push(key);
+        out.push(b'=');
+        out.extend_from_slice(numbers.format(n).as_bytes());
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
+}
+
 /// `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers)
 /// describing the most constrained limit of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,22 +286,17 @@ impl RateHeaders {
             .min_by_key(|(c, v)| {
                 (v.remaining as u128 * 1_000_000) / c.params.quota().max(1) as u128
             })?;
-        // Limit names are validated header-safe, so both values are valid;
-        // they become header values without a copy.
-        let value = |s: String| HeaderValue::try_from(s).ok();
         Some(Self {
-            policy: value(format!(
-                "\"{}\";q={};w={}",
-                c.name,
-                c.params.quota(),
-                c.params.period_secs()
-            ))?,
-            limit: value(format!(
-                "\"{}\";r={};t={}",
-                c.name,
-                v.remaining,
-                v.reset_ms.div_ceil(1000)
-            ))?,
+            policy: item(
+                &c.name,
+                (b'q', c.params.quota()),
+                (b'w', c.params.period_secs()),
+            )?,
+            limit: item(
+                &c.name,
+                (b'r', v.remaining),
+                (b't', v.reset_ms.div_ceil(1000)),
+            )?,
         })
     }
 
@@ -320,6 +333,14 @@ mod tests {
             header_value(&h, "cache-control").as_deref(),
             Some("no-store")
         );
+    }
+
+    #[test]
+    fn ratelimit_items_are_written_exactly() {
+        let v = item("per-tenant", (b'q', 0), (b'w', u64::MAX)).unwrap();
+        assert_eq!(v, "\"per-tenant\";q=0;w=18446744073709551615");
+        let v = item("a", (b'r', 1_000_000), (b't', 7)).unwrap();
+        assert_eq!(v, "\"a\";r=1000000;t=7");
     }
 
     #[test]
