@@ -844,8 +844,9 @@ local function read_request(requests, pos, first)
 end
 
 -- A limit's verdict, appended to the reply.
+local VERDICT = '<i8i8i8i8i8'
 local function answer(reply, s, admitted, remaining, wait, taken)
-  reply[#reply + 1] = pack('<i8i8i8i8i8', admitted, remaining, wait, s.algo.reset(s), taken)
+  reply[#reply + 1] = pack(VERDICT, admitted, remaining, wait, s.algo.reset(s), taken)
 end
 
 -- Spends up to `want` more units of a spent limit, as many as fit now;
@@ -864,7 +865,10 @@ local function decide_request(reply)
   local limits, stop = R.limits, R.blocked
   for j = 1, R.n do
     local l = limits[j]
-    local s = state(l)
+    -- (A key already loaded under the same numbers, the common case,
+    -- without a call.)
+    local s = S[l.key]
+    if not s or s.sent_a ~= l.a or s.sent_b ~= l.b then s = state(l) end
     s.touched = true
     local ok, remaining, wait = s.algo.check(s, l.cost)
     -- A forced charge is admitted; a cost that fits within the limit's
@@ -884,7 +888,7 @@ local function decide_request(reply)
     local algo = s.algo
     -- The parameters this limit sent (another limit of the request may
     -- share its key).
-    use(s, l)
+    if s.sent_a ~= l.a or s.sent_b ~= l.b then use(s, l) end
     local remaining, taken = l.remaining, 0
     if l.forced then
       -- The fifth number of a forced charge's reply: units not charged.
@@ -905,13 +909,14 @@ local function decide_request(reply)
       -- dropped, told once per call.
       taken, s.reclaimed = s.reclaimed, 0
     end
+    -- (`answer`, written out: this is the one path of every request.)
+    local admitted, wait = 0, l.wait
     if l.delayed > 0 then
-      answer(reply, s, 2, remaining, l.delayed, taken)
+      admitted, wait = 2, l.delayed
     elseif l.ok then
-      answer(reply, s, 1, remaining, l.wait, taken)
-    else
-      answer(reply, s, 0, remaining, l.wait, taken)
+      admitted = 1
     end
+    reply[#reply + 1] = pack(VERDICT, admitted, remaining, wait, algo.reset(s), taken)
   end
 end
 
