@@ -13,6 +13,11 @@ hidden, so SHA-256 and HMAC run in software and count more than they cost.
 
     python3 bench/instructions.py                 # all four
     python3 bench/instructions.py tollgate_full   # one
+    python3 bench/instructions.py --cache         # with simulated caches
+
+With `--cache`, callgrind also simulates the caches (`--cache-sim=yes`):
+first-level data misses and last-level misses per request, which is where
+instructions of the same count cost different time.
 
 Then, from each dump (`callgrind_annotate --inclusive=yes`), where the
 instructions go: the inclusive count per request of the stages of a
@@ -43,7 +48,7 @@ class Args:
     connections = 16
 
 
-def measure(name, seconds=10):
+def measure(name, seconds=10, cache=False):
     out = tempfile.mkdtemp(prefix="tollgate-callgrind-")
     # valgrind slows everything ~50×: give the store calls room so that no
     # request takes the failure path (which skips the upstream).
@@ -54,7 +59,8 @@ def measure(name, seconds=10):
 
     def under_valgrind(proc, args, env=None):
         if proc == name:
-            args = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p"] + args
+            args = (["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p"]
+                    + (["--cache-sim=yes"] if cache else []) + args)
         return start(proc, args, env)
 
     bench.procs.start = under_valgrind
@@ -73,8 +79,10 @@ def measure(name, seconds=10):
         time.sleep(1)
         dump = glob.glob(f"{out}/cg.{pid}.1")[0]
         with open(dump) as f:
-            total = next(int(l.split()[1]) for l in f if l.startswith("summary:"))
-        return w, total, inclusive(dump)
+            lines = f.read().splitlines()
+        events = next(l.split()[1:] for l in lines if l.startswith("events:"))
+        summary = dict(zip(events, map(int, next(l.split()[1:] for l in lines if l.startswith("summary:")))))
+        return w, summary, inclusive(dump)
     finally:
         bench.procs.stop_all()
         run.render = render
@@ -123,14 +131,28 @@ def part(counts, pattern):
 
 
 def main():
-    names = sys.argv[1:] or CONTENDERS
+    cache = "--cache" in sys.argv[1:]
+    names = [a for a in sys.argv[1:] if a != "--cache"] or CONTENDERS
     rows = {}
+    misses = {}
     for name in names:
-        w, total, counts = measure(name)
+        w, summary, counts = measure(name, cache=cache)
         n = max(w["requests"], 1)
+        total = summary["Ir"]
         rows[name] = (total / n, {label: part(counts, pattern) / n for label, pattern in PARTS})
         print(f"{name}: {w['requests']} requests, {w['errors']} errors, "
               f"{total // n} instructions per request", flush=True)
+        if cache:
+            misses[name] = {"D1": (summary["D1mr"] + summary["D1mw"]) / n,
+                            "LL": (summary["DLmr"] + summary["DLmw"] + summary["ILmr"]) / n,
+                            "I1": summary["I1mr"] / n, "D": (summary["Dr"] + summary["Dw"]) / n}
+    if cache:
+        print("\n| contender | data reads and writes | first-level data misses | first-level instruction misses "
+              "| last-level misses | (per request) |")
+        print("|---|---:|---:|---:|---:|---|")
+        for name in names:
+            m = misses[name]
+            print(f"| {name} | {m['D'] / 1000:.1f} k | {m['D1']:.0f} | {m['I1']:.0f} | {m['LL']:.0f} | |")
     print("\n| part, instructions per request (inclusive) | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     print("| the whole process | " + " | ".join(f"{rows[c][0] / 1000:.1f} k" for c in names) + " |")

@@ -263,7 +263,7 @@ class Bench:
         self.ports["cluster"] = ports
         return ports
 
-    def start_tollgate(self, name, backend, capacity=MAX, rate=MAX, keys=0, redis=None):
+    def start_tollgate(self, name, backend, capacity=MAX, rate=MAX, keys=0, redis=None, binary=None):
         port, admin = free_port(), free_port()
         if backend == "redis_cluster":
             urls = ", ".join(f'"redis://127.0.0.1:{p}"' for p in self.ports["cluster"])
@@ -274,7 +274,7 @@ class Bench:
                       keys_file=self.keys_file(keys), capacity=capacity, rate=rate)
         path = self.work / f"{name}.yaml"
         path.write_text(text)
-        p = self.procs.start(name, [str(RELEASE / "tollgate"), "run", "--config", str(path)],
+        p = self.procs.start(name, [str(binary or RELEASE / "tollgate"), "run", "--config", str(path)],
                              env={"TOLLGATE_KEY_SECRET": SECRET, "RUST_LOG": "warn"})
         wait_port(port)
         wait_port(admin)

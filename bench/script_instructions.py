@@ -12,6 +12,11 @@ instructions include Redis's own command and network handling, the same
 for every version.
 
     python3 bench/script_instructions.py [--calls 2000] [--compare old-decide.lua]
+
+Then, for decide.lua alone, the cost of one limit by algorithm: one
+request of one limit a call, and eleven (one caller's, repeats after the
+first; a concurrency limit's holds never repeat) a call, whose difference
+over ten is what each further request's limit costs in a batch.
 """
 
 import argparse
@@ -23,7 +28,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_time import ROOT, Redis, batch, free_port, reads_repeats  # noqa: E402
+import struct  # noqa: E402
+
+from script_time import MICRO, ROOT, SAME, Redis, batch, free_port, reads_repeats  # noqa: E402
 
 SHAPES = [("1 request × 3 limits", 1, 3), ("11 requests × 3 limits", 11, 3), ("1 request × 1 limit", 1, 1)]
 KEYS = ["bench:cred", "bench:tenant", "bench:global"]
@@ -41,6 +48,57 @@ def instructions(out, pid, dumps):
     newest = sorted(glob.glob(f"{out}/cg.{pid}.*"), key=lambda p: int(p.rsplit(".", 1)[1]))[-1]
     with open(newest) as f:
         return next(int(line.split()[1]) for line in f if line.startswith("summary:"))
+
+
+# Each algorithm as decide.lua numbers it, with parameters under which
+# every decision admits: (name, kind, a, b, extra flags).
+HOLDS = 32
+ALGORITHMS = [
+    ("token_bucket", 1, 10**9 * MICRO, 100 * MICRO // 1000, 0),
+    ("gcra", 2, 10**9 * MICRO, 100 * MICRO // 1000, 0),
+    ("fixed_window", 3, 10**9, 60_000, 0),
+    ("sliding_window", 4, 10**9, 60_000, 0),
+    ("sliding_log", 5, 10**9, 1_000, 0),
+    ("quota", 6, 10**9, 1, 0),
+    ("concurrency", 7, 10**9, 30_000, HOLDS),
+]
+
+
+def one_limit(kind, a, b, flags, requests, first_hold):
+    """`requests` requests of one limit of this algorithm; a concurrency
+    limit's each with a hold of its own, any other's repeats after the
+    first."""
+    def request(i):
+        out = struct.pack("<BHq", 255, 1, 0) + struct.pack("<IBqqqB", 1, kind, a, b, 1, 3 | flags)
+        return out + ((first_hold + i).to_bytes(16, "big") if flags & HOLDS else b"")
+    if flags & HOLDS:
+        return b"".join(request(i) for i in range(requests))
+    return request(0) + SAME * (requests - 1)
+
+
+def by_algorithm(redis, server, out, dumps, calls):
+    """decide.lua's instructions for one limit of each algorithm."""
+    print("\n| algorithm | 1 request × 1 limit, per call | each further request of a batch of 11 |")
+    print("|---|---:|---:|")
+    holds = 0
+    for name, kind, a, b, flags in ALGORITHMS:
+        per_call = {}
+        for requests in (1, 11):
+            redis.send("FLUSHALL")
+            for _ in range(20):  # warm-up
+                redis.send("FCALL", "tollgate_decide_v0", 1, "bench:algo", 0, requests,
+                           one_limit(kind, a, b, flags, requests, holds))
+                holds += requests
+            subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True, capture_output=True)
+            for _ in range(calls):
+                redis.send("FCALL", "tollgate_decide_v0", 1, "bench:algo", 0, requests,
+                           one_limit(kind, a, b, flags, requests, holds))
+                holds += requests
+            per_call[requests] = instructions(out, server.pid, dumps) / calls
+            dumps += 1
+        print(f"| {name} | {per_call[1] / 1000:.1f} k | {(per_call[11] - per_call[1]) / 10 / 1000:.1f} k |",
+              flush=True)
+    return dumps
 
 
 def main():
@@ -92,6 +150,7 @@ def main():
                 per_call = total / args.calls
                 print(f"| {name} | {shape} | {per_call / 1000:.1f} k | {per_call / requests / 1000:.1f} k |",
                       flush=True)
+        by_algorithm(redis, server, out, dumps, args.calls)
     finally:
         server.terminate()
         server.wait()

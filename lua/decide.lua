@@ -194,8 +194,9 @@ end
 -- A bucket of `capacity` micro-tokens holding `balance`. (A balance below
 -- zero is a debt: a delayed admission, a forced charge.) Whole quotients
 -- are taken with `%`, an operator, rather than math.floor and math.ceil,
--- and an admission computes only what it answers: calls out of Lua are
--- most of a check's cost. (The quotient of a multiple is exact.)
+-- and an admission computes only what it answers: a call out of Lua
+-- costs more than the arithmetic around it. (The quotient of a multiple
+-- is exact.)
 local function check_bucket(capacity, per_ms, balance, cost)
   local need = cost * MICRO
   if balance >= need and need <= capacity then
@@ -1002,18 +1003,19 @@ local function decide(call_keys, args)
   local requests, pos = args[3], 1
   for i = 1, tonumber(args[2]) do
     pos = read_request(requests, pos, i == 1)
-    if R.refund_at > 0 then
-      refund_request(reply)
-    elseif R.refund_at == -1 then
-      peek_request(reply)
-    elseif R.refund_at == -2 then
-      reset_or_credit(reply, true)
-    elseif R.refund_at == -3 then
-      reset_or_credit(reply, false)
-    elseif R.refund_at < 0 then
-      error('decide.lua: unknown mode ' .. tostring(R.refund_at))
-    else
+    local mode = R.refund_at
+    if mode == 0 then
       decide_request(reply)
+    elseif mode > 0 then
+      refund_request(reply)
+    elseif mode == -1 then
+      peek_request(reply)
+    elseif mode == -2 then
+      reset_or_credit(reply, true)
+    elseif mode == -3 then
+      reset_or_credit(reply, false)
+    else
+      error('decide.lua: unknown mode ' .. tostring(mode))
     end
   end
   write_back()
