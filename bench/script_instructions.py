@@ -13,6 +13,12 @@ for every version.
 
     python3 bench/script_instructions.py [--calls 2000] [--compare old-decide.lua]
 
+The shapes: one caller's request of three limits; eleven of them in one
+call (repeats after the first); one request of one limit; and eleven
+callers' requests in one call, each with its own credential and tenant
+keys and the global key shared (23 keys: what a call of a busy
+multi-tenant gateway looks like).
+
 Then, for decide.lua alone, the cost of one limit by algorithm: one
 request of one limit a call, and eleven (one caller's, repeats after the
 first; a concurrency limit's holds never repeat) a call, whose difference
@@ -34,6 +40,22 @@ from script_time import MICRO, ROOT, SAME, Redis, batch, free_port, reads_repeat
 
 SHAPES = [("1 request × 3 limits", 1, 3), ("11 requests × 3 limits", 11, 3), ("1 request × 1 limit", 1, 1)]
 KEYS = ["bench:cred", "bench:tenant", "bench:global"]
+# Eleven callers of as many tenants in one call: each request its own
+# credential and tenant keys, the global key shared.
+CALLERS = 11
+
+
+def callers():
+    """The keys and decide.lua argument of CALLERS different callers' requests
+    of three token buckets, one each."""
+    keys = [f"bench:cred{i}" for i in range(CALLERS)] + [f"bench:tenant{i}" for i in range(CALLERS)]
+    keys.append("bench:global")
+    out = b""
+    for i in range(CALLERS):
+        out += struct.pack("<BHq", 255, 3, 0)
+        for key in (i + 1, CALLERS + i + 1, 2 * CALLERS + 1):
+            out += struct.pack("<IBqqqB", key, 1, 10**6 * MICRO, 100 * MICRO // 1000, 1, 3)
+    return keys, out
 
 
 def instructions(out, pid, dumps):
@@ -136,9 +158,14 @@ def main():
         print("| script | shape | instructions per call | per request |")
         print("|---|---|---:|---:|")
         dumps = 0
-        for shape, requests, limits in SHAPES:
+        many_keys, many = callers()
+        shapes = SHAPES + [(f"{CALLERS} callers' requests × 3 limits", CALLERS, None)]
+        for shape, requests, limits in shapes:
             for name, function, repeats in functions:
-                call = [function, limits, *KEYS[:limits], 0, requests, batch(requests, limits, repeats)]
+                if limits is None:
+                    call = [function, len(many_keys), *many_keys, 0, requests, many]
+                else:
+                    call = [function, limits, *KEYS[:limits], 0, requests, batch(requests, limits, repeats)]
                 redis.send("FLUSHALL")
                 for _ in range(20):  # warm-up
                     redis.send("FCALL", *call)
