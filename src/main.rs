@@ -37,7 +37,7 @@ use tollgate::logs::ClientLog;
 use tollgate::metrics::Metrics;
 use tollgate::pools::Pools;
 use tollgate::proxy::Gateway;
-use tollgate::reload::{HangupListener, Reloader};
+use tollgate::reload::{listen_for_hangups, Reloader};
 use tollgate::runtime::{Keeper, Kept, Runtime, Services};
 use tollgate::tls::Certificate;
 use tollgate::top::{Redactor, Top};
@@ -413,15 +413,16 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
     let reloader = Arc::new(
         Reloader::new(path, live.clone(), services.clone()).on_released(return_freed_memory),
     );
+    // Before any listener: a SIGHUP is a reload from the moment the
+    // gateway can be reached.
+    if let Err(e) = listen_for_hangups(reloader.clone()) {
+        tracing::error!(error = %e, "cannot listen for SIGHUP; reload with POST /admin/reload");
+    }
     let drain = Drain::new();
     add_proxy_listeners(&mut server, &settings, &live, &services, &drain)?;
     server.add_service(background_service(
         "health checks",
         HealthChecker::new(live.clone()),
-    ));
-    server.add_service(background_service(
-        "reload on SIGHUP",
-        HangupListener::new(reloader.clone()),
     ));
     if let Some(addr) = settings.admin_listen {
         add_admin_listener(&mut server, addr, live.clone(), reloader, &services, &drain)?;

@@ -7,9 +7,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use async_trait::async_trait;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 
 use crate::config;
 use crate::runtime::{Runtime, Services};
@@ -124,41 +121,43 @@ impl Reloader {
     }
 }
 
-/// Reloads on SIGHUP.
-pub struct HangupListener {
-    reloader: Arc<Reloader>,
-}
-
-impl HangupListener {
-    /// Reloads through `reloader` on each SIGHUP.
-    pub fn new(reloader: Arc<Reloader>) -> Self {
-        Self { reloader }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for HangupListener {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut hangups = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGHUP; reload with POST /admin/reload");
-                return;
-            }
-        };
-        loop {
-            tokio::select! {
-                Some(()) = hangups.recv() => {
-                    if let Some(log) = &self.reloader.services().access_log {
+/// Reloads through `reloader` on each SIGHUP (reopening the access log
+/// first, for rotation), from a thread of its own. The handler is in place
+/// when this returns, so call it before any listener opens: a SIGHUP sent
+/// as soon as the gateway answers (by a deploy script, or a test) is then
+/// a reload, never the signal's default action, which ends the process.
+/// When no handler can be installed, reloads go through
+/// `POST /admin/reload` alone, and the error says so.
+pub fn listen_for_hangups(reloader: Arc<Reloader>) -> std::io::Result<()> {
+    let (ready, installed) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("tollgate hangups".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => return drop(ready.send(Err(e))),
+            };
+            runtime.block_on(async move {
+                use tokio::signal::unix::{signal, SignalKind};
+                let mut hangups = match signal(SignalKind::hangup()) {
+                    Ok(hangups) => hangups,
+                    Err(e) => return drop(ready.send(Err(e))),
+                };
+                let _ = ready.send(Ok(()));
+                while hangups.recv().await.is_some() {
+                    if let Some(log) = &reloader.services().access_log {
                         log.reopen();
                     }
-                    let reloader = self.reloader.clone();
+                    let reloader = reloader.clone();
                     // Reading and resolving the file may block.
                     let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
                 }
-                _ = shutdown.changed() => return,
-            }
-        }
-    }
+            });
+        })?;
+    installed
+        .recv()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the SIGHUP thread ended")))
 }
