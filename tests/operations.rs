@@ -719,46 +719,22 @@ routes:
 /// in between ended the process (the signal's default action).
 #[test]
 fn a_sighup_as_soon_as_the_gateway_accepts_is_a_reload() {
+    let policy = "version: 1\nserver: { listen: [\"{listen}\"], admin_listen: \"{admin}\" }\n\
+                  routes:\n  - { name: r, path: /, respond: { status: 200 } }\n";
     for round in 0..5 {
-        let dir = tempfile::tempdir().unwrap();
-        let listen = std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()));
-        let admin = std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()));
-        let config = dir.path().join("policy.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 1\nserver: {{ listen: [\"{listen}\"], admin_listen: \"{admin}\" }}\n\
-                 routes:\n  - {{ name: r, path: /, respond: {{ status: 200 }} }}\n"
-            ),
-        )
-        .unwrap();
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["run", "--config"])
-            .arg(&config)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut gw = Gateway::launch(policy, None, &[]);
         assert!(
-            eventually(Duration::from_secs(20), || TcpStream::connect(listen)
+            eventually(Duration::from_secs(20), || TcpStream::connect(gw.addr)
                 .is_ok()),
-            "round {round}: the gateway never listened"
+            "round {round}: the gateway never listened: {}",
+            gw.log()
         );
-        let hup = std::process::Command::new("kill")
-            .args(["-HUP", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(hup.success());
+        gw.signal("-HUP");
         let reloaded = eventually(Duration::from_secs(20), || {
-            TcpStream::connect(admin).is_ok()
-                && get(admin, "/metrics", &[])
-                    .body
-                    .lines()
-                    .any(|l| l == "tollgate_config_reloads_total{result=\"ok\"} 1")
+            TcpStream::connect(gw.admin).is_ok()
+                && gw.metric("tollgate_config_reloads_total{result=\"ok\"}") == 1.0
         });
-        let alive = child.try_wait().unwrap().is_none();
-        let _ = child.kill();
-        let _ = child.wait();
+        let alive = gw.wait_exit(Duration::from_millis(50)).is_none();
         assert!(alive, "round {round}: the SIGHUP ended the gateway");
         assert!(reloaded, "round {round}: the SIGHUP was no reload");
     }

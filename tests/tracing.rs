@@ -46,6 +46,35 @@ fn logged_traces(log: &std::path::Path, lines: usize) -> Vec<String> {
     traces
 }
 
+/// A caller's key with a trace of its own and the trace's state.
+const TRACED: [(&str, &str); 3] = [
+    ("authorization", "Bearer key-c1"),
+    ("traceparent", SENT),
+    ("tracestate", "vendor=abc"),
+];
+
+/// A gateway trusting `trusted` as proxies, logging every request to
+/// `log` in a directory of its own, in front of an upstream.
+struct Traced {
+    gw: Gateway,
+    log: std::path::PathBuf,
+    _upstream: Upstream,
+    _dir: tempfile::TempDir,
+}
+
+fn traced(trusted: &str) -> Traced {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let upstream = Upstream::start();
+    let gw = Gateway::start(&policy(trusted, &log), Some(&upstream));
+    Traced {
+        gw,
+        log,
+        _upstream: upstream,
+        _dir: dir,
+    }
+}
+
 /// The (trace id, parent span id, flags) of a `traceparent` value.
 fn fields(value: &str) -> (String, String, String) {
     let parts: Vec<&str> = value.split('-').collect();
@@ -56,16 +85,8 @@ fn fields(value: &str) -> (String, String, String) {
 
 #[test]
 fn a_trusted_proxys_trace_is_continued_and_the_upstream_is_its_child() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let upstream = Upstream::start();
-    let gw = Gateway::start(&policy("127.0.0.1/32", &log), Some(&upstream));
-    let auth = [
-        ("authorization", "Bearer key-c1"),
-        ("traceparent", SENT),
-        ("tracestate", "vendor=abc"),
-    ];
-    let reply = gw.get("/x", &auth);
+    let Traced { gw, log, .. } = &traced("127.0.0.1/32");
+    let reply = gw.get("/x", &TRACED);
     assert_eq!(reply.status, 200);
     let forwarded = reply.upstream_saw("traceparent");
     assert_eq!(forwarded.len(), 1, "{forwarded:?}");
@@ -77,21 +98,13 @@ fn a_trusted_proxys_trace_is_continued_and_the_upstream_is_its_child() {
     );
     assert_eq!(flags, "01", "sampled as the proxy said");
     assert_eq!(reply.upstream_saw("tracestate"), ["vendor=abc"]);
-    assert_eq!(logged_traces(&log, 1), [SENT_TRACE]);
+    assert_eq!(logged_traces(log, 1), [SENT_TRACE]);
 }
 
 #[test]
 fn another_clients_trace_is_replaced_and_each_request_starts_its_own() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let upstream = Upstream::start();
-    let gw = Gateway::start(&policy("10.0.0.0/8", &log), Some(&upstream));
-    let auth = [
-        ("authorization", "Bearer key-c1"),
-        ("traceparent", SENT),
-        ("tracestate", "vendor=abc"),
-    ];
-    let first = gw.get("/x", &auth);
+    let Traced { gw, log, .. } = &traced("10.0.0.0/8");
+    let first = gw.get("/x", &TRACED);
     let second = gw.get("/y", &[("authorization", "Bearer key-c1")]);
     let refused = gw.get("/z", &[("traceparent", SENT)]);
     assert_eq!(
@@ -104,7 +117,7 @@ fn another_clients_trace_is_replaced_and_each_request_starts_its_own() {
     assert_eq!(flags, "00", "nothing samples without server.tracing");
     assert_ne!(one, two);
     assert!(first.upstream_saw("tracestate").is_empty());
-    let logged = logged_traces(&log, 3);
+    let logged = logged_traces(log, 3);
     assert_eq!(logged[..2], [one, two]);
     assert_eq!(logged[2].len(), 32, "a refused request has its trace too");
 }

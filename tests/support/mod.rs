@@ -389,6 +389,14 @@ impl Gateway {
         upstream: Option<&Upstream>,
         env: &[(&str, &str)],
     ) -> Result<Self, String> {
+        let mut gw = Self::launch(policy, upstream, env);
+        gw.wait_ready()?;
+        Ok(gw)
+    }
+
+    /// Starts `tollgate run` as [`Gateway::start_with_env`] does, without
+    /// waiting for it to listen (nor retrying on a port taken meanwhile).
+    pub fn launch(policy: &str, upstream: Option<&Upstream>, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -408,15 +416,13 @@ impl Gateway {
             .stderr(log)
             .spawn()
             .expect("spawn tollgate");
-        let mut gw = Gateway {
+        Gateway {
             addr,
             admin,
             config,
             child,
             _dir: dir,
-        };
-        gw.wait_ready()?;
-        Ok(gw)
+        }
     }
 
     /// Waits for both listeners; the gateway's log when it exits instead.
