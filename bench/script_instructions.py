@@ -11,7 +11,7 @@ Redis process's instructions by the calls and by the requests. The
 instructions include Redis's own command and network handling, the same
 for every version.
 
-    python3 bench/script_instructions.py [--calls 2000] [--compare old-decide.lua]
+    python3 bench/script_instructions.py [--calls 2000] [--compare old-lua-dir]
 
 The shapes: one caller's request of three limits; eleven of them in one
 call (repeats after the first); one request of one limit; and eleven
@@ -36,7 +36,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import struct  # noqa: E402
 
-from script_time import MICRO, ROOT, SAME, Redis, batch, free_port, reads_repeats  # noqa: E402
+from script_time import MICRO, ROOT, SAME, Redis, batch, free_port, label, library, reads_repeats, script  # noqa: E402
 
 SHAPES = [("1 request × 3 limits", 1, 3), ("11 requests × 3 limits", 11, 3), ("1 request × 1 limit", 1, 1)]
 KEYS = ["bench:cred", "bench:tenant", "bench:global"]
@@ -108,12 +108,12 @@ def by_algorithm(redis, server, out, dumps, calls):
         for requests in (1, 11):
             redis.send("FLUSHALL")
             for _ in range(20):  # warm-up
-                redis.send("FCALL", "tollgate_decide_v0", 1, "bench:algo", 0, requests,
+                redis.send("FCALL", "tollgate_v0_decide", 1, "bench:algo", 0, requests,
                            one_limit(kind, a, b, flags, requests, holds))
                 holds += requests
             subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True, capture_output=True)
             for _ in range(calls):
-                redis.send("FCALL", "tollgate_decide_v0", 1, "bench:algo", 0, requests,
+                redis.send("FCALL", "tollgate_v0_decide", 1, "bench:algo", 0, requests,
                            one_limit(kind, a, b, flags, requests, holds))
                 holds += requests
             per_call[requests] = instructions(out, server.pid, dumps) / calls
@@ -126,11 +126,12 @@ def by_algorithm(redis, server, out, dumps, calls):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--compare", metavar="FILE", action="append", default=[],
-                    help="another decide.lua measured in the same run (may be repeated)")
+    ap.add_argument("--compare", metavar="PATH", action="append", default=[],
+                    help="other scripts measured in the same run: an earlier lua/ directory or "
+                         "single-file decide.lua (may be repeated)")
     args = ap.parse_args()
-    versions = [("decide.lua", os.path.join(ROOT, "lua", "decide.lua"))]
-    versions += [(os.path.basename(path), path) for path in args.compare]
+    versions = [("decide.lua", os.path.join(ROOT, "lua"))]
+    versions += [(label(path), path) for path in args.compare]
     port = free_port()
     out = tempfile.mkdtemp(prefix="tollgate-redis-callgrind-")
     server = subprocess.Popen(
@@ -150,11 +151,9 @@ def main():
                 time.sleep(0.2)
         functions = []
         for i, (name, path) in enumerate(versions):
-            function = f"tollgate_decide_v{i}"
-            text = open(path).read()
-            redis.send("FUNCTION", "LOAD", "REPLACE",
-                       f"#!lua name=tollgate_v{i}\nlocal FUNCTION_NAME = '{function}'\n" + text)
-            functions.append((name, function, reads_repeats(text)))
+            lib, prefix = library(f"tollgate_v{i}", path)
+            redis.send("FUNCTION", "LOAD", "REPLACE", lib)
+            functions.append((name, f"{prefix}decide", reads_repeats(script("decide", path))))
         print("| script | shape | instructions per call | per request |")
         print("|---|---|---:|---:|")
         dumps = 0

@@ -11,7 +11,8 @@ connection, one call at a time (no batching), calls:
   holds          the full path with a concurrency limit added, as
                  functions: the decision taking a hold, and its release
                  (one, or eleven in one call);
-  --compare FILE the same three with another decide.lua (an earlier one);
+  --compare PATH the same three with other scripts: an earlier lua/
+                 directory, or an earlier single-file decide.lua;
   limit.lua      the reference chapter's single-bucket script (bench/lua);
   floor          TIME + MGET of 3 keys + 3 SET ... PX, and nothing else;
   empty          a script that returns at once.
@@ -21,7 +22,10 @@ For each it reports Redis's own script time per call and per request
 Redis process's CPU per call (utime+stime from /proc, which adds the
 network and protocol work of each call).
 
-    python3 bench/script_time.py [--calls 20000] [--compare old-decide.lua]
+    python3 bench/script_time.py [--calls 20000] [--compare old-lua-dir]
+
+The scripts are put together from lua/ as the gateway does
+(src/limits/redis/scripts.rs): limits.lua, the concern's file, serve.lua.
 """
 
 import argparse
@@ -104,6 +108,45 @@ def batch(requests, limits_per_request, repeats=True):
     return one + (SAME if repeats else one) * (requests - 1)
 
 
+# The files after limits.lua of each concern's script, as
+# src/limits/redis/scripts.rs puts them together.
+CONCERN_FILES = {"decide": ["decide.lua"], "settle": ["settle.lua"],
+                 "inspect": ["settle.lua", "inspect.lua"]}
+
+
+def lua_files(lua, names):
+    return "".join(open(os.path.join(lua, n)).read() for n in names)
+
+
+def script(concern="decide", lua=os.path.join(ROOT, "lua")):
+    """The script the gateway sends by EVALSHA for `concern`; from an
+    earlier single-file decide.lua when `lua` is that file."""
+    if os.path.isfile(lua):
+        return open(lua).read()
+    return (f"local PREFIX, CONCERN = nil, '{concern}'\n"
+            + lua_files(lua, ["limits.lua", *CONCERN_FILES[concern], "serve.lua"]))
+
+
+def library(name, lua=os.path.join(ROOT, "lua")):
+    """A function library named `name` and the prefix of its functions
+    (`{prefix}decide`, `{prefix}settle`, ...), as the gateway loads it;
+    from an earlier single-file decide.lua, whose one function decides
+    and gives back, when `lua` is that file."""
+    prefix = f"{name}_"
+    if os.path.isfile(lua):
+        return (f"#!lua name={name}\nlocal FUNCTION_NAME = '{prefix}decide'\n" + open(lua).read(),
+                prefix)
+    body = lua_files(lua, ["limits.lua", "decide.lua", "settle.lua", "inspect.lua", "serve.lua"])
+    return f"#!lua name={name}\nlocal PREFIX, CONCERN = '{prefix}', nil\n" + body, prefix
+
+
+def label(path):
+    """How a compared version is named in the tables: its last two path
+    parts (`old/lua`, `v1/decide.lua`), never the same as this tree's."""
+    path = os.path.normpath(path)
+    return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+
+
 def reads_repeats(script):
     """Whether a decide.lua's text reads SAME (an earlier version, given to
     compare with, may not: its batches are written out)."""
@@ -130,11 +173,11 @@ def with_hold(member):
     return out + struct.pack("<IBqqqB", 4, CONCURRENCY, 10**6, 30000, 1, 3 | HOLDS) + member
 
 
-def holds(redis, pid, fn, keys4, calls):
+def holds(redis, pid, prefix, keys4, calls):
     """A concurrency limit added to the full path, as functions (FCALL, as
     the gateway calls them on Redis >= 7): `calls` decisions each taking a
-    hold (the set grows to `calls` holds), then their releases, one a call
-    and then eleven a call (a batch under load)."""
+    hold (the set grows to `calls` holds), then their releases (settle.lua),
+    one a call and then eleven a call (a batch under load)."""
     members = [struct.pack(">QQ", 7, n) for n in range(calls)]
 
     def timed(label, send, count, requests_per_call):
@@ -147,13 +190,13 @@ def holds(redis, pid, fn, keys4, calls):
         row_of(label, usec / max(n, 1), cpu * 1e6 / max(count, 1), requests_per_call)
 
     def take(i):
-        redis.send("FCALL", fn, 4, *keys4, 0, 1, with_hold(members[i]))
+        redis.send("FCALL", f"{prefix}decide", 4, *keys4, 0, 1, with_hold(members[i]))
 
     def release(per_call):
         def send(i):
             chunk = members[i * per_call:(i + 1) * per_call]
             release = b"".join(hold_spec(1, m, refund_at=1) for m in chunk)
-            redis.send("FCALL", fn, 1, keys4[3], 0, len(chunk), release)
+            redis.send("FCALL", f"{prefix}settle", 1, keys4[3], 0, len(chunk), release)
         return send
 
     redis.send("FLUSHALL")
@@ -231,8 +274,9 @@ def interleaved(redis, pid, contenders, keys3, calls, rounds):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--compare", metavar="FILE",
-                    help="another decide.lua (e.g. an earlier version) measured in the same run")
+    ap.add_argument("--compare", metavar="PATH",
+                    help="other scripts measured in the same run: an earlier lua/ directory, "
+                         "or an earlier single-file decide.lua")
     ap.add_argument("--rounds", type=int, default=5,
                     help="interleaved rounds of the comparison as functions")
     args = ap.parse_args()
@@ -255,7 +299,7 @@ def main():
                     time.sleep(0.05)
             version = redis.send("INFO", "server").decode()
             version = next(l for l in version.splitlines() if l.startswith("redis_version"))
-            decide = open(os.path.join(ROOT, "lua", "decide.lua")).read()
+            decide = script("decide")
             # The script text inside the peer's module, between its [[ ]].
             peer = open(os.path.join(ROOT, "bench", "lua", "limit.lua")).read()
             limit = peer.split("[[", 1)[1].split("]]", 1)[0]
@@ -278,33 +322,33 @@ def main():
                     [sha["decide"], 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
             # The same file loaded once as a function library, as the gateway
             # does on Redis >= 7.
-            lib = "#!lua name=tollgate_bench\nlocal FUNCTION_NAME = 'tollgate_decide_bench'\n" + decide
+            lib, prefix = library("tollgate_bench")
             redis.send("FUNCTION", "LOAD", "REPLACE", lib)
+            fn = f"{prefix}decide"
             measure(redis, server.pid, "decide.lua as a function (FCALL), 1 request × 3 limits", "FCALL",
-                    ["tollgate_decide_bench", 3, *keys3, 0, 1, batch(1, 3)], args.calls, 1)
+                    [fn, 3, *keys3, 0, 1, batch(1, 3)], args.calls, 1)
             measure(redis, server.pid, "decide.lua as a function (FCALL), 11 requests × 3 limits", "FCALL",
-                    ["tollgate_decide_bench", 3, *keys3, 0, 11, batch(11, 3)], args.calls // 4, 11)
+                    [fn, 3, *keys3, 0, 11, batch(11, 3)], args.calls // 4, 11)
             measure(redis, server.pid, "decide.lua as a function (FCALL), 1 request × 1 limit", "FCALL",
-                    ["tollgate_decide_bench", 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
-            holds(redis, server.pid, "tollgate_decide_bench", [*keys3, "bench:inflight"], args.calls)
+                    [fn, 1, keys3[0], 0, 1, batch(1, 1)], args.calls, 1)
+            holds(redis, server.pid, prefix, [*keys3, "bench:inflight"], args.calls)
             if args.compare:
-                text = open(args.compare).read()
+                text = script("decide", args.compare)
                 repeats = reads_repeats(text)
                 other = redis.send("SCRIPT", "LOAD", text).decode()
                 redis.send("FLUSHALL")
-                name = os.path.basename(args.compare)
+                name = label(args.compare)
                 measure(redis, server.pid, f"{name}, 1 request × 3 limits", "EVALSHA",
                         [other, 3, *keys3, 0, 1, batch(1, 3, repeats)], args.calls, 1)
                 measure(redis, server.pid, f"{name}, 11 requests × 3 limits (one batch)", "EVALSHA",
                         [other, 3, *keys3, 0, 11, batch(11, 3, repeats)], args.calls // 4, 11)
                 measure(redis, server.pid, f"{name}, 1 request × 1 limit", "EVALSHA",
                         [other, 1, keys3[0], 0, 1, batch(1, 1, repeats)], args.calls, 1)
-                lib = ("#!lua name=tollgate_other\nlocal FUNCTION_NAME = 'tollgate_decide_other'\n"
-                       + text)
+                lib, other_prefix = library("tollgate_other", args.compare)
                 redis.send("FUNCTION", "LOAD", "REPLACE", lib)
                 interleaved(redis, server.pid,
-                            [("decide.lua", "tollgate_decide_bench", True),
-                             (name, "tollgate_decide_other", repeats)],
+                            [("decide.lua", fn, True),
+                             (name, f"{other_prefix}decide", repeats)],
                             keys3, args.calls, args.rounds)
             measure(redis, server.pid, "reference chapter's limit.lua, 1 bucket", "EVALSHA",
                     [sha["limit"], 1, "bench:ref", 100, 50, 1], args.calls, 1)

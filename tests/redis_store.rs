@@ -338,9 +338,8 @@ fn decisions_run_as_a_function_where_the_server_has_functions() {
     assert_eq!(libraries.len(), 1);
 }
 
-#[test]
-fn a_user_without_functions_gets_scripts() {
-    let server = RedisServer::start();
+/// The URL of a user of `server` who may do anything but use functions.
+fn user_without_functions(server: &RedisServer) -> String {
     server
         .cmd::<()>(&[
             "ACL",
@@ -355,8 +354,14 @@ fn a_user_without_functions_gets_scripts() {
             "-fcall",
         ])
         .unwrap();
+    format!("redis://plain:pw@127.0.0.1:{}/0", server.port)
+}
+
+#[test]
+fn a_user_without_functions_gets_scripts() {
+    let server = RedisServer::start();
+    let url = user_without_functions(&server);
     let clock = ManualClock::new(5_000_000);
-    let url = format!("redis://plain:pw@127.0.0.1:{}/0", server.port);
     let s = RedisStore::with_clock(
         &url,
         KeyHasher::new("t:", b"x"),
@@ -859,10 +864,71 @@ fn cluster_decisions_across_slots_stay_all_or_nothing_under_concurrency() {
     }
 }
 
+/// A call of `conn` for these requests, decided at `now`: their verdicts.
+fn decided(
+    rt: &tokio::runtime::Runtime,
+    conn: &tollgate::limits::redis::conn::Connection,
+    requests: &[&tollgate::limits::redis::codec::Request],
+) -> Vec<Vec<Verdict>> {
+    use tollgate::limits::redis::batch::Link;
+    rt.block_on(conn.call(requests))
+        .unwrap()
+        .into_iter()
+        .map(|(verdicts, _)| verdicts)
+        .collect()
+}
+
+/// A batch of one concurrency limit's requests: a decision queued before
+/// the release of the hold that fills the limit (its request ended while
+/// the decision waited), and a peek. Each concern is a call of its own,
+/// sent in one pipeline, the give-back first: the decision finds the
+/// limit free, as it would a moment later. On functions and on scripts.
+#[test]
+fn a_batch_of_several_concerns_is_one_call_each_give_backs_first() {
+    use tollgate::limits::redis::codec::{Request, PEEK};
+    use tollgate::limits::redis::conn::Connection;
+    let server = RedisServer::start();
+    let plain = user_without_functions(&server);
+    let rt = runtime();
+    let one = Params::Concurrency(Concurrency {
+        max_in_flight: 1,
+        hold_ttl_ms: 60_000,
+    });
+    for (url, command) in [(server.url(), "fcall"), (plain, "evalsha")] {
+        let key = format!("t:{command}");
+        let clock = ManualClock::new(5_000_000);
+        let conn = Connection::single(&url, Duration::from_secs(2), Some(Arc::new(clock))).unwrap();
+        let request = |hold: Option<HoldId>, refund_at| {
+            let mut c = charge("c", &key, one, 1);
+            c.hold = hold;
+            Request::new(vec![key.as_str().into()], &[&c], Gate::Open, refund_at)
+        };
+        let first = next_id();
+        assert!(decided(&rt, &conn, &[&request(Some(first), 0)])[0][0].allowed);
+        let before = calls(&server, command);
+        let next = request(Some(next_id()), 0);
+        let release = request(Some(first), 5_000_000);
+        let peek = request(None, PEEK);
+        let got = decided(&rt, &conn, &[&next, &release, &peek]);
+        assert!(
+            got[0][0].allowed,
+            "{command}: the decision after the release"
+        );
+        assert_eq!(got[2][0].remaining, 0, "{command}: the peek after both");
+        assert_eq!(
+            calls(&server, command) - before,
+            3,
+            "{command}: one call per concern"
+        );
+        let held: u64 = server.cmd(&["ZCARD", &key]).unwrap();
+        assert_eq!(held, 1, "{command}: the new hold alone");
+    }
+}
+
 #[test]
 fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
     use tollgate::limits::redis::codec::{Request, Spec};
-    use tollgate::limits::redis::conn::Connection;
+    use tollgate::limits::redis::conn::{parts, Connection};
     use tollgate::limits::StoreError;
     let server = RedisServer::start();
     let conn = Connection::single(&server.url(), Duration::from_secs(2), None).unwrap();
@@ -884,7 +950,7 @@ fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
         refund_at: 0,
     };
     let rt = runtime();
-    let result = rt.block_on(conn.eval(std::iter::once(&request)));
+    let result = rt.block_on(conn.eval(&parts(&[&request])));
     match result {
         Err(StoreError::Script(message)) => {
             assert!(message.contains("unknown algorithm 9"), "{message}")

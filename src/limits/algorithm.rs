@@ -168,7 +168,7 @@ impl Period {
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
-/// `days_from_civil`); `lua/decide.lua` has the same.
+/// `days_from_civil`); `lua/limits.lua` has the same.
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);

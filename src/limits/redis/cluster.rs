@@ -9,7 +9,7 @@
 //!    slots at once, each charging what it admits;
 //! 2. when one slot denied (or failed), the parts the others charged in the
 //!    groups that are denied after all ([`settle`], the limiter's rule too)
-//!    are given back with the same script in refund mode.
+//!    are given back by `lua/settle.lua`.
 //!
 //! Between the two steps the charged units are briefly unavailable to other
 //! callers, so a budget can be under-used for a round trip, never over-used.

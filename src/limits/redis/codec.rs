@@ -1,4 +1,4 @@
-//! The wire format of `lua/decide.lua`: what a script call carries and what
+//! The wire format of the scripts of `lua/`: what a script call carries and what
 //! it answers, as plain bytes. Nothing here talks to Redis, so the format is
 //! tested on its own, in both directions.
 //!
@@ -24,10 +24,7 @@ use std::sync::Arc;
 use super::super::algorithm::Params;
 use super::super::{Charge, Gate, StoreError, Verdict};
 
-/// The decision script, embedded at build time.
-pub const DECIDE_LUA: &str = include_str!("../../../lua/decide.lua");
-
-/// The algorithm numbers the script knows (`KIND` in `lua/decide.lua`).
+/// The algorithm numbers the scripts know (`ALGORITHMS` in `lua/limits.lua`).
 pub mod kind {
     /// `token_bucket`: a = capacity in micro-tokens, b = micro-tokens per ms.
     pub const TOKEN_BUCKET: u8 = 1;
@@ -297,7 +294,7 @@ pub fn decode(reply: &[u8], limits: usize) -> Result<Decided, StoreError> {
     let expected = limits * VERDICT + NUMBER;
     if reply.len() != expected {
         return Err(StoreError::Reply(format!(
-            "decide.lua replied {} bytes, expected {expected}",
+            "the script replied {} bytes, expected {expected}",
             reply.len()
         )));
     }

@@ -2,14 +2,20 @@
 //! itself, a cluster's, or the primary that Redis Sentinel names, found
 //! again after every failure; and the decision call on it.
 //!
-//! On a server that has functions (Redis 7), `decide.lua` is loaded once as
-//! a function library (`FUNCTION LOAD`) and called with `FCALL`: its
-//! helpers are made once, not on every call, which takes about a fifth off
-//! the script time (bench/script_time.py). The library's name carries the
-//! script's hash, so gateways of different versions can share a server.
-//! Elsewhere (older servers, a user without the right to load functions,
-//! Redis Cluster, whose shards would each need the library) it is `EVALSHA`,
-//! with `EVAL` once when the server has lost the script.
+//! On a server that has functions (Redis 7), the scripts of `lua/` are
+//! loaded once as a function library (`FUNCTION LOAD`), a function per
+//! concern, and called with `FCALL`: their helpers are made once, not on
+//! every call, which takes about a fifth off the script time
+//! (bench/script_time.py). The library's name carries the scripts' hash, so
+//! gateways of different versions can share a server. Elsewhere (older
+//! servers, a user without the right to load functions, Redis Cluster,
+//! whose shards would each need the library) each concern is a script
+//! called by `EVALSHA`, with `EVAL` once when the server has lost it.
+//!
+//! A batch holding requests of several concerns (decisions and the holds
+//! released beside them) is one call per concern, sent together in one
+//! pipeline, give-backs first ([`Concern`]): one round trip, in an order
+//! the server keeps.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -29,7 +35,8 @@ use tokio::sync::OnceCell;
 use async_trait::async_trait;
 
 use super::batch::Link;
-use super::codec::{self, Decided, Request, DECIDE_LUA};
+use super::codec::{self, Decided, Request};
+use super::scripts::{Concern, Scripts};
 use crate::clock::Clock;
 use crate::limits::StoreError;
 
@@ -66,12 +73,9 @@ enum Target {
 pub struct Connection {
     /// Connected on first use, on the store's thread.
     link: Target,
-    sha: String,
+    scripts: Scripts,
     /// Where the script's time comes from: the server's `TIME` when `None`.
     clock: Option<Arc<dyn Clock>>,
-    /// The function library's source and the function's name.
-    library: String,
-    function: String,
     /// Whether calls go through the function: [`UNKNOWN`], [`FCALL`] or
     /// [`EVALSHA`].
     mode: AtomicU8,
@@ -86,21 +90,14 @@ const EVALSHA: u8 = 2;
 
 impl Connection {
     fn new(link: Target, clock: Option<Arc<dyn Clock>>) -> Self {
-        let sha = redis::Script::new(DECIDE_LUA).get_hash().to_string();
-        let tag = &sha[..12];
-        let function = format!("tollgate_decide_{tag}");
-        let library =
-            format!("#!lua name=tollgate_{tag}\nlocal FUNCTION_NAME = '{function}'\n{DECIDE_LUA}");
         let mode = match link {
             Target::Cluster { .. } => EVALSHA,
             Target::Single { .. } | Target::Sentinel { .. } => UNKNOWN,
         };
         Self {
             link,
-            sha,
+            scripts: Scripts::new(),
             clock,
-            library,
-            function,
             mode: AtomicU8::new(mode),
         }
     }
@@ -232,62 +229,160 @@ impl Connection {
         .map_err(backend)
     }
 
-    /// The script call for some requests, `EVALSHA` with the script's hash
-    /// or `EVAL` with its text.
-    fn script<'a>(
-        &self,
-        command: &str,
-        script: &str,
-        requests: impl Iterator<Item = &'a Request> + Clone,
-    ) -> redis::Cmd {
+    /// The script call of `part`, by `how`.
+    fn command(&self, how: How, part: &Part<'_>) -> redis::Cmd {
+        let (command, script) = match how {
+            How::Fcall => ("FCALL", self.scripts.function(part.concern)),
+            How::Evalsha => ("EVALSHA", self.scripts.script(part.concern).sha.as_str()),
+            How::Eval => ("EVAL", self.scripts.script(part.concern).text.as_str()),
+        };
         let now = self.clock.as_ref().map_or(0, |c| c.now_ms());
-        let call = codec::encode(requests);
+        let call = codec::encode(part.requests.iter().map(|&(_, r)| r));
         let mut cmd = redis::cmd(command);
         cmd.arg(script).arg(call.keys.len()).arg(&call.keys);
         cmd.arg(now).arg(call.requests).arg(&call.bytes[..]);
         cmd
     }
 
-    /// Decides some requests in one script call; the raw reply.
-    pub async fn eval<'a>(
-        &self,
-        requests: impl Iterator<Item = &'a Request> + Clone,
-    ) -> Result<Vec<u8>, StoreError> {
-        let result = self.call_once(requests).await;
+    /// One call per part, in order, in one round trip; each call's raw
+    /// reply.
+    pub async fn eval(&self, parts: &[Part<'_>]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let result = self.call_once(parts).await;
         if result.is_err() {
             self.drop_primary();
         }
         result
     }
 
-    async fn call_once<'a>(
-        &self,
-        requests: impl Iterator<Item = &'a Request> + Clone,
-    ) -> Result<Vec<u8>, StoreError> {
+    async fn call_once(&self, parts: &[Part<'_>]) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut conn = self.connect().await?;
+        let mut replies = vec![None; parts.len()];
         if self.mode.load(Ordering::Relaxed) != EVALSHA {
-            match self.fcall(&mut conn, requests.clone()).await {
-                Some(result) => return result,
+            match self.fcall(&mut conn, parts, &mut replies).await {
+                Some(Ok(())) => return Ok(replies.into_iter().flatten().collect()),
+                Some(Err(e)) => return Err(e),
                 // Functions are out of reach here: scripts from now on.
                 None => self.mode.store(EVALSHA, Ordering::Relaxed),
             }
         }
-        match self
-            .script("EVALSHA", &self.sha, requests.clone())
-            .query_async(&mut conn)
-            .await
+        let mut lost = false;
+        for e in self
+            .send(&mut conn, How::Evalsha, parts, &mut replies)
+            .await?
         {
-            // The server lost its script cache (a restart, SCRIPT FLUSH) or a
-            // cluster node never had it: EVAL sends the text, which the
-            // server then keeps for the next EVALSHA.
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => self
-                .script("EVAL", DECIDE_LUA, requests)
-                .query_async(&mut conn)
-                .await
-                .map_err(backend),
-            other => other.map_err(backend),
+            if e.kind() != ErrorKind::Server(ServerErrorKind::NoScript) {
+                return Err(backend(e));
+            }
+            lost = true;
+        }
+        if lost {
+            // The server lost its script cache (a restart, SCRIPT FLUSH) or
+            // a cluster node never had the scripts: every concern's script
+            // is loaded again at once (on every node of a cluster), so that
+            // no later batch finds one script and not another and runs its
+            // calls out of order. The refused calls go again with their
+            // text, which works whether or not the loading did.
+            self.load_scripts(&mut conn).await;
+            if let Some(e) = self
+                .send(&mut conn, How::Eval, parts, &mut replies)
+                .await?
+                .pop()
+            {
+                return Err(backend(e));
+            }
+        }
+        Ok(replies.into_iter().flatten().collect())
+    }
+
+    /// `SCRIPT LOAD` of every concern's script; a server that refuses it
+    /// (a user without the right) still takes `EVAL`.
+    async fn load_scripts(&self, conn: &mut Conn) {
+        for concern in Concern::ALL {
+            let _ = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(&self.scripts.script(concern).text)
+                .query_async::<String>(&mut *conn)
+                .await;
         }
     }
+
+    /// Sends by `how`, in one pipeline, the call of each part that has no
+    /// reply yet; fills in the replies and returns the errors of the calls
+    /// the server refused. A refused call did nothing, so sending it again
+    /// is safe.
+    async fn send(
+        &self,
+        conn: &mut Conn,
+        how: How,
+        parts: &[Part<'_>],
+        replies: &mut [Option<Vec<u8>>],
+    ) -> Result<Vec<RedisError>, StoreError> {
+        let open: Vec<usize> = (0..parts.len()).filter(|&i| replies[i].is_none()).collect();
+        if open.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for &i in &open {
+            pipe.add_command(self.command(how, &parts[i]));
+        }
+        let results: Vec<redis::RedisResult<Vec<u8>>> =
+            pipe.query_async(conn).await.map_err(backend)?;
+        if results.len() != open.len() {
+            return Err(StoreError::Reply(format!(
+                "{} replies for {} script calls",
+                results.len(),
+                open.len()
+            )));
+        }
+        let mut refused = Vec::new();
+        for (i, result) in open.into_iter().zip(results) {
+            match result {
+                Ok(reply) => replies[i] = Some(reply),
+                Err(e) => refused.push(e),
+            }
+        }
+        Ok(refused)
+    }
+}
+
+/// How a script is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// As the library's function.
+    Fcall,
+    /// By the script's hash.
+    Evalsha,
+    /// With the script's text.
+    Eval,
+}
+
+/// The requests of one concern in a batch: one script call.
+#[derive(Debug)]
+pub struct Part<'a> {
+    /// What the call is for.
+    pub concern: Concern,
+    /// Its requests, each with its place in the batch, in the order they
+    /// were queued.
+    pub requests: Vec<(usize, &'a Request)>,
+}
+
+/// A batch's calls: its requests grouped by concern, in the order the
+/// calls are sent ([`Concern::ALL`]), each group in queue order.
+pub fn parts<'a>(batch: &[&'a Request]) -> Vec<Part<'a>> {
+    let mut parts: Vec<Part<'a>> = Vec::with_capacity(1);
+    for (i, &request) in batch.iter().enumerate() {
+        let concern = Concern::of(request);
+        match parts.iter_mut().find(|p| p.concern == concern) {
+            Some(part) => part.requests.push((i, request)),
+            None => parts.push(Part {
+                concern,
+                requests: vec![(i, request)],
+            }),
+        }
+    }
+    parts.sort_by_key(|p| p.concern);
+    parts
 }
 
 #[async_trait]
@@ -296,8 +391,16 @@ impl Link for Connection {
     type Reply = Decided;
 
     async fn call(&self, batch: &[&Request]) -> Result<Vec<Decided>, StoreError> {
-        let reply = self.eval(batch.iter().copied()).await?;
-        codec::split(&reply, batch)
+        let parts = parts(batch);
+        let replies = self.eval(&parts).await?;
+        let mut decided: Vec<Option<Decided>> = batch.iter().map(|_| None).collect();
+        for (part, reply) in parts.iter().zip(replies) {
+            let requests: Vec<&Request> = part.requests.iter().map(|&(_, r)| r).collect();
+            for (&(i, _), answer) in part.requests.iter().zip(codec::split(&reply, &requests)?) {
+                decided[i] = Some(answer);
+            }
+        }
+        Ok(decided.into_iter().flatten().collect())
     }
 
     /// `PING`, for readiness.
@@ -338,52 +441,63 @@ impl Link for Connection {
     /// A call that decides nothing: it connects, and loads the function
     /// library where the server has functions.
     async fn warm(&self) -> Result<(), StoreError> {
-        self.eval(std::iter::empty()).await.map(drop)
+        let nothing = Part {
+            concern: Concern::Decide,
+            requests: Vec::new(),
+        };
+        self.eval(&[nothing]).await.map(drop)
     }
 }
 
 impl Connection {
-    /// The decision as a function call, loading the library when the
-    /// server does not have it (a first call, a restart, `FUNCTION FLUSH`);
-    /// `None` when this server cannot run or load functions.
-    async fn fcall<'a>(
+    /// The calls as function calls, loading the library when the server
+    /// does not have it (a first call, a restart, `FUNCTION FLUSH`); `None`
+    /// when this server cannot run or load functions (the calls it
+    /// answered keep their replies).
+    async fn fcall(
         &self,
         conn: &mut Conn,
-        requests: impl Iterator<Item = &'a Request> + Clone,
-    ) -> Option<Result<Vec<u8>, StoreError>> {
-        match self
-            .script("FCALL", &self.function, requests.clone())
-            .query_async(conn)
-            .await
-        {
-            Ok(reply) => {
-                self.mode.store(FCALL, Ordering::Relaxed);
-                return Some(Ok(reply));
+        parts: &[Part<'_>],
+        replies: &mut [Option<Vec<u8>>],
+    ) -> Option<Result<(), StoreError>> {
+        let mut load = false;
+        match self.send(conn, How::Fcall, parts, replies).await {
+            Ok(refused) => {
+                for e in refused {
+                    if unsupported(&e) {
+                        return None;
+                    }
+                    if !missing_function(&e) {
+                        return Some(Err(backend(e)));
+                    }
+                    load = true;
+                }
             }
-            Err(e) if unsupported(&e) => return None,
-            Err(e) if !missing_function(&e) => return Some(Err(backend(e))),
-            Err(_) => {}
+            Err(e) => return Some(Err(e)),
         }
-        let loaded = redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg("REPLACE")
-            .arg(&self.library)
-            .query_async::<String>(conn)
-            .await;
-        match loaded {
-            Ok(_) => {}
-            Err(e) if unsupported(&e) => return None,
-            Err(e) => return Some(Err(backend(e))),
+        if load {
+            let loaded = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(self.scripts.library())
+                .query_async::<String>(conn)
+                .await;
+            match loaded {
+                Ok(_) => {}
+                Err(e) if unsupported(&e) => return None,
+                Err(e) => return Some(Err(backend(e))),
+            }
+            match self.send(conn, How::Fcall, parts, replies).await {
+                Ok(refused) => {
+                    if let Some(e) = refused.into_iter().next() {
+                        return Some(Err(backend(e)));
+                    }
+                }
+                Err(e) => return Some(Err(e)),
+            }
         }
-        let reply = self
-            .script("FCALL", &self.function, requests)
-            .query_async(conn)
-            .await
-            .map_err(backend);
-        if reply.is_ok() {
-            self.mode.store(FCALL, Ordering::Relaxed);
-        }
-        Some(reply)
+        self.mode.store(FCALL, Ordering::Relaxed);
+        Some(Ok(()))
     }
 }
 

@@ -2,6 +2,7 @@
 //! `lua/decide.lua` in one round trip, over one multiplexed connection that
 //! reconnects by itself.
 //!
+//! - [`scripts`]: the scripts of `lua/`, one per concern;
 //! - [`codec`]: the script's arguments and reply, as bytes;
 //! - [`batch`]: requests that wait while a call is in flight share the
 //!   next one (per hash slot, so Redis Cluster uses it too), driven on the
@@ -15,6 +16,7 @@ pub mod cluster;
 pub mod codec;
 pub mod conn;
 pub mod records;
+pub mod scripts;
 
 use std::sync::Arc;
 
@@ -27,8 +29,6 @@ use batch::Batches;
 pub use batch::Bounds;
 use codec::Request;
 use conn::Connection;
-
-pub use codec::DECIDE_LUA;
 
 /// A Redis URL fit for messages and logs: its password replaced by `***`.
 pub fn redacted(url: &str) -> String {

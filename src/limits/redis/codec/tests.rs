@@ -8,7 +8,7 @@ use super::*;
 /// One request as read back: its gate, refund time, and keyed limits.
 type ReadBack = (u8, u64, Vec<(String, Spec)>);
 
-/// Reads a call's bytes as `lua/decide.lua` does: per request its gate,
+/// Reads a call's bytes as `lua/limits.lua` does: per request its gate,
 /// count and refund time, then per limit its key index and numbers.
 fn read_back(call: &Call<'_>) -> Vec<ReadBack> {
     let b = &call.bytes;
