@@ -878,51 +878,63 @@ fn decided(
         .collect()
 }
 
-/// A batch of one concurrency limit's requests: a decision queued before
-/// the release of the hold that fills the limit (its request ended while
-/// the decision waited), and a peek. Each concern is a call of its own,
-/// sent in one pipeline, the give-back first: the decision finds the
-/// limit free, as it would a moment later. On functions and on scripts.
-#[test]
-fn a_batch_of_several_concerns_is_one_call_each_give_backs_first() {
+/// A batch of one concurrency limit's requests on `conn`: a decision queued
+/// before the release of the hold that fills the limit (its request ended
+/// while the decision waited), and a peek. Each concern is a call of its
+/// own, sent in one pipeline, the give-back first: the decision finds the
+/// limit free, as it would a moment later. `calls` counts the server's
+/// script calls.
+fn several_concerns_in_one_batch(
+    conn: &tollgate::limits::redis::conn::Connection,
+    key: &str,
+    calls: impl Fn() -> u64,
+) {
     use tollgate::limits::redis::codec::{Request, PEEK};
-    use tollgate::limits::redis::conn::Connection;
-    let server = RedisServer::start();
-    let plain = user_without_functions(&server);
     let rt = runtime();
     let one = Params::Concurrency(Concurrency {
         max_in_flight: 1,
         hold_ttl_ms: 60_000,
     });
+    let request = |hold: Option<HoldId>, refund_at| {
+        let mut c = charge("c", key, one, 1);
+        c.hold = hold;
+        Request::new(vec![key.into()], &[&c], Gate::Open, refund_at)
+    };
+    let first = next_id();
+    assert!(decided(&rt, conn, &[&request(Some(first), 0)])[0][0].allowed);
+    let before = calls();
+    let next = request(Some(next_id()), 0);
+    let release = request(Some(first), 1);
+    let peek = request(None, PEEK);
+    let got = decided(&rt, conn, &[&next, &release, &peek]);
+    assert!(got[0][0].allowed, "{key}: the decision after the release");
+    assert_eq!(got[2][0].remaining, 0, "{key}: the peek after both");
+    assert_eq!(calls() - before, 3, "{key}: one call per concern");
+}
+
+#[test]
+fn a_batch_of_several_concerns_is_one_call_each_give_backs_first() {
+    use tollgate::limits::redis::conn::Connection;
+    let server = RedisServer::start();
+    let plain = user_without_functions(&server);
     for (url, command) in [(server.url(), "fcall"), (plain, "evalsha")] {
+        let conn = Connection::single(&url, Duration::from_secs(2), None).unwrap();
         let key = format!("t:{command}");
-        let clock = ManualClock::new(5_000_000);
-        let conn = Connection::single(&url, Duration::from_secs(2), Some(Arc::new(clock))).unwrap();
-        let request = |hold: Option<HoldId>, refund_at| {
-            let mut c = charge("c", &key, one, 1);
-            c.hold = hold;
-            Request::new(vec![key.as_str().into()], &[&c], Gate::Open, refund_at)
-        };
-        let first = next_id();
-        assert!(decided(&rt, &conn, &[&request(Some(first), 0)])[0][0].allowed);
-        let before = calls(&server, command);
-        let next = request(Some(next_id()), 0);
-        let release = request(Some(first), 5_000_000);
-        let peek = request(None, PEEK);
-        let got = decided(&rt, &conn, &[&next, &release, &peek]);
-        assert!(
-            got[0][0].allowed,
-            "{command}: the decision after the release"
-        );
-        assert_eq!(got[2][0].remaining, 0, "{command}: the peek after both");
-        assert_eq!(
-            calls(&server, command) - before,
-            3,
-            "{command}: one call per concern"
-        );
+        several_concerns_in_one_batch(&conn, &key, || calls(&server, command));
         let held: u64 = server.cmd(&["ZCARD", &key]).unwrap();
         assert_eq!(held, 1, "{command}: the new hold alone");
     }
+}
+
+/// The same on a cluster, whose scripts go by EVALSHA to the node of the
+/// key's slot, loaded on every node once one was missing.
+#[test]
+fn a_cluster_sends_a_batch_of_several_concerns_in_order() {
+    use tollgate::limits::redis::conn::Connection;
+    let cluster = RedisCluster::start(3);
+    let conn = Connection::cluster(&cluster.urls(), Duration::from_secs(2)).unwrap();
+    let evalshas = || cluster.nodes.iter().map(|n| calls(n, "evalsha")).sum();
+    several_concerns_in_one_batch(&conn, "t:{tenant}held", evalshas);
 }
 
 #[test]
