@@ -102,16 +102,20 @@ local SAME = 254
 local HOLD = 16
 -- A full concurrency limit's wait: a second (Retry-After: 1).
 local HOLD_RETRY_MS = 1000
--- Every flags byte decoded once, by name (plain arithmetic: no library
--- is reachable while a function library loads).
+-- Each flags byte by name, decoded on first use (in a function library
+-- once for all calls; a script, which runs its whole text on every call,
+-- decodes only the few bytes its call holds).
 local FLAGS = {}
-for f = 0, 2 * HOLDS - 1 do
+local function flags_of(f)
+  if f < 0 or f >= 2 * HOLDS or f % 1 ~= 0 then return nil end
   local function set(bit) return (f - f % bit) / bit % 2 == 1 end
-  FLAGS[f] = {
+  local flags = {
     enforced = set(ENFORCED), group = set(GROUP) and 1 or 0,
     takes = set(TAKES), delays = set(DELAYS), forced = set(FORCED),
     holds = set(HOLDS),
   }
+  FLAGS[f] = flags
+  return flags
 end
 
 -- Set per call: a function library cannot reach them while it loads.
@@ -690,7 +694,7 @@ end
 local function read_limit(requests, pos, l)
   local kind, byte
   l.key, kind, l.a, l.b, l.cost, byte, pos = unpack_('<I4Bi8i8i8B', requests, pos)
-  local algo, flags = ALGORITHMS[kind], FLAGS[byte]
+  local algo, flags = ALGORITHMS[kind], FLAGS[byte] or flags_of(byte)
   if not algo then error('tollgate: unknown algorithm ' .. tostring(kind)) end
   if not flags then error('tollgate: unknown flags ' .. tostring(byte)) end
   l.algo, l.group, l.enforced, l.forced = algo, flags.group, flags.enforced, flags.forced

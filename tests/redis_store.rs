@@ -938,36 +938,43 @@ fn a_cluster_sends_a_batch_of_several_concerns_in_order() {
 }
 
 #[test]
-fn an_unknown_algorithm_is_a_script_error_not_a_guess() {
+fn an_unknown_algorithm_or_flag_is_a_script_error_not_a_guess() {
     use tollgate::limits::redis::codec::{Request, Spec};
     use tollgate::limits::redis::conn::{parts, Connection};
     use tollgate::limits::StoreError;
     let server = RedisServer::start();
-    let conn = Connection::single(&server.url(), Duration::from_secs(2), None).unwrap();
-    let request = Request {
-        keys: vec!["t:unknown".into()],
-        limits: vec![Spec {
-            kind: 9,
-            a: 10,
-            b: 1000,
-            cost: 1,
-            flags: 3,
-            take: 0,
-            max_delay_ms: 0,
-            force: false,
-            max_debt: 0,
-            hold: None,
-        }],
-        blocked_from: Gate::Open.wire(),
-        refund_at: 0,
-    };
     let rt = runtime();
-    let result = rt.block_on(conn.eval(&parts(&[&request])));
-    match result {
-        Err(StoreError::Script(message)) => {
-            assert!(message.contains("unknown algorithm 9"), "{message}")
+    // On functions, and as scripts (whose flags are decoded per call).
+    for url in [server.url(), user_without_functions(&server)] {
+        let conn = Connection::single(&url, Duration::from_secs(2), None).unwrap();
+        // An algorithm, then a flag bit (128), that no script knows.
+        for (kind, flags, expected) in
+            [(9, 3, "unknown algorithm 9"), (1, 131, "unknown flags 131")]
+        {
+            let request = Request {
+                keys: vec!["t:unknown".into()],
+                limits: vec![Spec {
+                    kind,
+                    a: 10,
+                    b: 1000,
+                    cost: 1,
+                    flags,
+                    take: 0,
+                    max_delay_ms: 0,
+                    force: false,
+                    max_debt: 0,
+                    hold: None,
+                }],
+                blocked_from: Gate::Open.wire(),
+                refund_at: 0,
+            };
+            match rt.block_on(conn.eval(&parts(&[&request]))) {
+                Err(StoreError::Script(message)) => {
+                    assert!(message.contains(expected), "{message}")
+                }
+                other => panic!("expected a script error, got {other:?}"),
+            }
         }
-        other => panic!("expected a script error, got {other:?}"),
     }
     assert!(server.keys().is_empty(), "nothing was written");
 }
