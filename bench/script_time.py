@@ -12,7 +12,8 @@ connection, one call at a time (no batching), calls:
                  functions: the decision taking a hold, and its release
                  (one, or eleven in one call);
   --compare PATH the same three with other scripts: an earlier lua/
-                 directory, or an earlier single-file decide.lua;
+                 directory of this layout (limits.lua and a file per
+                 concern), or an earlier single-file decide.lua;
   limit.lua      the reference chapter's single-bucket script (bench/lua);
   floor          TIME + MGET of 3 keys + 3 SET ... PX, and nothing else;
   empty          a script that returns at once.

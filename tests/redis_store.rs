@@ -874,7 +874,7 @@ fn decided(
     rt.block_on(conn.call(requests))
         .unwrap()
         .into_iter()
-        .map(|(verdicts, _)| verdicts)
+        .map(|answer| answer.unwrap().0)
         .collect()
 }
 
@@ -927,7 +927,7 @@ fn a_batch_of_several_concerns_is_one_call_each_give_backs_first() {
 }
 
 /// The same on a cluster, whose scripts go by EVALSHA to the node of the
-/// key's slot, loaded on every node once one was missing.
+/// key's slot, one call after the other.
 #[test]
 fn a_cluster_sends_a_batch_of_several_concerns_in_order() {
     use tollgate::limits::redis::conn::Connection;
@@ -935,6 +935,35 @@ fn a_cluster_sends_a_batch_of_several_concerns_in_order() {
     let conn = Connection::cluster(&cluster.urls(), Duration::from_secs(2)).unwrap();
     let evalshas = || cluster.nodes.iter().map(|n| calls(n, "evalsha")).sum();
     several_concerns_in_one_batch(&conn, "t:{tenant}held", evalshas);
+}
+
+/// A batch whose operator's peek fails (an algorithm no script knows)
+/// beside a decision: the decision's call went through and is answered,
+/// charged; only the peek fails. On functions and on scripts.
+#[test]
+fn a_failing_call_fails_its_own_requests_alone() {
+    use tollgate::limits::redis::batch::Link;
+    use tollgate::limits::redis::codec::{Request, PEEK};
+    use tollgate::limits::redis::conn::Connection;
+    use tollgate::limits::StoreError;
+    let server = RedisServer::start();
+    let rt = runtime();
+    for url in [server.url(), user_without_functions(&server)] {
+        let conn = Connection::single(&url, Duration::from_secs(2), None).unwrap();
+        let key = format!("t:alone-{}", url.len());
+        let c = charge("b", &key, bucket(10, 1), 4);
+        let decision = Request::new(vec![key.as_str().into()], &[&c], Gate::Open, 0);
+        let mut peek = Request::new(vec![key.as_str().into()], &[&c], Gate::Open, PEEK);
+        peek.limits[0].kind = 9;
+        let answers = rt.block_on(conn.call(&[&decision, &peek])).unwrap();
+        let (verdicts, _) = answers[0].as_ref().expect("the decision is answered");
+        assert_eq!(verdicts[0].remaining, 6, "and charged");
+        assert!(
+            matches!(&answers[1], Err(StoreError::Script(m)) if m.contains("unknown algorithm 9")),
+            "{:?}",
+            answers[1]
+        );
+    }
 }
 
 #[test]
@@ -968,7 +997,12 @@ fn an_unknown_algorithm_or_flag_is_a_script_error_not_a_guess() {
                 blocked_from: Gate::Open.wire(),
                 refund_at: 0,
             };
-            match rt.block_on(conn.eval(&parts(&[&request]))) {
+            match rt
+                .block_on(conn.eval(&parts(&[&request])))
+                .unwrap()
+                .pop()
+                .unwrap()
+            {
                 Err(StoreError::Script(message)) => {
                     assert!(message.contains(expected), "{message}")
                 }

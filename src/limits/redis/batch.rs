@@ -109,8 +109,13 @@ pub trait Link: Send + Sync + 'static {
     /// One request's part of the reply.
     type Reply: Send + 'static;
 
-    /// Decides `batch` in one call: one reply per request, in order.
-    async fn call(&self, batch: &[&Self::Request]) -> Result<Vec<Self::Reply>, StoreError>;
+    /// Decides `batch` in one call: one answer per request, in order. A
+    /// request's own error says that its part of the call failed while
+    /// others' went through; an error for the whole call, that none did.
+    async fn call(
+        &self,
+        batch: &[&Self::Request],
+    ) -> Result<Vec<Result<Self::Reply, StoreError>>, StoreError>;
 
     /// Whether the store answers at all.
     async fn ping(&self) -> Result<(), StoreError>;
@@ -332,7 +337,10 @@ fn stopped() -> StoreError {
 
 impl<L: Link> Core<L> {
     /// One call for `batch`, bounded by `timeout` from now.
-    async fn call(&self, batch: &[Job<L>]) -> Result<Vec<L::Reply>, StoreError> {
+    async fn call(
+        &self,
+        batch: &[Job<L>],
+    ) -> Result<Vec<Result<L::Reply, StoreError>>, StoreError> {
         let requests: Vec<&L::Request> = batch.iter().map(|j| &j.request).collect();
         bounded(self.bounds.timeout, self.link.call(&requests))
             .await
@@ -473,7 +481,7 @@ async fn bounded<F: std::future::Future>(bound: Duration, call: F) -> Option<F::
 /// Hands every job its part of the reply, and a traced one the call.
 fn dispatch<L: Link>(
     batch: Vec<Job<L>>,
-    result: Result<Vec<L::Reply>, StoreError>,
+    result: Result<Vec<Result<L::Reply, StoreError>>, StoreError>,
     call: Option<CallRef>,
 ) {
     let replies = result.and_then(|replies| {
@@ -491,7 +499,7 @@ fn dispatch<L: Link>(
         Ok(replies) => {
             for (job, reply) in batch.into_iter().zip(replies) {
                 let call = call.filter(|_| job.traced);
-                let _ = job.reply.send((Ok(reply), call));
+                let _ = job.reply.send((reply, call));
             }
         }
         Err(e) => {

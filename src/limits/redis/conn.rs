@@ -13,9 +13,11 @@
 //! called by `EVALSHA`, with `EVAL` once when the server has lost it.
 //!
 //! A batch holding requests of several concerns (decisions and the holds
-//! released beside them) is one call per concern, sent together in one
-//! pipeline, give-backs first ([`Concern`]): one round trip, in an order
-//! the server keeps.
+//! released beside them) is one call per concern, give-backs first
+//! ([`Concern`]): as functions, sent together in one pipeline (one round
+//! trip, in an order the server keeps); as scripts, one after the other.
+//! Each request is answered by its own call: one call failing fails its
+//! requests alone.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -244,107 +246,90 @@ impl Connection {
         cmd
     }
 
-    /// One call per part, in order, in one round trip; each call's raw
-    /// reply.
-    pub async fn eval(&self, parts: &[Part<'_>]) -> Result<Vec<Vec<u8>>, StoreError> {
+    /// One call per part, in order; each call's raw reply, or its own
+    /// error when the others went through.
+    pub async fn eval(&self, parts: &[Part<'_>]) -> Result<Vec<RawReply>, StoreError> {
         let result = self.call_once(parts).await;
-        if result.is_err() {
+        if result
+            .as_ref()
+            .map_or(true, |r| r.iter().any(Result::is_err))
+        {
             self.drop_primary();
         }
         result
     }
 
-    async fn call_once(&self, parts: &[Part<'_>]) -> Result<Vec<Vec<u8>>, StoreError> {
+    async fn call_once(&self, parts: &[Part<'_>]) -> Result<Vec<RawReply>, StoreError> {
         let mut conn = self.connect().await?;
-        let mut replies = vec![None; parts.len()];
         if self.mode.load(Ordering::Relaxed) != EVALSHA {
-            match self.fcall(&mut conn, parts, &mut replies).await {
-                Some(Ok(())) => return Ok(replies.into_iter().flatten().collect()),
-                Some(Err(e)) => return Err(e),
-                // Functions are out of reach here: scripts from now on.
-                None => self.mode.store(EVALSHA, Ordering::Relaxed),
+            if let Some(replies) = self.fcall(&mut conn, parts).await? {
+                return Ok(replies);
             }
+            // Functions are out of reach here: scripts from now on.
+            self.mode.store(EVALSHA, Ordering::Relaxed);
         }
-        let mut lost = false;
-        for e in self
-            .send(&mut conn, How::Evalsha, parts, &mut replies)
-            .await?
+        // Scripts go one call at a time, each once the one before has
+        // answered: pipelined, a call could run before an earlier one that
+        // the server had no script for (and that goes again by EVAL), and
+        // a cluster's client sends a whole pipeline again when one of its
+        // calls is redirected, running the others twice. A call that
+        // fails on the link leaves the rest unsent.
+        let mut replies: Vec<RawReply> = Vec::with_capacity(parts.len());
+        for part in parts {
+            let reply = match replies.last() {
+                Some(Err(e @ (StoreError::Connection(_) | StoreError::Timeout))) => Err(e.clone()),
+                _ => self.script_call(&mut conn, part).await,
+            };
+            replies.push(reply);
+        }
+        Ok(replies)
+    }
+
+    /// One part's script call: `EVALSHA`, and `EVAL` when the server has
+    /// lost the script (a restart, `SCRIPT FLUSH`) or a cluster node never
+    /// had it, which the server then keeps for the next `EVALSHA`.
+    async fn script_call(&self, conn: &mut Conn, part: &Part<'_>) -> RawReply {
+        match self
+            .command(How::Evalsha, part)
+            .query_async(&mut *conn)
+            .await
         {
-            if e.kind() != ErrorKind::Server(ServerErrorKind::NoScript) {
-                return Err(backend(e));
-            }
-            lost = true;
-        }
-        if lost {
-            // The server lost its script cache (a restart, SCRIPT FLUSH) or
-            // a cluster node never had the scripts: every concern's script
-            // is loaded again at once (on every node of a cluster), so that
-            // no later batch finds one script and not another and runs its
-            // calls out of order. The refused calls go again with their
-            // text, which works whether or not the loading did.
-            self.load_scripts(&mut conn).await;
-            if let Some(e) = self
-                .send(&mut conn, How::Eval, parts, &mut replies)
-                .await?
-                .pop()
-            {
-                return Err(backend(e));
-            }
-        }
-        Ok(replies.into_iter().flatten().collect())
-    }
-
-    /// `SCRIPT LOAD` of every concern's script; a server that refuses it
-    /// (a user without the right) still takes `EVAL`.
-    async fn load_scripts(&self, conn: &mut Conn) {
-        for concern in Concern::ALL {
-            let _ = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&self.scripts.script(concern).text)
-                .query_async::<String>(&mut *conn)
-                .await;
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => self
+                .command(How::Eval, part)
+                .query_async(&mut *conn)
+                .await
+                .map_err(backend),
+            other => other.map_err(backend),
         }
     }
 
-    /// Sends by `how`, in one pipeline, the call of each part that has no
-    /// reply yet; fills in the replies and returns the errors of the calls
-    /// the server refused. A refused call did nothing, so sending it again
-    /// is safe.
-    async fn send(
+    /// Sends every part's function call in one pipeline; each call's
+    /// outcome, in order.
+    async fn pipeline(
         &self,
         conn: &mut Conn,
-        how: How,
         parts: &[Part<'_>],
-        replies: &mut [Option<Vec<u8>>],
-    ) -> Result<Vec<RedisError>, StoreError> {
-        let open: Vec<usize> = (0..parts.len()).filter(|&i| replies[i].is_none()).collect();
-        if open.is_empty() {
-            return Ok(Vec::new());
-        }
+    ) -> Result<Vec<redis::RedisResult<Vec<u8>>>, StoreError> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for &i in &open {
-            pipe.add_command(self.command(how, &parts[i]));
+        for part in parts {
+            pipe.add_command(self.command(How::Fcall, part));
         }
         let results: Vec<redis::RedisResult<Vec<u8>>> =
             pipe.query_async(conn).await.map_err(backend)?;
-        if results.len() != open.len() {
+        if results.len() != parts.len() {
             return Err(StoreError::Reply(format!(
                 "{} replies for {} script calls",
                 results.len(),
-                open.len()
+                parts.len()
             )));
         }
-        let mut refused = Vec::new();
-        for (i, result) in open.into_iter().zip(results) {
-            match result {
-                Ok(reply) => replies[i] = Some(reply),
-                Err(e) => refused.push(e),
-            }
-        }
-        Ok(refused)
+        Ok(results)
     }
 }
+
+/// One script call's raw reply, or why it failed.
+pub type RawReply = Result<Vec<u8>, StoreError>;
 
 /// How a script is called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -390,17 +375,32 @@ impl Link for Connection {
     type Request = Request;
     type Reply = Decided;
 
-    async fn call(&self, batch: &[&Request]) -> Result<Vec<Decided>, StoreError> {
+    async fn call(
+        &self,
+        batch: &[&Request],
+    ) -> Result<Vec<Result<Decided, StoreError>>, StoreError> {
         let parts = parts(batch);
         let replies = self.eval(&parts).await?;
-        let mut decided: Vec<Option<Decided>> = batch.iter().map(|_| None).collect();
+        let mut decided: Vec<Result<Decided, StoreError>> = batch
+            .iter()
+            .map(|_| Err(StoreError::Reply("no call answered this request".into())))
+            .collect();
         for (part, reply) in parts.iter().zip(replies) {
             let requests: Vec<&Request> = part.requests.iter().map(|&(_, r)| r).collect();
-            for (&(i, _), answer) in part.requests.iter().zip(codec::split(&reply, &requests)?) {
-                decided[i] = Some(answer);
+            match reply.and_then(|reply| codec::split(&reply, &requests)) {
+                Ok(answers) => {
+                    for (&(i, _), answer) in part.requests.iter().zip(answers) {
+                        decided[i] = Ok(answer);
+                    }
+                }
+                Err(e) => {
+                    for &(i, _) in &part.requests {
+                        decided[i] = Err(e.clone());
+                    }
+                }
             }
         }
-        Ok(decided.into_iter().flatten().collect())
+        Ok(decided)
     }
 
     /// `PING`, for readiness.
@@ -445,59 +445,52 @@ impl Link for Connection {
             concern: Concern::Decide,
             requests: Vec::new(),
         };
-        self.eval(&[nothing]).await.map(drop)
+        self.eval(&[nothing])
+            .await?
+            .pop()
+            .unwrap_or(Ok(Vec::new()))
+            .map(drop)
     }
 }
 
 impl Connection {
-    /// The calls as function calls, loading the library when the server
-    /// does not have it (a first call, a restart, `FUNCTION FLUSH`); `None`
-    /// when this server cannot run or load functions (the calls it
-    /// answered keep their replies).
+    /// The calls as function calls, in one pipeline, loading the library
+    /// when the server does not have it (a first call, a restart,
+    /// `FUNCTION FLUSH`); `None` when this server cannot run or load
+    /// functions. One library holds every concern's function, so a server
+    /// has all of them or none: a call refused for a missing function or
+    /// for want of functions ran nowhere, and neither did the others of
+    /// its pipeline, which are sent again (by function, or as scripts).
     async fn fcall(
         &self,
         conn: &mut Conn,
         parts: &[Part<'_>],
-        replies: &mut [Option<Vec<u8>>],
-    ) -> Option<Result<(), StoreError>> {
-        let mut load = false;
-        match self.send(conn, How::Fcall, parts, replies).await {
-            Ok(refused) => {
-                for e in refused {
-                    if unsupported(&e) {
-                        return None;
-                    }
-                    if !missing_function(&e) {
-                        return Some(Err(backend(e)));
-                    }
-                    load = true;
-                }
-            }
-            Err(e) => return Some(Err(e)),
+    ) -> Result<Option<Vec<RawReply>>, StoreError> {
+        let refused = |results: &[redis::RedisResult<Vec<u8>>], why: fn(&RedisError) -> bool| {
+            results.iter().all(|r| r.as_ref().is_err_and(why))
+        };
+        let mut results = self.pipeline(conn, parts).await?;
+        if refused(&results, unsupported) {
+            return Ok(None);
         }
-        if load {
+        if refused(&results, missing_function) {
             let loaded = redis::cmd("FUNCTION")
                 .arg("LOAD")
                 .arg("REPLACE")
                 .arg(self.scripts.library())
-                .query_async::<String>(conn)
+                .query_async::<String>(&mut *conn)
                 .await;
             match loaded {
                 Ok(_) => {}
-                Err(e) if unsupported(&e) => return None,
-                Err(e) => return Some(Err(backend(e))),
+                Err(e) if unsupported(&e) => return Ok(None),
+                Err(e) => return Err(backend(e)),
             }
-            match self.send(conn, How::Fcall, parts, replies).await {
-                Ok(refused) => {
-                    if let Some(e) = refused.into_iter().next() {
-                        return Some(Err(backend(e)));
-                    }
-                }
-                Err(e) => return Some(Err(e)),
-            }
+            results = self.pipeline(conn, parts).await?;
         }
         self.mode.store(FCALL, Ordering::Relaxed);
-        Some(Ok(()))
+        Ok(Some(
+            results.into_iter().map(|r| r.map_err(backend)).collect(),
+        ))
     }
 }
 
@@ -505,7 +498,10 @@ impl Connection {
 /// them.
 fn unsupported(e: &RedisError) -> bool {
     let text = e.to_string().to_ascii_lowercase();
-    text.contains("unknown command") || text.contains("noperm")
+    // ("NOPERM ... to run the 'fcall' command"; a key the user may not
+    // touch is the script's error, not this.)
+    text.contains("unknown command")
+        || (text.contains("noperm") && (text.contains("'fcall'") || text.contains("'function")))
 }
 
 /// The server has functions but not this library.

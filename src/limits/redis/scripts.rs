@@ -36,7 +36,9 @@ pub enum Concern {
     Settle,
     /// Decisions.
     Decide,
-    /// Operators' peeks, resets and credits.
+    /// Operators' peeks, resets and credits, sent last: a peek sees the
+    /// decisions it waited beside, a reset clears them (they were all
+    /// pending together, so either order is one a caller could see).
     Inspect,
 }
 

@@ -16,6 +16,9 @@ enum Reply {
     /// Answers after this long through another task, as a connection's
     /// reader hands a reply over.
     Relayed(Duration),
+    /// Answers after this long, odd numbers with an error of their own
+    /// (their part of the call failed, the rest went through).
+    OddsFail(Duration),
 }
 
 /// A link that answers each request with its own number, as scripted, and
@@ -40,7 +43,7 @@ impl Link for Fake {
     type Request = u32;
     type Reply = u32;
 
-    async fn call(&self, batch: &[&u32]) -> Result<Vec<u32>, StoreError> {
+    async fn call(&self, batch: &[&u32]) -> Result<Vec<Result<u32, StoreError>>, StoreError> {
         self.calls
             .lock()
             .unwrap()
@@ -49,12 +52,22 @@ impl Link for Fake {
         match next.unwrap_or(Reply::After(Duration::from_millis(1))) {
             Reply::After(d) => {
                 tokio::time::sleep(d).await;
-                Ok(batch.iter().map(|r| **r).collect())
+                Ok(batch.iter().map(|r| Ok(**r)).collect())
             }
             Reply::Never => std::future::pending().await,
+            Reply::OddsFail(d) => {
+                tokio::time::sleep(d).await;
+                Ok(batch
+                    .iter()
+                    .map(|r| match **r % 2 {
+                        0 => Ok(**r),
+                        _ => Err(StoreError::Script("odd".into())),
+                    })
+                    .collect())
+            }
             Reply::Relayed(d) => {
                 let (tx, rx) = oneshot::channel();
-                let answer: Vec<u32> = batch.iter().map(|r| **r).collect();
+                let answer: Vec<Result<u32, StoreError>> = batch.iter().map(|r| Ok(**r)).collect();
                 tokio::spawn(async move {
                     tokio::time::sleep(d).await;
                     let _ = tx.send(answer);
@@ -118,6 +131,23 @@ async fn a_decision_late_while_the_store_answers_is_shed_not_failed() {
         .all(|a| *a == Err(StoreError::Overloaded(Overload::Wait))));
     let calls = b.core.link.calls.lock().unwrap().len();
     assert_eq!(calls, 3, "the late ones were never sent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_whose_part_failed_alone_gets_its_own_error() {
+    // 1 goes out alone; 2 and 3 wait and share the next call, where 3's
+    // part fails and 2's goes through.
+    let b = batches(
+        Fake::answering([ms(5), Reply::OddsFail(Duration::from_millis(5))]),
+        100,
+    );
+    let first = submit(&b, 0);
+    settle().await;
+    let (two, three) = (submit(&b, 2), submit(&b, 3));
+    assert_eq!(first.await.unwrap(), Ok(0));
+    assert_eq!(two.await.unwrap(), Ok(2));
+    assert_eq!(three.await.unwrap(), Err(StoreError::Script("odd".into())));
+    assert_eq!(b.core.link.calls.lock().unwrap()[1], [2, 3], "one call");
 }
 
 #[tokio::test(start_paused = true)]
