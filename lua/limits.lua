@@ -259,8 +259,11 @@ function token_bucket.meaning() return 0 end
 
 function token_bucket.load(s, balance, at)
   if not balance then balance, at = s.capacity, now end
-  local t = max(now, at)
-  s.balance, s.at = min(s.capacity, balance + (t - at) * s.per_ms), t
+  -- (Compared here rather than with math.max and math.min: a call out
+  -- of Lua costs more than the comparison.)
+  local t = now > at and now or at
+  local full, filled = s.capacity, balance + (t - at) * s.per_ms
+  s.balance, s.at = filled < full and filled or full, t
 end
 
 function token_bucket.fields(s) return s.balance, s.at end
@@ -652,6 +655,10 @@ local ALGORITHMS = {
 -- library, for every call): deciding allocates no table per limit.
 R = { limits = {} }
 
+-- Tables for string states, reused call after call, and how many this
+-- call has taken.
+local POOL, pooled = {}, 0
+
 -- The state of limit l's key, loaded and refreshed on first use in the
 -- call; every later use in the call sees the same table (refreshing again
 -- at the same instant changes nothing), named by l's parameters.
@@ -673,13 +680,28 @@ local function state(l)
     return s
   end
   local algo = l.algo
-  s = { algo = algo }
-  S[k] = s
-  use(s, l)
   if algo.open then
+    s = { algo = algo }
+    S[k] = s
+    use(s, l)
     algo.open(s, k)
     return s
   end
+  -- A string state's table is one that calls before this one used (in a
+  -- function library; a script's calls start with none), made over by
+  -- `params` and `load`: making a table costs more than a decision.
+  pooled = pooled + 1
+  s = POOL[pooled]
+  if s then
+    s.algo, s.touched = algo, nil
+  else
+    s = { algo = algo }
+    POOL[pooled] = s
+  end
+  S[k] = s
+  local a, b = l.a, l.b
+  s.sent_a, s.sent_b = a, b
+  algo.params(s, a, b)
   local v, x, y, z = raw[k]
   if v and #v == algo.length then
     local kind, meaning
@@ -734,10 +756,14 @@ end
 -- One write per key a decision or refund touched, with the state the whole
 -- call left (keys only peeked at are left as they are).
 local function write_back()
-  for k, s in pairs(S) do
-    if s.touched then
+  -- (By index: KEYS are 1..#keys, and `pairs` is a call out of Lua per
+  -- key.)
+  for k = 1, #keys do
+    local s = S[k]
+    if s and s.touched then
       local algo = s.algo
-      local ttl = int(algo.reset(s) + SLACK)
+      local ttl = algo.reset(s) + SLACK
+      if ttl >= 1e14 then ttl = int(ttl) end
       if algo.write then
         algo.write(s, ttl)
       else
@@ -751,9 +777,11 @@ end
 -- `handle(reply)` answers each request once read into R, and every key it
 -- touched is written back once.
 local function run(call_keys, args, handle)
-  floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
-  pack, unpack_, call, byte = struct.pack, struct.unpack, redis.call, string.byte
-  keys, S, reading = call_keys, {}, false
+  if not call then
+    floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
+    pack, unpack_, call, byte = struct.pack, struct.unpack, redis.call, string.byte
+  end
+  keys, S, reading, pooled = call_keys, {}, false, 0
   now = tonumber(args[1])
   if now == 0 then
     local t = call('TIME')
