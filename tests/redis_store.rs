@@ -926,15 +926,21 @@ fn a_batch_of_several_concerns_is_one_call_each_give_backs_first() {
     }
 }
 
-/// The same on a cluster, whose scripts go by EVALSHA to the node of the
-/// key's slot, one call after the other.
+/// The same on a cluster, whose functions go to the node of the key's
+/// slot, one call after the other; the library is loaded on every primary
+/// at once.
 #[test]
 fn a_cluster_sends_a_batch_of_several_concerns_in_order() {
     use tollgate::limits::redis::conn::Connection;
     let cluster = RedisCluster::start(3);
     let conn = Connection::cluster(&cluster.urls(), Duration::from_secs(2)).unwrap();
-    let evalshas = || cluster.nodes.iter().map(|n| calls(n, "evalsha")).sum();
-    several_concerns_in_one_batch(&conn, "t:{tenant}held", evalshas);
+    let fcalls = || cluster.nodes.iter().map(|n| calls(n, "fcall")).sum();
+    several_concerns_in_one_batch(&conn, "t:{tenant}held", fcalls);
+    for node in &cluster.nodes {
+        let libraries: Vec<redis::Value> = node.cmd(&["FUNCTION", "LIST"]).unwrap();
+        assert_eq!(libraries.len(), 1, "every node has the library");
+        assert_eq!(calls(node, "evalsha"), 0);
+    }
 }
 
 /// A batch whose operator's peek fails (an algorithm no script knows)

@@ -5,8 +5,9 @@
 //! tag), but a global or per-address limit lives elsewhere; so a request
 //! is decided in two steps that keep it all-or-nothing:
 //!
-//! 1. every slot decides its part in one `EVALSHA` of `lua/decide.lua`, all
-//!    slots at once, each charging what it admits;
+//! 1. every slot decides its part in one call of `lua/decide.lua` (a
+//!    function, loaded on every primary), all slots at once, each charging
+//!    what it admits;
 //! 2. when one slot denied (or failed), the parts the others charged in the
 //!    groups that are denied after all ([`settle`], the limiter's rule too)
 //!    are given back by `lua/settle.lua`.

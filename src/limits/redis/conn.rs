@@ -5,17 +5,20 @@
 //! On a server that has functions (Redis 7), the scripts of `lua/` are
 //! loaded once as a function library (`FUNCTION LOAD`), a function per
 //! concern, and called with `FCALL`: their helpers are made once, not on
-//! every call, which takes about a fifth off the script time
-//! (bench/script_time.py). The library's name carries the scripts' hash, so
-//! gateways of different versions can share a server. Elsewhere (older
-//! servers, a user without the right to load functions, Redis Cluster,
-//! whose shards would each need the library) each concern is a script
-//! called by `EVALSHA`, with `EVAL` once when the server has lost it.
+//! every call, where a script runs its whole text on every call (half the
+//! script time: bench/script_time.py). The library's name carries the
+//! scripts' hash, so gateways of different versions can share a server. On
+//! Redis Cluster the library is loaded on every primary at once (replicas
+//! get it from theirs; a node that joins without it is loaded again the
+//! first time a call finds it missing). Elsewhere (older servers, a user
+//! without the right to load functions) each concern is a script called by
+//! `EVALSHA`, with `EVAL` once when the server has lost it.
 //!
 //! A batch holding requests of several concerns (decisions and the holds
 //! released beside them) is one call per concern, give-backs first
 //! ([`Concern`]): as functions, sent together in one pipeline (one round
-//! trip, in an order the server keeps); as scripts, one after the other.
+//! trip, in an order the server keeps); on a cluster or as scripts, one
+//! after the other.
 //! Each request is answered by its own call: one call failing fails its
 //! requests alone.
 
@@ -92,10 +95,7 @@ const EVALSHA: u8 = 2;
 
 impl Connection {
     fn new(link: Target, clock: Option<Arc<dyn Clock>>) -> Self {
-        let mode = match link {
-            Target::Cluster { .. } => EVALSHA,
-            Target::Single { .. } | Target::Sentinel { .. } => UNKNOWN,
-        };
+        let mode = UNKNOWN;
         Self {
             link,
             scripts: Scripts::new(),
@@ -303,13 +303,27 @@ impl Connection {
         }
     }
 
-    /// Sends every part's function call in one pipeline; each call's
-    /// outcome, in order.
-    async fn pipeline(
+    /// Every part's function call, in order; each call's outcome. In one
+    /// pipeline, one round trip; on a cluster one call after the other,
+    /// since its client sends a whole pipeline again when one call in it
+    /// is redirected (a slot moving), running the others twice. A call
+    /// that fails on the link there leaves the rest unsent.
+    async fn functions(
         &self,
         conn: &mut Conn,
         parts: &[Part<'_>],
     ) -> Result<Vec<redis::RedisResult<Vec<u8>>>, StoreError> {
+        if matches!(conn, Conn::Cluster(_)) {
+            let mut results: Vec<redis::RedisResult<Vec<u8>>> = Vec::with_capacity(parts.len());
+            for part in parts {
+                let result = match results.last() {
+                    Some(Err(e)) if !matches!(e.kind(), ErrorKind::Server(_)) => Err(e.clone()),
+                    _ => self.command(How::Fcall, part).query_async(&mut *conn).await,
+                };
+                results.push(result);
+            }
+            return Ok(results);
+        }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for part in parts {
@@ -469,7 +483,7 @@ impl Connection {
         let refused = |results: &[redis::RedisResult<Vec<u8>>], why: fn(&RedisError) -> bool| {
             results.iter().all(|r| r.as_ref().is_err_and(why))
         };
-        let mut results = self.pipeline(conn, parts).await?;
+        let mut results = self.functions(conn, parts).await?;
         if refused(&results, unsupported) {
             return Ok(None);
         }
@@ -485,7 +499,7 @@ impl Connection {
                 Err(e) if unsupported(&e) => return Ok(None),
                 Err(e) => return Err(backend(e)),
             }
-            results = self.pipeline(conn, parts).await?;
+            results = self.functions(conn, parts).await?;
         }
         self.mode.store(FCALL, Ordering::Relaxed);
         Ok(Some(
