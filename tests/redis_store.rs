@@ -885,12 +885,12 @@ fn decided(
 /// limit free, as it would a moment later. `calls` counts the server's
 /// script calls.
 fn several_concerns_in_one_batch(
+    rt: &tokio::runtime::Runtime,
     conn: &tollgate::limits::redis::conn::Connection,
     key: &str,
     calls: impl Fn() -> u64,
 ) {
     use tollgate::limits::redis::codec::{Request, PEEK};
-    let rt = runtime();
     let one = Params::Concurrency(Concurrency {
         max_in_flight: 1,
         hold_ttl_ms: 60_000,
@@ -901,12 +901,12 @@ fn several_concerns_in_one_batch(
         Request::new(vec![key.into()], &[&c], Gate::Open, refund_at)
     };
     let first = next_id();
-    assert!(decided(&rt, conn, &[&request(Some(first), 0)])[0][0].allowed);
+    assert!(decided(rt, conn, &[&request(Some(first), 0)])[0][0].allowed);
     let before = calls();
     let next = request(Some(next_id()), 0);
     let release = request(Some(first), 1);
     let peek = request(None, PEEK);
-    let got = decided(&rt, conn, &[&next, &release, &peek]);
+    let got = decided(rt, conn, &[&next, &release, &peek]);
     assert!(got[0][0].allowed, "{key}: the decision after the release");
     assert_eq!(got[2][0].remaining, 0, "{key}: the peek after both");
     assert_eq!(calls() - before, 3, "{key}: one call per concern");
@@ -920,7 +920,7 @@ fn a_batch_of_several_concerns_is_one_call_each_give_backs_first() {
     for (url, command) in [(server.url(), "fcall"), (plain, "evalsha")] {
         let conn = Connection::single(&url, Duration::from_secs(2), None).unwrap();
         let key = format!("t:{command}");
-        several_concerns_in_one_batch(&conn, &key, || calls(&server, command));
+        several_concerns_in_one_batch(&runtime(), &conn, &key, || calls(&server, command));
         let held: u64 = server.cmd(&["ZCARD", &key]).unwrap();
         assert_eq!(held, 1, "{command}: the new hold alone");
     }
@@ -928,18 +928,36 @@ fn a_batch_of_several_concerns_is_one_call_each_give_backs_first() {
 
 /// The same on a cluster, whose functions go to the node of the key's
 /// slot, one call after the other; the library is loaded on every primary
-/// at once.
+/// at once, and again when a node has lost it (a restart without
+/// persistence, a node that joined later).
 #[test]
 fn a_cluster_sends_a_batch_of_several_concerns_in_order() {
     use tollgate::limits::redis::conn::Connection;
     let cluster = RedisCluster::start(3);
     let conn = Connection::cluster(&cluster.urls(), Duration::from_secs(2)).unwrap();
+    // (One runtime: the cluster client's task lives on it.)
+    let rt = runtime();
     let fcalls = || cluster.nodes.iter().map(|n| calls(n, "fcall")).sum();
-    several_concerns_in_one_batch(&conn, "t:{tenant}held", fcalls);
+    let libraries = || {
+        cluster
+            .nodes
+            .iter()
+            .map(|node| {
+                node.cmd::<Vec<redis::Value>>(&["FUNCTION", "LIST"])
+                    .unwrap()
+                    .len()
+            })
+            .collect::<Vec<_>>()
+    };
+    several_concerns_in_one_batch(&rt, &conn, "t:{tenant}held", fcalls);
+    assert_eq!(libraries(), [1, 1, 1], "every primary has the library");
     for node in &cluster.nodes {
-        let libraries: Vec<redis::Value> = node.cmd(&["FUNCTION", "LIST"]).unwrap();
-        assert_eq!(libraries.len(), 1, "every node has the library");
-        assert_eq!(calls(node, "evalsha"), 0);
+        let _: String = node.cmd(&["FUNCTION", "FLUSH"]).unwrap();
+    }
+    several_concerns_in_one_batch(&rt, &conn, "t:{tenant}again", fcalls);
+    assert_eq!(libraries(), [1, 1, 1], "loaded again on every primary");
+    for node in &cluster.nodes {
+        assert_eq!(calls(node, "evalsha"), 0, "no script on a cluster");
     }
 }
 
