@@ -56,6 +56,14 @@
 //! pipelined on the same connection: the next batch could not grow any
 //! more, and waiting would only add a round trip (a distant Redis, a burst
 //! beyond `MAX_BATCH` per round trip).
+//!
+//! While a call is out the store's thread does not watch its queue: a
+//! request queued then waits for the call's end either way, and waking the
+//! thread for each, only to put it in line, was a context switch per
+//! request (and on a virtual machine an interrupt to the other core) that
+//! cost the thread more than its calls (bench/NOTES.md). What was queued
+//! meanwhile is taken in at once when the call ends; the thread is woken
+//! before that only when a full batch waits ([`Signal`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -64,7 +72,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -182,7 +190,7 @@ struct Core<L> {
 /// The queues of one link, one per hash slot in use.
 pub struct Batches<L: Link> {
     core: Arc<Core<L>>,
-    queues: Mutex<HashMap<u16, mpsc::UnboundedSender<Job<L>>, ahash::RandomState>>,
+    queues: Mutex<HashMap<u16, Queue<L>, ahash::RandomState>>,
     /// Where the drivers and the connection run.
     runtime: Handle,
     /// Stops the store's thread when the batches go.
@@ -230,7 +238,8 @@ impl<L: Link> Batches<L> {
     /// that slot, and waits for its part of the answer.
     ///
     /// The store's thread answers every job, in time: one still queued
-    /// `timeout` after it arrived is shed then; one sent is answered by its
+    /// `timeout` after it arrived is shed (then, or as the call it waited
+    /// behind ends, itself within its bound); one sent is answered by its
     /// call, itself bounded. So the caller needs no timer of its own.
     pub async fn submit(&self, slot: u16, request: L::Request) -> Result<L::Reply, StoreError> {
         let bounds = self.core.bounds;
@@ -244,7 +253,7 @@ impl<L: Link> Batches<L> {
             deadline: Instant::now() + bounds.timeout,
             _pending: pending,
         };
-        self.queue(slot).send(job).map_err(|_| stopped())?;
+        self.queue(slot).send(job).map_err(|()| stopped())?;
         let (answer, call) = rx.await.unwrap_or_else(|_| (Err(stopped()), None));
         if let Some(call) = call {
             crate::trace::note_call(call);
@@ -288,14 +297,22 @@ impl<L: Link> Batches<L> {
     }
 
     /// The queue of `slot`, with its driver started on first use.
-    fn queue(&self, slot: u16) -> mpsc::UnboundedSender<Job<L>> {
+    fn queue(&self, slot: u16) -> Queue<L> {
         let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         queues
             .entry(slot)
             .or_insert_with(|| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                self.runtime.spawn(drive(rx, self.core.clone()));
-                tx
+                let signal = Arc::new(Signal {
+                    queued: AtomicUsize::new(0),
+                    room: AtomicUsize::new(usize::MAX),
+                    full: Notify::new(),
+                    #[cfg(test)]
+                    wakes: AtomicUsize::new(0),
+                });
+                self.runtime
+                    .spawn(drive(rx, signal.clone(), self.core.clone()));
+                Queue { tx, signal }
             })
             .clone()
     }
@@ -328,6 +345,58 @@ impl<L: Link> Batches<L> {
             })
             .await
             .unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+/// One slot's queue, as its senders hold it.
+struct Queue<L: Link> {
+    tx: mpsc::UnboundedSender<Job<L>>,
+    signal: Arc<Signal>,
+}
+
+impl<L: Link> Clone for Queue<L> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            signal: self.signal.clone(),
+        }
+    }
+}
+
+/// What a queue's senders tell its driver beside the jobs themselves. The
+/// driver does not watch the channel while a call is out: a job sent then
+/// waits for the call's end either way, and waking the store's thread for
+/// each (a context switch, and on a virtual machine an interrupt to the
+/// other core) cost it more than the calls did. It is woken only when a
+/// full batch waits, which may go out beside the call.
+struct Signal {
+    /// Jobs sent and not yet taken in by the driver.
+    queued: AtomicUsize,
+    /// Jobs that make a full batch with those the driver holds, while one
+    /// call is out (`usize::MAX` otherwise: no wake-up wanted).
+    room: AtomicUsize,
+    /// Woken when `queued` reaches `room`.
+    full: Notify,
+    /// The driver's wake-ups.
+    #[cfg(test)]
+    wakes: AtomicUsize,
+}
+
+impl<L: Link> Queue<L> {
+    /// Sends `job` to the driver; `Err` when it has stopped.
+    fn send(&self, job: Job<L>) -> Result<(), ()> {
+        let signal = &self.signal;
+        // (Counted before it is sent, so that the driver, which counts it
+        // out once received, never sees it uncounted.)
+        let queued = signal.queued.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.tx.send(job).is_err() {
+            signal.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(());
+        }
+        if queued >= signal.room.load(Ordering::SeqCst) {
+            signal.full.notify_one();
+        }
+        Ok(())
     }
 }
 
@@ -388,7 +457,11 @@ impl<L: Link> Core<L> {
 /// Sends queued jobs in batches, one call at a time (two when a full batch
 /// waits), and sheds the jobs that wait past their deadline, until the
 /// queue closes.
-async fn drive<L: Link>(mut rx: mpsc::UnboundedReceiver<Job<L>>, core: Arc<Core<L>>) {
+async fn drive<L: Link>(
+    mut rx: mpsc::UnboundedReceiver<Job<L>>,
+    signal: Arc<Signal>,
+    core: Arc<Core<L>>,
+) {
     let mut waiting: VecDeque<Job<L>> = VecDeque::new();
     let mut calls: JoinSet<()> = JoinSet::new();
     // One timer for the oldest waiting job's deadline, moved as it changes.
@@ -396,6 +469,15 @@ async fn drive<L: Link>(mut rx: mpsc::UnboundedReceiver<Job<L>>, core: Arc<Core<
     let expiry = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(expiry);
     loop {
+        // What was sent while calls were out, all at once.
+        let mut taken = 0;
+        while let Ok(job) = rx.try_recv() {
+            waiting.push_back(job);
+            taken += 1;
+        }
+        if taken > 0 {
+            signal.queued.fetch_sub(taken, Ordering::SeqCst);
+        }
         while may_send(calls.len(), waiting.len()) {
             let batch = core.take_batch(&mut waiting, Instant::now());
             if !batch.is_empty() {
@@ -420,23 +502,29 @@ async fn drive<L: Link>(mut rx: mpsc::UnboundedReceiver<Job<L>>, core: Arc<Core<
             expiry.as_mut().reset(deadline.unwrap_or_else(Instant::now));
         }
         armed = deadline;
+        let room = match calls.len() {
+            1 => MAX_BATCH.saturating_sub(waiting.len()).max(1),
+            _ => usize::MAX,
+        };
+        signal.room.store(room, Ordering::SeqCst);
         tokio::select! {
-            job = rx.recv() => match job {
+            job = rx.recv(), if calls.is_empty() => match job {
                 Some(job) => {
+                    signal.queued.fetch_sub(1, Ordering::SeqCst);
                     waiting.push_back(job);
-                    while let Ok(job) = rx.try_recv() {
-                        waiting.push_back(job);
-                    }
                 }
-                // The batches were dropped: calls in flight end with them.
+                // The batches were dropped.
                 None => return,
             },
             Some(_) = calls.join_next(), if !calls.is_empty() => {}
+            () = signal.full.notified(), if calls.len() == 1 => {}
             () = &mut expiry, if armed.is_some() => {
                 core.expire(&mut waiting, Instant::now());
                 armed = None;
             }
         }
+        #[cfg(test)]
+        signal.wakes.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -249,6 +249,32 @@ async fn jobs_queued_during_a_call_share_the_next() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn jobs_queued_during_a_call_do_not_wake_the_driver_one_by_one() {
+    // A hundred requests arrive one after the other while the first call
+    // is out: the store's thread is woken by the call's end, not by each.
+    let b = batches(Fake::answering([ms(5), ms(5)]), 1_000);
+    let first = submit(&b, 0);
+    settle().await;
+    let woken = |b: &Arc<Batches<Fake>>| {
+        let queues = b.queues.lock().unwrap();
+        queues[&0].signal.wakes.load(Ordering::Relaxed)
+    };
+    let before = woken(&b);
+    let mut rest = Vec::new();
+    for n in 1..=100 {
+        rest.push(submit(&b, n));
+        settle().await;
+    }
+    assert_eq!(woken(&b), before, "not woken while the call is out");
+    assert_eq!(first.await.unwrap(), Ok(0));
+    for (n, job) in (1..).zip(rest) {
+        assert_eq!(job.await.unwrap(), Ok(n));
+    }
+    let calls = b.core.link.calls.lock().unwrap().clone();
+    assert_eq!(calls, vec![vec![0], (1..=100).collect::<Vec<_>>()]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_full_batch_waiting_goes_out_beside_the_call_in_flight() {
     let b = batches(Fake::answering([ms(5), ms(5), ms(5), ms(5)]), 10_000);
     let first = submit(&b, 0);
