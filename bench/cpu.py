@@ -11,7 +11,7 @@ inter-processor interrupt, and a VM exit, whenever the peer sleeps),
 which grows as the contender's rate falls. Page faults and context
 switches per request are shown beside them.
 
-    python3 bench/cpu.py [--rounds 5] [--duration 5] [--before BINARY] [contender ...]
+    python3 bench/cpu.py [--rounds 5] [--duration 5] [--connections 32] [--before BINARY] [contender ...]
 
 With `--before`, another build of tollgate (an earlier commit's) runs
 beside this one as `before_memory` and `before_full`, in the same rounds.
@@ -58,8 +58,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--before", help="another tollgate build, measured in the same rounds")
+    ap.add_argument("--connections", type=int, default=Args.connections, help="wrk's connections (32)")
     ap.add_argument("contenders", nargs="*", default=CONTENDERS)
     args = ap.parse_args()
+    Args.connections = args.connections
     if args.before:
         args.contenders += ["before_memory", "before_full"]
     hz = os.sysconf("SC_CLK_TCK")

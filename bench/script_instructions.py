@@ -23,6 +23,11 @@ Then, for decide.lua alone, the cost of one limit by algorithm: one
 request of one limit a call, and eleven (one caller's, repeats after the
 first; a concurrency limit's holds never repeat) a call, whose difference
 over ten is what each further request's limit costs in a batch.
+
+Last, what the scripts are made of costs inside this Redis's Lua (5.1):
+each operation a function looping over it, its instructions per iteration
+less the empty loop's; and the fixed cost of a call (an empty function).
+The floor under a script is read from these (bench/NOTES.md).
 """
 
 import argparse
@@ -123,6 +128,71 @@ def by_algorithm(redis, server, out, dumps, calls):
     return dumps
 
 
+# One operation of what a script is made of, as the body of a loop over
+# `i` with `t`, `s` (a packed state) and `f` (a Lua function) at hand.
+OPERATIONS = [
+    ("empty loop (subtracted from the others)", ""),
+    ("array element set, `t[i] = i`", "t[i] = i"),
+    ("field set, `t.x = i`", "t.x = i"),
+    ("Lua function call, `f(i)`", "f(i)"),
+    ("C function call, `byte(s, 1)`", "byte(s, 1)"),
+    ("closure made, `function() return i end`", "local g = function() return i end"),
+    ("table made with 5 fields", "local u = {a = i, b = i, c = i, d = i, e = i}"),
+    ("`struct.pack` of 5 integers", "pack('<i8i8i8i8i8', i, i, i, i, i)"),
+    ("`struct.unpack` of 5 integers", "unpack_('<i8i8i8i8i8', s)"),
+    ("`redis.call('SET', key, state, 'PX', ttl)`", "call('SET', 'bench:op', s, 'PX', 60000)"),
+    ("`redis.call('TIME')`", "call('TIME')"),
+]
+ITERATIONS = 200
+
+
+def operations_library():
+    """A function library with one function per operation, looping over it
+    as many times as its first argument says."""
+    # (A library's load sees no standard libraries: they are taken when
+    # the function runs.)
+    lua = ["#!lua name=tollgate_costs", "local function f(x) return x end"]
+    for n, (_, body) in enumerate(OPERATIONS):
+        lua.append(f"redis.register_function('op{n}', function(keys, args)\n"
+                   f"  local byte, pack, unpack_, call = string.byte, struct.pack, struct.unpack, redis.call\n"
+                   f"  local t, s = {{}}, pack('<i8i8i8i8i8', 1, 2, 3, 4, 5)\n"
+                   f"  for i = 1, tonumber(args[1]) do {body} end\n"
+                   f"  return 0\nend)")
+    lua.append("redis.register_function('nothing', function() return 0 end)")
+    return "\n".join(lua)
+
+
+def operation_costs(redis, server, out, dumps, calls):
+    """Instructions per iteration of each operation, less the empty loop's,
+    and per call of an empty function."""
+    redis.send("FUNCTION", "LOAD", "REPLACE", operations_library())
+    print("\n| operation in a script | instructions |")
+    print("|---|---:|")
+    calls = max(calls // 10, 20)
+
+    def per_call(*command):
+        nonlocal dumps
+        for _ in range(5):  # warm-up
+            redis.send(*command)
+        subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True, capture_output=True)
+        for _ in range(calls):
+            redis.send(*command)
+        n = instructions(out, server.pid, dumps) / calls
+        dumps += 1
+        return n
+    empty = None
+    for n, (name, _) in enumerate(OPERATIONS):
+        each = per_call("FCALL", f"op{n}", 1, "bench:op", ITERATIONS) / ITERATIONS
+        if empty is None:
+            empty = each
+            print(f"| {name} | {each:.0f} |", flush=True)
+        else:
+            print(f"| {name} | {each - empty:.0f} |", flush=True)
+    print(f"| a function call that does nothing (FCALL, its network and protocol work included) | "
+          f"{per_call('FCALL', 'nothing', 0):.0f} |", flush=True)
+    return dumps
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=2000)
@@ -176,7 +246,8 @@ def main():
                 per_call = total / args.calls
                 print(f"| {name} | {shape} | {per_call / 1000:.1f} k | {per_call / requests / 1000:.1f} k |",
                       flush=True)
-        by_algorithm(redis, server, out, dumps, args.calls)
+        dumps = by_algorithm(redis, server, out, dumps, args.calls)
+        operation_costs(redis, server, out, dumps, args.calls)
     finally:
         server.terminate()
         server.wait()
