@@ -63,7 +63,7 @@
 //! request (and on a virtual machine an interrupt to the other core) that
 //! cost the thread more than its calls (bench/NOTES.md). What was queued
 //! meanwhile is taken in at once when the call ends; the thread is woken
-//! before that only when a full batch waits ([`Signal`]).
+//! before that only when a full batch waits (`Signal`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
