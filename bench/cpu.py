@@ -9,7 +9,8 @@ a shared virtual machine: user time is the contender's own work, while
 system time also holds the price of waking the peer a send is for (an
 inter-processor interrupt, and a VM exit, whenever the peer sleeps),
 which grows as the contender's rate falls. Page faults and context
-switches per request are shown beside them.
+switches per request are shown beside them, and each thread's sleeps
+(voluntary switches: it waited for something) per request.
 
     python3 bench/cpu.py [--rounds 5] [--duration 5] [--connections 32] [--before BINARY] [contender ...]
 
@@ -49,7 +50,8 @@ def threads(pid):
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         f = stat.rsplit(")", 1)[1].split()
         switches = sum(int(n) for n in re.findall(r"ctxt_switches:\s+(\d+)", status))
-        out[tid] = (name, int(f[11]), int(f[12]), int(f[7]), switches)
+        sleeps = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+        out[tid] = (name, int(f[11]), int(f[12]), int(f[7]), switches, sleeps)
     return out
 
 
@@ -89,19 +91,20 @@ def main():
                 by_thread = {}
                 totals = [0.0, 0.0, 0.0, 0.0]
                 for tid, (thread, *now) in after.items():
-                    then = before.get(tid, (thread, 0, 0, 0, 0))[1:]
+                    then = before.get(tid, (thread, 0, 0, 0, 0, 0))[1:]
                     d = [a - b for a, b in zip(now, then)]
                     user, system = d[0] / hz * 1e6 / n, d[1] / hz * 1e6 / n
                     if user + system > 0:
-                        u, s = by_thread.get(thread, (0.0, 0.0))
-                        by_thread[thread] = (u + user, s + system)
-                    for i, (x, scale) in enumerate(zip(d, [1e6 / hz, 1e6 / hz, 1, 1])):
+                        u, s, sw = by_thread.get(thread, (0.0, 0.0, 0.0))
+                        by_thread[thread] = (u + user, s + system, sw + d[4] / n)
+                    for i, (x, scale) in enumerate(zip(d[:4], [1e6 / hz, 1e6 / hz, 1, 1])):
                         totals[i] += x * scale / n
                 rows[name].append((w["rps"], *totals, by_thread))
         print(f"load average {load:.2f} at the start; wrk -t1 -c{Args.connections}, {args.duration} s a run, "
               f"{args.rounds} interleaved rounds, medians\n")
         print("| contender | req/s | user µs per request | system µs per request | total | × plain Pingora "
-              "(total) | × plain Pingora (user) | faults per request | switches per request | by thread (user + system µs) |")
+              "(total) | × plain Pingora (user) | faults per request | switches per request | "
+              "by thread (user + system µs, sleeps per request) |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         med = {name: [statistics.median(r[i] for r in rows[name]) for i in range(5)] for name in names}
         base = med.get("plain_pingora")
@@ -109,10 +112,11 @@ def main():
             rps, user, system, faults, switches = med[name]
             threads_seen = {}
             for r in rows[name]:
-                for t, (u, s) in r[5].items():
-                    threads_seen.setdefault(t, []).append(u + s)
-            split = ", ".join(f"{t} {statistics.median(v):.1f}" for t, v in sorted(threads_seen.items(),
-                                                                                      key=lambda kv: -max(kv[1])))
+                for t, (u, s, sw) in r[5].items():
+                    threads_seen.setdefault(t, []).append((u + s, sw))
+            split = "; ".join(
+                f"{t.strip()} {statistics.median(c for c, _ in v):.1f} µs, {statistics.median(w for _, w in v):.2f}"
+                for t, v in sorted(threads_seen.items(), key=lambda kv: -max(c for c, _ in kv[1])))
             total = user + system
             ratio = f"{total / (base[1] + base[2]):.2f} ×" if base else "—"
             ratio_user = f"{user / base[1]:.2f} ×" if base else "—"
