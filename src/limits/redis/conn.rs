@@ -95,12 +95,11 @@ const EVALSHA: u8 = 2;
 
 impl Connection {
     fn new(link: Target, clock: Option<Arc<dyn Clock>>) -> Self {
-        let mode = UNKNOWN;
         Self {
             link,
             scripts: Scripts::new(),
             clock,
-            mode: AtomicU8::new(mode),
+            mode: AtomicU8::new(UNKNOWN),
         }
     }
 
@@ -395,26 +394,30 @@ impl Link for Connection {
     ) -> Result<Vec<Result<Decided, StoreError>>, StoreError> {
         let parts = parts(batch);
         let replies = self.eval(&parts).await?;
-        let mut decided: Vec<Result<Decided, StoreError>> = batch
-            .iter()
-            .map(|_| Err(StoreError::Reply("no call answered this request".into())))
-            .collect();
+        // (Every request is in one part, and every part has its reply.)
+        let mut decided: Vec<Option<Result<Decided, StoreError>>> =
+            std::iter::repeat_with(|| None).take(batch.len()).collect();
         for (part, reply) in parts.iter().zip(replies) {
             let requests: Vec<&Request> = part.requests.iter().map(|&(_, r)| r).collect();
             match reply.and_then(|reply| codec::split(&reply, &requests)) {
                 Ok(answers) => {
                     for (&(i, _), answer) in part.requests.iter().zip(answers) {
-                        decided[i] = Ok(answer);
+                        decided[i] = Some(Ok(answer));
                     }
                 }
                 Err(e) => {
                     for &(i, _) in &part.requests {
-                        decided[i] = Err(e.clone());
+                        decided[i] = Some(Err(e.clone()));
                     }
                 }
             }
         }
-        Ok(decided)
+        Ok(decided
+            .into_iter()
+            .map(|d| {
+                d.unwrap_or_else(|| Err(StoreError::Reply("no call answered this request".into())))
+            })
+            .collect())
     }
 
     /// `PING`, for readiness.
