@@ -19,8 +19,8 @@ SYSTEM_DEPS := cmake=cmake redis-server=redis-server openssl=openssl curl=curl \
 	/usr/lib/python3/dist-packages/grpc/__init__.py=python3-grpcio h2load=nghttp2-client \
 	/usr/lib/python3/dist-packages/jsonschema/__init__.py=python3-jsonschema \
 	/usr/lib/python3/dist-packages/yaml/__init__.py=python3-yaml promtool=prometheus
-# The benchmark's contenders and load generator.
-BENCH_DEPS := nginx=nginx-light wrk=wrk h2load=nghttp2-client valgrind=valgrind /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
+# The benchmark's contenders, its load generator and its profilers (valgrind, perf).
+BENCH_DEPS := nginx=nginx-light wrk=wrk h2load=nghttp2-client valgrind=valgrind perf=linux-perf /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
 
 .PHONY: run test build release deps bench-deps install bench check-config lint
 

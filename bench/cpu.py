@@ -14,6 +14,12 @@ switches per request are shown beside them, and each thread's sleeps
 
     python3 bench/cpu.py [--rounds 5] [--duration 5] [--connections 32] [--before BINARY] [contender ...]
 
+Contenders: plain_pingora, pingora_contract, tollgate_memory, tollgate_full
+(the default), and `contract_spin_N`: the contract floor doing N µs of
+arithmetic per request (as timed on a quiet core), work of a known size
+and nothing else, to see what N µs more of a gateway's own work costs it
+in all, user and system time.
+
 With `--before`, another build of tollgate (an earlier commit's) runs
 beside this one as `before_memory` and `before_full`, in the same rounds.
 
@@ -55,6 +61,21 @@ def threads(pid):
     return out
 
 
+def start(bench, name, before=None):
+    """Starts contender `name`: `plain_pingora`, `pingora_contract`,
+    `contract_spin_N` (the contract floor doing N µs of arithmetic a request, as timed on a quiet core),
+    `tollgate_memory`, `tollgate_full`, or `before_memory`/`before_full`
+    (the build `before`)."""
+    spin = re.fullmatch(r"contract_spin_(\d+)", name)
+    if spin:
+        bench.start_plain(contract=True, spin_ns=int(spin.group(1)) * 1000, name=name)
+    elif name in ("plain_pingora", "pingora_contract"):
+        bench.start_plain(contract=name == "pingora_contract")
+    else:
+        bench.start_tollgate(name, "redis" if name.endswith("_full") else "memory",
+                             binary=before if name.startswith("before_") else None)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -73,11 +94,7 @@ def main():
         bench.start_redis()
         bench.start_nginx("upstream", "upstream.conf")
         for name in names:
-            if name in ("plain_pingora", "pingora_contract"):
-                bench.start_plain(contract=name == "pingora_contract")
-            else:
-                bench.start_tollgate(name, "redis" if name.endswith("_full") else "memory",
-                                     binary=args.before if name.startswith("before_") else None)
+            start(bench, name, before=args.before)
             run.wrk(bench.ports[name], 2, Args.connections)  # warm-up
         load = os.getloadavg()[0]
         rows = {name: [] for name in names}

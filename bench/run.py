@@ -281,13 +281,15 @@ class Bench:
         self.ports[name] = port
         return port, p
 
-    def start_plain(self, contract=False):
+    def start_plain(self, contract=False, spin_ns=0, name=None):
         """The plain Pingora proxy; with `contract`, also doing the contract's
-        per-request header, timeout and key-hashing work (no limits)."""
-        name = "pingora_contract" if contract else "plain_pingora"
+        per-request header, timeout and key-hashing work (no limits); with
+        `spin_ns`, also doing that many ns of arithmetic per request."""
+        name = name or ("pingora_contract" if contract else "plain_pingora")
         port = free_port()
         self.procs.start(name, [str(RELEASE / "examples" / "plain_proxy"), f"127.0.0.1:{port}",
-                                f"127.0.0.1:{self.ports['upstream']}", "1"] + (["contract"] if contract else []))
+                                f"127.0.0.1:{self.ports['upstream']}", "1"] + (["contract"] if contract else []),
+                         env={"PLAIN_SPIN_NS": str(spin_ns)} if spin_ns else None)
         wait_port(port)
         self.ports[name] = port
         return port
