@@ -68,37 +68,71 @@ enum Phase {
 }
 
 /// A timer armed for the wait in progress, if any.
+///
+/// Arming only notes the deadline: the tokio timer under it is moved only
+/// when it would fire too late (the deadline came nearer) or when it fired
+/// before the deadline (which had moved on). A keep-alive connection arms
+/// its read timer twice a request, each time further on, and so moves the
+/// timer in tokio's wheel about once per bound, not twice per request.
 struct Timer {
     sleep: Pin<Box<Sleep>>,
-    armed: bool,
+    /// The deadline of the wait in progress.
+    deadline: Option<Instant>,
+    /// Times the sleep was moved, for the tests.
+    #[cfg(test)]
+    moves: usize,
 }
 
 impl Timer {
     fn new() -> Self {
         Self {
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
-            armed: false,
+            deadline: None,
+            #[cfg(test)]
+            moves: 0,
         }
     }
 
     fn arm_at(&mut self, deadline: Instant) {
-        self.sleep.as_mut().reset(deadline);
-        self.armed = true;
+        self.deadline = Some(deadline);
     }
 
     /// Arms the timer `after` from now unless it is already running.
     fn arm(&mut self, after: Duration) {
-        if !self.armed {
+        if self.deadline.is_none() {
             self.arm_at(Instant::now() + after);
         }
     }
 
     fn disarm(&mut self) {
-        self.armed = false;
+        self.deadline = None;
     }
 
+    /// Whether the deadline has passed; otherwise the task is woken by its
+    /// time at the latest.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        self.armed && self.sleep.as_mut().poll(cx).is_ready()
+        let Some(deadline) = self.deadline else {
+            return false;
+        };
+        if self.sleep.deadline() > deadline {
+            self.move_to(deadline);
+        }
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= deadline {
+                return true;
+            }
+            // It fired for an earlier deadline than this one.
+            self.move_to(deadline);
+        }
+        false
+    }
+
+    fn move_to(&mut self, deadline: Instant) {
+        self.sleep.as_mut().reset(deadline);
+        #[cfg(test)]
+        {
+            self.moves += 1;
+        }
     }
 }
 

@@ -343,3 +343,75 @@ async fn a_pipelined_request_is_checked_as_its_own_head() {
     assert_eq!(guarded.read(&mut got).await.unwrap(), 0);
     assert_eq!(listener.rejections(Reason::BadRequest), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_timer_fires_at_its_latest_deadline_and_no_earlier() {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut timer = Timer::new();
+    let start = Instant::now();
+    timer.arm_at(start + Duration::from_secs(1));
+    assert!(!timer.expired(&mut cx));
+    // Moved on: the sleep under it stays at the earlier deadline.
+    timer.arm_at(start + Duration::from_secs(3));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(
+        !timer.expired(&mut cx),
+        "the earlier deadline is not this wait's"
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(timer.expired(&mut cx));
+    // A nearer deadline moves the sleep back.
+    timer.arm_at(Instant::now() + Duration::from_secs(10));
+    assert!(!timer.expired(&mut cx));
+    timer.arm_at(Instant::now() + Duration::from_millis(500));
+    tokio::time::advance(Duration::from_millis(499)).await;
+    assert!(!timer.expired(&mut cx));
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(timer.expired(&mut cx));
+    timer.disarm();
+    assert!(!timer.expired(&mut cx));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_task_is_woken_at_a_deadline_that_moved_on() {
+    let mut timer = Timer::new();
+    let start = Instant::now();
+    timer.arm_at(start + Duration::from_secs(1));
+    assert!(!timer.expired(&mut Context::from_waker(std::task::Waker::noop())));
+    timer.arm_at(start + Duration::from_secs(3));
+    std::future::poll_fn(|cx| {
+        if timer.expired(cx) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn keep_alive_requests_do_not_move_the_read_timer_each_time() {
+    let (mut guarded, mut client, listener) = pair(4096);
+    let mut got = vec![0u8; 64];
+    for _ in 0..50 {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        // The guard waits for each request first, as between the requests
+        // of a keep-alive client: its timer is looked at every time.
+        let send = async {
+            tokio::task::yield_now().await;
+            client.write_all(b"GET /a HTTP/1.1\r\n\r\n").await.unwrap();
+        };
+        let (n, ()) = tokio::join!(guarded.read(&mut got), send);
+        assert_eq!(&got[..n.unwrap()], b"GET /a HTTP/1.1\r\n\r\n");
+        guarded.next_request(settings());
+    }
+    // Armed for each head and each idle wait, a hundred times in half a
+    // second: the sleep was placed once, at the first wait's deadline.
+    assert_eq!(guarded.read_timer.moves, 1);
+    // And the idle bound still holds from the last request.
+    let idle = Instant::now();
+    assert_eq!(guarded.read(&mut got).await.unwrap(), 0);
+    assert_eq!(idle.elapsed(), settings().keepalive_idle);
+    assert_eq!(listener.rejections(Reason::IdleTimeout), 1);
+}
