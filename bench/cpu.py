@@ -76,6 +76,15 @@ def start(bench, name, before=None):
                              binary=before if name.startswith("before_") else None)
 
 
+def start_all(bench, names, before=None):
+    """The upstream, Redis and every contender of `names`, each warmed up."""
+    bench.start_redis()
+    bench.start_nginx("upstream", "upstream.conf")
+    for name in names:
+        start(bench, name, before=before)
+        run.wrk(bench.ports[name], 2, Args.connections)  # warm-up
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -91,32 +100,27 @@ def main():
     bench = run.Bench(Args())
     names = args.contenders
     try:
-        bench.start_redis()
-        bench.start_nginx("upstream", "upstream.conf")
-        for name in names:
-            start(bench, name, before=args.before)
-            run.wrk(bench.ports[name], 2, Args.connections)  # warm-up
+        start_all(bench, names, before=args.before)
         load = os.getloadavg()[0]
         rows = {name: [] for name in names}
-        for r in range(args.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                pid = bench.procs.procs[name].pid
-                before = threads(pid)
-                w = run.wrk(bench.ports[name], args.duration, Args.connections)
-                after = threads(pid)
-                n = max(w["requests"], 1)
-                by_thread = {}
-                totals = [0.0, 0.0, 0.0, 0.0]
-                for tid, (thread, *now) in after.items():
-                    then = before.get(tid, (thread, 0, 0, 0, 0, 0))[1:]
-                    d = [a - b for a, b in zip(now, then)]
-                    user, system = d[0] / hz * 1e6 / n, d[1] / hz * 1e6 / n
-                    if user + system > 0:
-                        u, s, sw = by_thread.get(thread, (0.0, 0.0, 0.0))
-                        by_thread[thread] = (u + user, s + system, sw + d[4] / n)
-                    for i, (x, scale) in enumerate(zip(d[:4], [1e6 / hz, 1e6 / hz, 1, 1])):
-                        totals[i] += x * scale / n
-                rows[name].append((w["rps"], *totals, by_thread))
+        for _, name in run.interleaved(names, args.rounds):
+            pid = bench.procs.procs[name].pid
+            before = threads(pid)
+            w = run.wrk(bench.ports[name], args.duration, Args.connections)
+            after = threads(pid)
+            n = max(w["requests"], 1)
+            by_thread = {}
+            totals = [0.0, 0.0, 0.0, 0.0]
+            for tid, (thread, *now) in after.items():
+                then = before.get(tid, (thread, 0, 0, 0, 0, 0))[1:]
+                d = [a - b for a, b in zip(now, then)]
+                user, system = d[0] / hz * 1e6 / n, d[1] / hz * 1e6 / n
+                if user + system > 0:
+                    u, s, sw = by_thread.get(thread, (0.0, 0.0, 0.0))
+                    by_thread[thread] = (u + user, s + system, sw + d[4] / n)
+                for i, (x, scale) in enumerate(zip(d[:4], [1e6 / hz, 1e6 / hz, 1, 1])):
+                    totals[i] += x * scale / n
+            rows[name].append((w["rps"], *totals, by_thread))
         print(f"load average {load:.2f} at the start; wrk -t1 -c{Args.connections}, {args.duration} s a run, "
               f"{args.rounds} interleaved rounds, medians\n")
         print("| contender | req/s | user µs per request | system µs per request | total | × plain Pingora "

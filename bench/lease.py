@@ -96,14 +96,13 @@ def throughput(bench, args):
         run.wrk(bench.ports[name], 2, args.connections, path="/x")  # warm-up
     results = {name: [] for name in contenders}
     names = list(contenders)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            calls, cpu = script_calls(bench.ports["redis"]), run.cpu_seconds(procs[name].pid)
-            w = run.wrk(bench.ports[name], args.duration, args.connections, path="/x")
-            w["cpu_us"] = (run.cpu_seconds(procs[name].pid) - cpu) * 1e6 / max(w["requests"], 1)
-            w["calls"] = (script_calls(bench.ports["redis"]) - calls) / max(w["requests"], 1)
-            results[name].append(w)
-            print(f"round {r + 1} {name}: {w}", flush=True)
+    for r, name in run.interleaved(names, args.rounds):
+        calls, cpu = script_calls(bench.ports["redis"]), run.cpu_seconds(procs[name].pid)
+        w = run.wrk(bench.ports[name], args.duration, args.connections, path="/x")
+        w["cpu_us"] = (run.cpu_seconds(procs[name].pid) - cpu) * 1e6 / max(w["requests"], 1)
+        w["calls"] = (script_calls(bench.ports["redis"]) - calls) / max(w["requests"], 1)
+        results[name].append(w)
+        print(f"round {r + 1} {name}: {w}", flush=True)
     for name in contenders:
         bench.procs.stop(name)
     return results

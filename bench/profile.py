@@ -100,7 +100,7 @@ def profile(bench, name, duration, work):
     rec = subprocess.Popen(["perf", "record", "-q", "-F", "2999", "-p", str(pid), "-o", data],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     before = cpu.threads(pid)
-    w = run.wrk(bench.ports[name], duration, 32)
+    w = run.wrk(bench.ports[name], duration, cpu.Args.connections)
     after = cpu.threads(pid)
     rec.send_signal(signal.SIGINT)
     rec.wait()
@@ -120,15 +120,10 @@ def main():
     work = tempfile.mkdtemp(prefix="tollgate-profile-")
     runs = {name: [] for name in names}
     try:
-        bench.start_redis()
-        bench.start_nginx("upstream", "upstream.conf")
-        for name in names:
-            cpu.start(bench, name)
-            run.wrk(bench.ports[name], 2, 32)  # warm-up
+        cpu.start_all(bench, names)
         load = os.getloadavg()[0]
-        for r in range(args.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                runs[name].append(profile(bench, name, args.duration, work))
+        for _, name in run.interleaved(names, args.rounds):
+            runs[name].append(profile(bench, name, args.duration, work))
     finally:
         bench.procs.stop_all()
 
@@ -138,7 +133,7 @@ def main():
     components = [c for c, _ in COMPONENTS]
     cells = {name: {c: median_by(name, lambda x, c=c: sum(v for s, v in x[2].items() if classify(s) == c))
                     for c in components} for name in names}
-    print(f"load average {load:.2f} at the start; wrk -t1 -c32, {args.duration} s a run under "
+    print(f"load average {load:.2f} at the start; wrk -t1 -c{cpu.Args.connections}, {args.duration} s a run under "
           f"`perf record -F 2999`, {args.rounds} round(s), medians; CPU µs per request (utime + stime "
           f"over the requests served) shared out by the samples\n")
     print("| component | " + " | ".join(names) + " |")

@@ -115,6 +115,14 @@ def wrk(port, duration, connections, path="/v1/bench", script=None):
         raise RuntimeError(f"unexpected wrk output for {args}: {run.stdout} {run.stderr}") from e
 
 
+def interleaved(names, rounds):
+    """(round, name) for every run of `rounds` rounds, the order rotated
+    each round so that no contender always goes first: A B C, B C A, ..."""
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            yield r, name
+
+
 def to_ms(value):
     m = re.match(r"([\d.]+)(us|ms|s)", value)
     n, unit = float(m.group(1)), m.group(2)
@@ -324,14 +332,12 @@ class Bench:
         pids = {c: self.procs.procs[c].pid for c in contenders if c in self.procs.procs}
         pids["direct"] = self.procs.procs["upstream"].pid
         results = {c: [] for c in contenders}
-        for r in range(a.rounds):
-            order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
-            for c in order:
-                before = cpu_seconds(pids[c])
-                w = wrk(self.ports[c], a.duration, a.connections)
-                w["cpu_us"] = (cpu_seconds(pids[c]) - before) * 1e6 / max(w["requests"], 1)
-                results[c].append(w)
-                print(f"round {r + 1} {c}: {results[c][-1]}", flush=True)
+        for r, c in interleaved(contenders, a.rounds):
+            before = cpu_seconds(pids[c])
+            w = wrk(self.ports[c], a.duration, a.connections)
+            w["cpu_us"] = (cpu_seconds(pids[c]) - before) * 1e6 / max(w["requests"], 1)
+            results[c].append(w)
+            print(f"round {r + 1} {c}: {results[c][-1]}", flush=True)
         return contenders, results
 
     def measure_redis(self, port, target, path="/v1/bench", connections=None):
