@@ -271,57 +271,63 @@ impl Connection {
         // answered: pipelined, a call could run before an earlier one that
         // the server had no script for (and that goes again by EVAL), and
         // a cluster's client sends a whole pipeline again when one of its
-        // calls is redirected, running the others twice. A call that
-        // fails on the link leaves the rest unsent.
-        let mut replies: Vec<RawReply> = Vec::with_capacity(parts.len());
-        for part in parts {
-            let reply = match replies.last() {
-                Some(Err(e @ (StoreError::Connection(_) | StoreError::Timeout))) => Err(e.clone()),
-                _ => self.script_call(&mut conn, part).await,
-            };
-            replies.push(reply);
-        }
-        Ok(replies)
+        // calls is redirected, running the others twice.
+        let results = self.one_by_one(&mut conn, How::Evalsha, parts).await;
+        Ok(results.into_iter().map(|r| r.map_err(backend)).collect())
     }
 
-    /// One part's script call: `EVALSHA`, and `EVAL` when the server has
-    /// lost the script (a restart, `SCRIPT FLUSH`) or a cluster node never
-    /// had it, which the server then keeps for the next `EVALSHA`.
-    async fn script_call(&self, conn: &mut Conn, part: &Part<'_>) -> RawReply {
-        match self
-            .command(How::Evalsha, part)
-            .query_async(&mut *conn)
-            .await
-        {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => self
-                .command(How::Eval, part)
-                .query_async(&mut *conn)
-                .await
-                .map_err(backend),
-            other => other.map_err(backend),
+    /// One call per part, each once the one before has answered. A call
+    /// that failed on the link leaves the rest unsent, answered with its
+    /// error: the link is gone, and whether that call ran is unknown.
+    async fn one_by_one(
+        &self,
+        conn: &mut Conn,
+        how: How,
+        parts: &[Part<'_>],
+    ) -> Vec<redis::RedisResult<Vec<u8>>> {
+        let mut results: Vec<redis::RedisResult<Vec<u8>>> = Vec::with_capacity(parts.len());
+        for part in parts {
+            let result = match results.last() {
+                Some(Err(e)) if on_the_link(e) => Err(e.clone()),
+                _ => self.call_part(conn, how, part).await,
+            };
+            results.push(result);
+        }
+        results
+    }
+
+    /// One part's call by `how`; by script, `EVALSHA`, and `EVAL` when the
+    /// server has lost the script (a restart, `SCRIPT FLUSH`) or a cluster
+    /// node never had it, which the server then keeps for the next
+    /// `EVALSHA`.
+    async fn call_part(
+        &self,
+        conn: &mut Conn,
+        how: How,
+        part: &Part<'_>,
+    ) -> redis::RedisResult<Vec<u8>> {
+        match self.command(how, part).query_async(&mut *conn).await {
+            Err(e)
+                if how == How::Evalsha
+                    && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+            {
+                self.command(How::Eval, part).query_async(&mut *conn).await
+            }
+            other => other,
         }
     }
 
     /// Every part's function call, in order; each call's outcome. In one
     /// pipeline, one round trip; on a cluster one call after the other,
     /// since its client sends a whole pipeline again when one call in it
-    /// is redirected (a slot moving), running the others twice. A call
-    /// that fails on the link there leaves the rest unsent.
+    /// is redirected (a slot moving), running the others twice.
     async fn functions(
         &self,
         conn: &mut Conn,
         parts: &[Part<'_>],
     ) -> Result<Vec<redis::RedisResult<Vec<u8>>>, StoreError> {
         if matches!(conn, Conn::Cluster(_)) {
-            let mut results: Vec<redis::RedisResult<Vec<u8>>> = Vec::with_capacity(parts.len());
-            for part in parts {
-                let result = match results.last() {
-                    Some(Err(e)) if !matches!(e.kind(), ErrorKind::Server(_)) => Err(e.clone()),
-                    _ => self.command(How::Fcall, part).query_async(&mut *conn).await,
-                };
-                results.push(result);
-            }
-            return Ok(results);
+            return Ok(self.one_by_one(conn, How::Fcall, parts).await);
         }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
@@ -573,4 +579,14 @@ fn backend(e: RedisError) -> StoreError {
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::Reply(e.to_string()),
         _ => StoreError::Connection(e.to_string()),
     }
+}
+
+/// Whether a call failed on the link (no answer came), rather than with
+/// the server's answer or a reply this gateway cannot read.
+fn on_the_link(e: &RedisError) -> bool {
+    e.is_timeout()
+        || !matches!(
+            e.kind(),
+            ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType
+        )
 }
