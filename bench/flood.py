@@ -145,6 +145,16 @@ def run_binary(binary, seconds):
     return rows
 
 
+def earlier_comparisons(text):
+    """The runs of an earlier `flood.md` that held one build against
+    another, each labelled as earlier; a plain run is left out, superseded
+    by the new one."""
+    body = text.split("\n", 1)[1] if text.startswith("## ") else text
+    runs = re.split(r"\n(?=Measured |\*\*Earlier)", "\n" + body)
+    kept = [r.strip() for r in runs if "| compared build |" in r]
+    return [r if r.startswith("**Earlier") else "**Earlier.** " + r for r in kept]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=8)
@@ -169,8 +179,10 @@ def main():
             for row in run_binary(binary, args.seconds):
                 lines.append(f"| {label} | {round_} {row}")
                 print(lines[-1], flush=True)
-    (Path(__file__).parent / "flood.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    out = Path(__file__).parent / "flood.md"
+    earlier = earlier_comparisons(out.read_text()) if out.exists() else []
+    out.write_text("\n\n".join(["\n".join(lines)] + earlier) + "\n")
 
 
 if __name__ == "__main__":
