@@ -18,7 +18,10 @@
 //! the tag last served, so a tenant with fifty waiters and a tenant with
 //! one alternate, and a newcomer is served within one turn.
 //! `queue.per_tenant_max` bounds one tenant's waiters; beyond it that
-//! tenant is refused at once while the others still queue.
+//! tenant is refused at once while the others still queue. A request
+//! with no credential (an `auth: none` route) takes its turns as its
+//! client's network ([`Party`]), so anonymous callers share the queue
+//! fairly between addresses rather than as one tenant.
 //!
 //! Pools outlive policies: a reload resizes a pool in place, so requests in
 //! flight keep their permits and the bound holds across it.
@@ -30,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
 use arc_swap::ArcSwap;
+use ipnet::IpNet;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use tokio::sync::oneshot;
 
@@ -86,16 +90,52 @@ struct PoolMetrics {
     /// Refusals by priority: critical, normal, sheddable.
     rejections: [IntCounter; 3],
     wait_seconds: Histogram,
+    /// Forwarding tries after the first, by [`Retry`].
+    retries: [IntCounter; 2],
+}
+
+/// Why a request was forwarded again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// The connection to the server could not be made: nothing reached it.
+    Connect,
+    /// A reused connection failed before any byte of the response.
+    ReusedConnection,
+}
+
+impl Retry {
+    const ALL: [Retry; 2] = [Retry::Connect, Retry::ReusedConnection];
+
+    /// Its `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Retry::Connect => "connect",
+            Retry::ReusedConnection => "reused_connection",
+        }
+    }
 }
 
 /// A waiter's place: its priority, its turn (its arrival, or its fair
 /// tag), its arrival.
 type Place = (Priority, u64, u64);
 
+/// Whose turns a waiter takes in a queue shared by tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Party {
+    /// The request's tenant.
+    Tenant(Arc<str>),
+    /// A request with no credential: its client's network (an IPv6
+    /// client's `client_ip.ipv6_prefix` network, as IP keys are).
+    Network(IpNet),
+}
+
 /// One waiter: sent `true` with a permit, or `false` when displaced.
 struct Waiter {
     tx: oneshot::Sender<bool>,
-    tenant: Option<Arc<str>>,
+    /// Its party, whose waiters it counts among when the queue counts
+    /// them (`counted`).
+    party: Option<Party>,
+    counted: bool,
 }
 
 /// A tenant's waiters and the last tag it was given, by priority.
@@ -120,8 +160,9 @@ struct Permits {
     per_tenant_max: Option<u32>,
     /// The tag last served, by priority (fair queueing's virtual time).
     served: [u64; 3],
-    /// Tenants with waiters (fair or bounded queues only).
-    tenants: HashMap<Arc<str>, TenantTurns>,
+    /// Parties with waiters (fair or bounded queues only); `None` for the
+    /// waiters of no party, which share one turn.
+    tenants: HashMap<Option<Party>, TenantTurns>,
 }
 
 impl Permits {
@@ -138,20 +179,19 @@ impl Permits {
         self.fair || self.per_tenant_max.is_some()
     }
 
-    /// Queues a waiter of `priority` for `tenant`; `None` when the tenant
+    /// Queues a waiter of `priority` for `party`; `None` when the party
     /// has `per_tenant_max` waiters already.
     fn enqueue(
         &mut self,
         priority: Priority,
-        tenant: Option<&Arc<str>>,
+        party: Option<Party>,
     ) -> Option<(Place, oneshot::Receiver<bool>)> {
         self.arrivals += 1;
         let arrival = self.arrivals;
         let mut turn = arrival;
-        let tenant = tenant.cloned().unwrap_or_else(|| Arc::from(""));
         if self.by_tenant() {
             let served = self.served[priority as usize];
-            let turns = self.tenants.entry(tenant.clone()).or_default();
+            let turns = self.tenants.entry(party.clone()).or_default();
             if self.per_tenant_max.is_some_and(|max| turns.waiting >= max) {
                 return None;
             }
@@ -163,19 +203,19 @@ impl Permits {
         }
         let (tx, rx) = oneshot::channel();
         let place = (priority, turn, arrival);
-        let tenant = self.by_tenant().then_some(tenant);
-        self.waiters.insert(place, Waiter { tx, tenant });
+        let counted = self.by_tenant();
+        self.waiters.insert(place, Waiter { tx, party, counted });
         Some((place, rx))
     }
 
     /// Takes the waiter at `place` out of the queue, if it is still there.
     fn dequeue(&mut self, place: &Place) -> Option<oneshot::Sender<bool>> {
         let waiter = self.waiters.remove(place)?;
-        if let Some(tenant) = &waiter.tenant {
-            if let Some(turns) = self.tenants.get_mut(tenant) {
+        if waiter.counted {
+            if let Some(turns) = self.tenants.get_mut(&waiter.party) {
                 turns.waiting -= 1;
                 if turns.waiting == 0 {
-                    self.tenants.remove(tenant);
+                    self.tenants.remove(&waiter.party);
                 }
             }
         }
@@ -309,9 +349,19 @@ impl Pool {
                 waiting: metrics.pool_waiting.with_label_values(&label),
                 rejections,
                 wait_seconds: metrics.pool_wait_seconds.with_label_values(&label),
+                retries: Retry::ALL.map(|r| {
+                    metrics
+                        .upstream_retries
+                        .with_label_values(&[&def.name, r.label()])
+                }),
             },
             last_checked: Mutex::new(None),
         }
+    }
+
+    /// Counts a forwarding try after the first.
+    pub fn count_retry(&self, why: Retry) {
+        self.metrics.retries[why as usize].inc();
     }
 
     /// The pool's current definition.
@@ -324,15 +374,14 @@ impl Pool {
         self.servers.load_full()
     }
 
-    /// Takes a permit for a request of `tenant` (none before
-    /// authentication) on a route of `priority`, waiting in the bounded
-    /// queue if need be.
+    /// Takes a permit for a request of `party` on a route of `priority`,
+    /// waiting in the bounded queue if need be.
     pub async fn admit(
         &self,
         priority: Priority,
-        tenant: Option<&Arc<str>>,
+        party: Option<Party>,
     ) -> Result<PoolPermit, PoolRefusal> {
-        self.wait(priority, tenant)
+        self.wait(priority, party)
             .await
             .inspect_err(|_| self.metrics.rejections[priority as usize].inc())?;
         self.metrics.in_flight.inc();
@@ -342,7 +391,7 @@ impl Pool {
         })
     }
 
-    async fn wait(&self, priority: Priority, tenant: Option<&Arc<str>>) -> Result<(), PoolRefusal> {
+    async fn wait(&self, priority: Priority, party: Option<Party>) -> Result<(), PoolRefusal> {
         let def = self.def.load();
         let (rx, key) = {
             let mut permits = lock(&self.permits);
@@ -368,7 +417,7 @@ impl Pool {
                     None => return Err(PoolRefusal::Saturated),
                 }
             }
-            let Some((key, rx)) = permits.enqueue(priority, tenant) else {
+            let Some((key, rx)) = permits.enqueue(priority, party) else {
                 return Err(PoolRefusal::Saturated);
             };
             (rx, key)

@@ -26,7 +26,7 @@ use crate::drain::{Drain, InFlight};
 use crate::edge::body::{self, BodyReservation};
 use crate::edge::headers::{self, Forwarding};
 use crate::metrics::Outcome;
-use crate::pools::{PoolPermit, PoolRefusal};
+use crate::pools::{Party, PoolPermit, PoolRefusal, Retry};
 use crate::respond::Rejection;
 use crate::runtime::Runtime;
 
@@ -125,8 +125,15 @@ impl Gateway {
                 PoolRefusal::Saturated => Rejection::Overloaded { retry_after: 1 },
                 PoolRefusal::NoHealthyServer => Rejection::NoHealthyUpstream { retry_after: 1 },
             };
-            let tenant = ctx.facts.credential.as_ref().map(|c| &c.tenant);
-            match pool.admit(ctx.facts.priority, tenant).await {
+            let party = match (&ctx.facts.credential, ctx.facts.client_ip) {
+                (Some(c), _) => Some(Party::Tenant(c.tenant.clone())),
+                (None, Some(ip)) => Some(Party::Network(client_ip::key_network(
+                    ip,
+                    rt.policy.client_ip.ipv6_prefix,
+                ))),
+                (None, None) => None,
+            };
+            match pool.admit(ctx.facts.priority, party).await {
                 Ok(permit) => ctx.permit = Some(permit),
                 Err(r) => return Ok(Err(refusal(r))),
             }
@@ -396,7 +403,7 @@ impl ProxyHttp for Gateway {
         mut e: Box<Error>,
     ) -> Box<Error> {
         // Nothing reached the server: another try is always safe.
-        e.set_retry(self.may_retry(ctx, "connect"));
+        e.set_retry(self.may_retry(ctx, Retry::Connect));
         e
     }
 
@@ -418,7 +425,7 @@ impl ProxyHttp for Gateway {
             e.retry.decide_reuse(client_reused);
         }
         if e.retry() {
-            e.set_retry(self.may_retry(ctx, "reused_connection"));
+            e.set_retry(self.may_retry(ctx, Retry::ReusedConnection));
         }
         e
     }
@@ -730,8 +737,8 @@ fn access(
 
 impl Gateway {
     /// Whether the request may be forwarded once more (within its pool's
-    /// `retries`), counting the retry by `reason` when it may.
-    fn may_retry(&self, ctx: &mut RequestCtx, reason: &str) -> bool {
+    /// `retries`), counting the retry by `why` when it may.
+    fn may_retry(&self, ctx: &mut RequestCtx, why: Retry) -> bool {
         let (Some(rt), Some((pool, _))) = (&ctx.runtime, ctx.server) else {
             return false;
         };
@@ -740,10 +747,7 @@ impl Gateway {
             return false;
         }
         ctx.retries += 1;
-        rt.all_metrics()
-            .upstream_retries
-            .with_label_values(&[def.name.as_ref(), reason])
-            .inc();
+        rt.pools[pool].count_retry(why);
         true
     }
 

@@ -915,7 +915,8 @@ pub struct RawQueue {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Fairness {
-    /// In turn between tenants (requests without one share a turn).
+    /// In turn between tenants; a request without a credential (an
+    /// `auth: none` route) takes its turns as its client's network.
     Tenant,
 }
 

@@ -249,12 +249,25 @@ async fn queued(
     tenant: &'static str,
     served: &Arc<Mutex<Vec<&'static str>>>,
 ) -> tokio::task::JoinHandle<Result<(), PoolRefusal>> {
+    let party = Party::Tenant(Arc::from(tenant));
+    queued_as(p, metrics, tenant, Some(party), served).await
+}
+
+/// Queues one waiter of `party` that, once admitted, notes `label` in
+/// `served` and gives its permit back; returns once it is in the queue.
+async fn queued_as(
+    p: &Arc<Pool>,
+    metrics: &Metrics,
+    label: &'static str,
+    party: Option<Party>,
+    served: &Arc<Mutex<Vec<&'static str>>>,
+) -> tokio::task::JoinHandle<Result<(), PoolRefusal>> {
     let waiting = metrics.pool_waiting.with_label_values(&["api"]);
     let before = waiting.get();
     let (p, served) = (p.clone(), served.clone());
     let task = tokio::spawn(async move {
-        let permit = p.admit(Priority::Normal, Some(&Arc::from(tenant))).await?;
-        served.lock().unwrap().push(tenant);
+        let permit = p.admit(Priority::Normal, party).await?;
+        served.lock().unwrap().push(label);
         drop(permit);
         Ok(())
     });
@@ -318,7 +331,9 @@ async fn a_tenant_beyond_per_tenant_max_is_refused_while_others_queue() {
     for _ in 0..3 {
         tasks.push(queued(&p, &metrics, "a", &served).await);
     }
-    let excess = p.admit(Priority::Normal, Some(&Arc::from("a"))).await;
+    let excess = p
+        .admit(Priority::Normal, Some(Party::Tenant(Arc::from("a"))))
+        .await;
     assert_eq!(
         excess.err(),
         Some(PoolRefusal::Saturated),
@@ -336,4 +351,31 @@ async fn a_tenant_beyond_per_tenant_max_is_refused_while_others_queue() {
     let again = queued(&p, &metrics, "a", &served).await;
     drop(held);
     again.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn callers_without_a_credential_take_turns_by_network() {
+    let (p, metrics) = queue(true, Some(3));
+    let network = |ip: &str| {
+        let ip = ip.parse().unwrap();
+        Some(Party::Network(crate::client_ip::key_network(ip, 64)))
+    };
+    let held = p.admit(Priority::Normal, None).await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    // Two addresses of one /64 are one party: three waiters between them,
+    // and a fourth is refused at once.
+    for ip in ["2001:db8::1", "2001:db8::2", "2001:db8::1"] {
+        tasks.push(queued_as(&p, &metrics, "a", network(ip), &served).await);
+    }
+    let excess = p.admit(Priority::Normal, network("2001:db8::3")).await;
+    assert_eq!(excess.err(), Some(PoolRefusal::Saturated));
+    // Another /64 and an IPv4 client each take their own turn.
+    tasks.push(queued_as(&p, &metrics, "b", network("2001:db8:1::1"), &served).await);
+    tasks.push(queued_as(&p, &metrics, "c", network("203.0.113.7"), &served).await);
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), ["a", "b", "c", "a", "a"]);
 }
