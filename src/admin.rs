@@ -47,6 +47,14 @@ impl Admin {
         env: EnvToken,
         drain: Arc<Drain>,
     ) -> Self {
+        // Every action and result from the start, so alerts and the
+        // dashboard see zeros.
+        let metrics = &live.load().services.metrics;
+        for action in ACTIONS {
+            for result in RESULTS {
+                metrics.admin_actions.with_label_values(&[action, result]);
+            }
+        }
         Self {
             live,
             reloader,
@@ -708,8 +716,19 @@ impl Admin {
                 "/admin/top" | "/admin/reload" | "/admin/usage" | "/admin/explain" | "/admin/reset"
                 | "/admin/credit" | "/admin/revocations" | "/admin/overrides"
                 | "/admin/credentials",
-            ) => text(405, "method not allowed\n".into()),
-            _ => text(404, "not found\n".into()),
+            ) => method_not_allowed(),
+            (_, p)
+                if [
+                    "/admin/revocations/",
+                    "/admin/overrides/",
+                    "/admin/credentials/",
+                ]
+                .iter()
+                .any(|prefix| p.starts_with(prefix)) =>
+            {
+                method_not_allowed()
+            }
+            _ => problem(404, "admin-not-found", "no admin endpoint has this path"),
         }
     }
 }
@@ -746,6 +765,33 @@ fn problem(status: u16, kind: &str, detail: &str) -> Response<Vec<u8>> {
         body.to_string().into_bytes(),
     )
 }
+
+/// An admin endpoint asked with a method it does not take.
+fn method_not_allowed() -> Response<Vec<u8>> {
+    problem(
+        405,
+        "admin-method-not-allowed",
+        "this admin endpoint does not take this method",
+    )
+}
+
+/// The audit log's actions, as `action_of` names them (beside `unknown`,
+/// a write to no endpoint).
+const ACTIONS: [&str; 9] = [
+    "reload",
+    "reset",
+    "credit",
+    "revoke",
+    "unrevoke",
+    "override",
+    "unoverride",
+    "create_credential",
+    "delete_credential",
+];
+
+/// An admin write's `result`: done, refused by its caller's rights or
+/// rate, rejected as invalid, or failed.
+const RESULTS: [&str; 4] = ["ok", "refused", "rejected", "error"];
 
 /// The audit log's `action` of a write to `path`.
 fn action_of(method: &Method, path: &str) -> &'static str {
@@ -1104,4 +1150,28 @@ fn percent_decode(segment: &str) -> String {
         .next()
         .map(|(_, v)| v.into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_write_is_audited_under_an_action_exported_from_start() {
+        for (method, path) in [
+            (Method::POST, "/admin/reload"),
+            (Method::POST, "/admin/reset"),
+            (Method::POST, "/admin/credit"),
+            (Method::POST, "/admin/revocations"),
+            (Method::DELETE, "/admin/revocations/c1"),
+            (Method::PUT, "/admin/overrides/acme"),
+            (Method::DELETE, "/admin/overrides/acme"),
+            (Method::POST, "/admin/credentials"),
+            (Method::DELETE, "/admin/credentials/c1"),
+        ] {
+            let action = action_of(&method, path);
+            assert!(ACTIONS.contains(&action), "{method} {path}: {action}");
+        }
+        assert_eq!(action_of(&Method::POST, "/admin/nothing"), "unknown");
+    }
 }

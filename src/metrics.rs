@@ -1,7 +1,8 @@
 //! The metrics handle: every series the gateway exports, registered once in
 //! its own registry and passed to whoever records. Labels come only from
-//! the bounded set (route class, limit name, pool, outcome, result, reason);
-//! no tenant, credential, key, address or path is ever a label.
+//! the bounded set (route class, limit name, pool, outcome, result, reason,
+//! and the listener: a configured bind address); no tenant, credential,
+//! key, client address or path is ever a label.
 
 use std::sync::{Arc, OnceLock};
 

@@ -36,9 +36,14 @@ fn the_alerting_rules_load_and_pass_their_unit_tests() {
 
 /// The `tollgate_*` names in `text`.
 fn names(text: &str) -> BTreeSet<String> {
+    names_with(text, "tollgate_")
+}
+
+/// The names in `text` that start with `prefix`.
+fn names_with(text: &str, prefix: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let mut rest = text;
-    while let Some(at) = rest.find("tollgate_") {
+    while let Some(at) = rest.find(prefix) {
         let name: String = rest[at..]
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
@@ -179,7 +184,7 @@ fn dashboard_queries() -> Vec<String> {
 }
 
 #[test]
-fn every_dashboard_query_parses_and_names_series_a_gateway_exports() {
+fn the_dashboard_covers_every_family_and_names_only_series_a_gateway_exports() {
     let queries = dashboard_queries();
     assert!(queries.len() >= 20, "{} queries", queries.len());
     // Each query as a recording rule, for promtool to parse.
@@ -231,19 +236,42 @@ routes:
         gw.get("/x", &[]);
     }
     let exported = gw.metrics();
+    let all = queries.join("\n");
+    let shown: BTreeSet<String> = names(&all)
+        .into_iter()
+        .chain(names_with(&all, "process_"))
+        .map(|name| {
+            name.trim_end_matches("_bucket")
+                .trim_end_matches("_count")
+                .trim_end_matches("_sum")
+                .to_owned()
+        })
+        .collect();
     let mut missing = Vec::new();
-    for name in names(&queries.join("\n")) {
-        let family = name
-            .trim_end_matches("_bucket")
-            .trim_end_matches("_count")
-            .trim_end_matches("_sum")
-            .to_owned();
+    for family in &shown {
         if !exported
             .lines()
-            .any(|l| l.starts_with(&family) && !l.starts_with('#'))
+            .any(|l| l.starts_with(family.as_str()) && !l.starts_with('#'))
         {
             missing.push(family);
         }
     }
     assert!(missing.is_empty(), "not exported: {missing:?}");
+
+    // And the other way round: every family the gateway exports is on the
+    // dashboard (DESIGN §18), with the process's CPU, RSS and open fds.
+    let families: BTreeSet<&str> = exported
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| name.starts_with("tollgate_"))
+        .chain([
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+        ])
+        .collect();
+    assert!(families.len() > 30, "{families:?}");
+    let absent: Vec<&&str> = families.iter().filter(|f| !shown.contains(**f)).collect();
+    assert!(absent.is_empty(), "not on the dashboard: {absent:?}");
 }

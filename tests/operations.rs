@@ -486,6 +486,26 @@ routes:
         top["top"][0]["denied_cost"], 2,
         "denials count against the credential"
     );
+    // A path no endpoint has, or a method an endpoint does not take, is a
+    // problem like every other admin error.
+    let token = [
+        ("authorization", "Bearer admin-s3cret"),
+        ("content-type", "application/json"),
+    ];
+    for (method, path, status) in [
+        ("GET", "/admin/nothing", 404),
+        ("DELETE", "/admin/top", 405),
+        ("GET", "/admin/overrides/acme", 405),
+        ("PUT", "/admin/credentials/heavy-caller", 405),
+    ] {
+        let answer = request(gw.admin, None, method, path, &token);
+        assert_eq!(answer.status, status, "{method} {path}");
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json"),
+            "{method} {path}"
+        );
+    }
 
     // Without a configured token, /admin/top answers with hashed callers.
     let open = Gateway::start(

@@ -640,14 +640,15 @@ impl<C: Clock> Limiter<C> {
             ))),
             result => result,
         };
-        self.metrics
-            .store_call_seconds
-            .observe(started.elapsed().as_secs_f64());
         if let Err(StoreError::Overloaded(_)) = result {
-            // Neither a success nor a failure of the store.
+            // Neither a success nor a failure of the store, nor a call of
+            // it: a decision shed before its call.
             shared.breaker.release(permit, self.clock.now_ms());
             return result;
         }
+        self.metrics
+            .store_call_seconds
+            .observe(started.elapsed().as_secs_f64());
         shared
             .breaker
             .record(permit, result.is_ok(), self.clock.now_ms());

@@ -265,9 +265,15 @@ async fn a_shed_decision_charges_nothing_and_never_trips_the_breaker() {
         errors(&s.metrics, "timeout") + errors(&s.metrics, "store_wait"),
         0
     );
+    assert_eq!(
+        s.metrics.store_call_seconds.get_sample_count(),
+        0,
+        "a shed decision is no store call"
+    );
     // The local unit was given back each time: the next decision has it.
     let verdicts = s.limiter.decide(&charges).await;
     assert_eq!(allowed(&verdicts), [true, true, true]);
+    assert_eq!(s.metrics.store_call_seconds.get_sample_count(), 1);
 }
 
 #[tokio::test(start_paused = true)]
