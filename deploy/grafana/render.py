@@ -248,8 +248,11 @@ def main():
         if not browser:
             print("no chromium: skipped the screenshot (apt-get install chromium)")
             return
+        # Tall enough for every section: three charts a line, each line at
+        # most about 330 px with its legend.
+        height = 120 + sum(60 + -(-len(charts) // 3) * 330 for _, charts in sections)
         subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        f"--screenshot={out_png}", "--window-size=1660,2980", out_html.as_uri()],
+                        f"--screenshot={out_png}", f"--window-size=1660,{height}", out_html.as_uri()],
                        check=True, capture_output=True, timeout=120)
         print(f"wrote {out_png}")
     finally:
