@@ -175,6 +175,32 @@ fn a_small_body_with_expect_continue_is_answered_100_then_forwarded() {
 }
 
 #[test]
+fn a_body_that_stalls_after_100_continue_is_answered_408() {
+    let (gw, upstream) = start("");
+    let mut s = connect(gw.addr, None);
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(
+        format!(
+            "POST /upload HTTP/1.1\r\nhost: t\r\nauthorization: {KEY}\r\ncontent-length: 5\r\n\
+             expect: 100-continue\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut interim = [0u8; 25];
+    s.read_exact(&mut interim).unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    // Two bytes of the five, then nothing: the interim answer was no
+    // answer, so the stall is still answered, not just closed.
+    s.write_all(b"he").unwrap();
+    let mut rest = String::new();
+    s.read_to_string(&mut rest).unwrap();
+    assert_eq!(status_of(&rest), 408, "{rest}");
+    assert!(rest.contains("application/problem+json"), "{rest}");
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[test]
 fn bodies_beyond_the_buffered_total_are_shed() {
     let (gw, _upstream) = start_patient("  limits: { buffered_bytes_total: 1500 }\n");
     // A client that announces a 1 000-byte body: once the gateway asks for

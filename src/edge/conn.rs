@@ -593,6 +593,15 @@ impl AsyncRead for Guarded {
     }
 }
 
+/// Whether `data` is an interim response head (1xx other than `101`),
+/// whole.
+fn is_interim(data: &[u8]) -> bool {
+    data.len() > 12
+        && data.starts_with(b"HTTP/1.1 1")
+        && !data.starts_with(b"HTTP/1.1 101")
+        && data.ends_with(b"\r\n\r\n")
+}
+
 impl AsyncWrite for Guarded {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -606,14 +615,19 @@ impl AsyncWrite for Guarded {
         match Pin::new(&mut this.inner).poll_write(cx, data) {
             Poll::Ready(result) => {
                 this.write_timer.disarm();
-                if matches!(result, Ok(n) if n > 0) {
+                if let Ok(n @ 1..) = result {
                     if !this.responded && data.starts_with(b"HTTP/1.1 101") {
                         // Switching protocols: what the client sent after
                         // its request is the tunnel's.
                         this.upgraded = true;
                         this.ready = this.head.split().freeze();
+                        this.responded = true;
+                    } else if !(this.responded || n == data.len() && is_interim(data)) {
+                        // A whole interim answer (`100 Continue`) is no
+                        // answer: a body that stalls after it is still
+                        // answered 408.
+                        this.responded = true;
                     }
-                    this.responded = true;
                 }
                 Poll::Ready(result)
             }
