@@ -307,6 +307,23 @@ impl Issuers {
         }
     }
 
+    /// Takes over the keys `old` holds for each issuer of the same name
+    /// and URL: a reloaded policy serves the last good set while its own
+    /// first fetch is out, or failing, instead of refusing every token.
+    pub fn keep_keys_of(&self, old: &Issuers) {
+        for issuer in &self.issuers {
+            let Some(remote) = &issuer.remote else {
+                continue;
+            };
+            let same = old.issuers.iter().find(|o| {
+                o.name == issuer.name && o.remote.as_ref().is_some_and(|r| r.url == remote.url)
+            });
+            if let Some(old) = same {
+                issuer.keys.current.store(old.keys.current.load_full());
+            }
+        }
+    }
+
     /// Fetches made for the issuer named `name` so far.
     pub fn fetches(&self, name: &str) -> u64 {
         self.issuers

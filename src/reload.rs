@@ -98,6 +98,7 @@ impl Reloader {
         self.services
             .client_log
             .set_rate(policy.server.log_client_errors_per_s);
+        policy.auth.jwt.keep_keys_of(&old.policy.auth.jwt);
         self.live
             .store(Arc::new(Runtime::new(policy, self.services.clone())));
         if let Some(hook) = self.released {

@@ -416,7 +416,7 @@ fn url_gateway(dir: &Path, refresh_s: u64, first: &Signer) -> (JwksServer, Gatew
 }
 
 #[test]
-fn keys_fetched_from_a_url_follow_rotation_and_outlive_a_failing_endpoint() {
+fn keys_fetched_from_a_url_follow_rotation_and_outlive_a_failing_endpoint_and_a_reload() {
     use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().unwrap();
     let a = Signer::ec(dir.path(), "a");
@@ -435,6 +435,12 @@ fn keys_fetched_from_a_url_follow_rotation_and_outlive_a_failing_endpoint() {
     server.up.store(false, Ordering::SeqCst);
     let hits = server.hits();
     assert!(eventually(Duration::from_secs(10), || server.hits() >= hits + 2));
+    assert_eq!((status(&gw, &by_a), status(&gw, &by_b)), (200, 200));
+    // A reload while the endpoint is down keeps the last good set too.
+    let ok = "tollgate_config_reloads_total{result=\"ok\"}";
+    let reloads = gw.metric(ok);
+    gw.signal("-HUP");
+    assert!(eventually(Duration::from_secs(10), || gw.metric(ok) > reloads));
     assert_eq!((status(&gw, &by_a), status(&gw, &by_b)), (200, 200));
 }
 
