@@ -545,8 +545,11 @@ fn add_proxy_listeners(
         let live = live.clone();
         Arc::new(move || live.load().policy.server.edge)
     };
+    // One bound for every proxy listener: `max_connections` is the
+    // instance's.
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let edge = |name: &str| {
-        let listener = Listener::new(name, &services.metrics);
+        let listener = Listener::sharing(name, &services.metrics, open.clone());
         Edge::new(proxy.clone(), edge_settings.clone(), listener)
     };
     for addr in &settings.listen {

@@ -211,3 +211,31 @@ fn clients_silent_before_the_handshake_hold_a_slot_until_the_header_timeout() {
     ) >= 2.0));
     assert!(https_get(port, &ca, "/x").is_ok_and(|(reply, _)| reply.starts_with("HTTP/1.1 200")));
 }
+
+#[test]
+fn max_connections_bounds_the_plain_and_tls_listeners_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = make_certs(dir.path(), "first");
+    let upstream = Upstream::start();
+    let port = free_port();
+    let text = policy(port, &cert, &key).replace(
+        "threads: 1\n",
+        "threads: 1\n  limits: { max_connections: 2 }\n  timeouts: { header_read_ms: 60000 }\n",
+    );
+    let gw = Gateway::start(&text, Some(&upstream));
+    // Two plain connections that send nothing take the instance's two
+    // slots...
+    let _held: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(gw.addr).unwrap())
+        .collect();
+    assert!(eventually(Duration::from_secs(5), || {
+        gw.metric(&format!("tollgate_connections{{listener=\"{}\"}}", gw.addr)) == 2.0
+    }));
+    // ...so the TLS listener refuses a third, and counts it.
+    assert!(https_get(port, &ca, "/x").is_err());
+    assert!(
+        gw.metric(&format!(
+            "tollgate_connections_rejected_total{{listener=\"127.0.0.1:{port}\",reason=\"max_connections\"}}"
+        )) >= 1.0
+    );
+}

@@ -1,6 +1,8 @@
 //! One listener's connection accounting: the open-connection gauge, the
 //! `max_connections` bound, and the counts of connections an edge bound
-//! closed, with their label values resolved once.
+//! closed, with their label values resolved once. The bound counts the
+//! connections of every listener that shares it: the proxy's listeners
+//! (plain and TLS) share one, so `max_connections` bounds the instance.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -61,16 +63,24 @@ impl Reason {
 /// The accounting of one listener (its address is the `listener` label).
 #[derive(Debug)]
 pub struct Listener {
-    open: AtomicUsize,
+    /// Open connections of every listener sharing the bound.
+    open: Arc<AtomicUsize>,
     gauge: IntGauge,
     rejected: [IntCounter; Reason::ALL.len()],
 }
 
 impl Listener {
-    /// The accounting of the listener `name`, with its metric series resolved once.
+    /// The accounting of the listener `name`, with its metric series
+    /// resolved once, bounding its own connections.
     pub fn new(name: &str, metrics: &Metrics) -> Arc<Self> {
+        Self::sharing(name, metrics, Arc::default())
+    }
+
+    /// As [`Listener::new`], bounding the connections counted in `open`
+    /// together with every other listener given it.
+    pub fn sharing(name: &str, metrics: &Metrics, open: Arc<AtomicUsize>) -> Arc<Self> {
         Arc::new(Self {
-            open: AtomicUsize::new(0),
+            open,
             gauge: metrics.connections.with_label_values(&[name]),
             rejected: Reason::ALL.map(|r| {
                 metrics
@@ -105,7 +115,7 @@ impl Listener {
         self.rejected[reason as usize].get()
     }
 
-    /// Connections open now.
+    /// Connections open now, on every listener sharing the bound.
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Acquire)
     }
@@ -142,5 +152,24 @@ mod tests {
         drop(a);
         assert_eq!(listener.open(), 1);
         assert!(listener.admit(2).is_some());
+    }
+
+    #[test]
+    fn listeners_sharing_a_bound_count_together() {
+        let metrics = Metrics::new();
+        let open = Arc::new(AtomicUsize::new(0));
+        let plain = Listener::sharing("127.0.0.1:1", &metrics, open.clone());
+        let tls = Listener::sharing("127.0.0.1:2", &metrics, open);
+        let a = plain.admit(2).unwrap();
+        let _b = tls.admit(2).unwrap();
+        assert!(plain.admit(2).is_none());
+        assert!(tls.admit(2).is_none());
+        assert_eq!(tls.rejections(Reason::MaxConnections), 1);
+        drop(a);
+        let _c = tls.admit(2).unwrap();
+        // Each listener's gauge is its own.
+        let text = String::from_utf8(metrics.render()).unwrap();
+        assert!(text.contains("tollgate_connections{listener=\"127.0.0.1:1\"} 0"));
+        assert!(text.contains("tollgate_connections{listener=\"127.0.0.1:2\"} 2"));
     }
 }
