@@ -402,16 +402,22 @@ impl Guarded {
                 Some(Err(too_large))
             }
             Ok(httparse::Status::Complete(n)) => Some(
-                super::framing(req.headers)
-                    .map(|f| match f {
-                        super::Framing::None => (Body::Done, n),
-                        super::Framing::Length(len) => (Body::Length(len), n),
-                        super::Framing::Chunked => (
-                            Body::Chunked(Chunks::new(self.settings.max_header_bytes)),
-                            n,
-                        ),
-                    })
-                    .map_err(|detail| (Reason::BadRequest, Rejection::BadRequest { detail })),
+                super::authority(
+                    req.version.unwrap_or(1),
+                    req.method.unwrap_or(""),
+                    req.path.unwrap_or("").as_bytes(),
+                    req.headers,
+                )
+                .and_then(|()| super::framing(req.headers))
+                .map(|f| match f {
+                    super::Framing::None => (Body::Done, n),
+                    super::Framing::Length(len) => (Body::Length(len), n),
+                    super::Framing::Chunked => (
+                        Body::Chunked(Chunks::new(self.settings.max_header_bytes)),
+                        n,
+                    ),
+                })
+                .map_err(|detail| (Reason::BadRequest, Rejection::BadRequest { detail })),
             ),
             Ok(httparse::Status::Partial) if self.head.len() > self.settings.max_header_bytes => {
                 Some(Err(too_large))

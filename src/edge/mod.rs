@@ -220,6 +220,60 @@ pub fn framing(headers: &[httparse::Header<'_>]) -> Result<Framing, &'static str
     }
 }
 
+/// Refuses, with the gateway's own answer, the heads Pingora's parse would
+/// answer with a bare 400 (RFC 9112 §3.2, RFC 9110 §4.2.4): several `Host`
+/// fields, userinfo in `Host` or in the target, an absolute-form target
+/// whose authority is ambiguous, malformed, or not byte for byte the
+/// `Host`, and `Transfer-Encoding` on an HTTP/1.0 request.
+pub fn authority(
+    version: u8,
+    method: &str,
+    target: &[u8],
+    headers: &[httparse::Header<'_>],
+) -> Result<(), &'static str> {
+    use pingora::http::authority::RawTargetAuthority;
+    use pingora::http::authority::{is_http_family_scheme, raw_target_authority};
+
+    let mut host: Option<&[u8]> = None;
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("host") {
+            if host.replace(h.value).is_some() {
+                return Err("The request has more than one Host header.");
+            }
+        } else if version == 0 && h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err("An HTTP/1.0 request cannot carry Transfer-Encoding.");
+        }
+    }
+    if host.is_some_and(|h| h.contains(&b'@')) {
+        return Err("The Host header carries userinfo.");
+    }
+    if method == "CONNECT" {
+        // Its target is an authority of its own, refused later.
+        return Ok(());
+    }
+    match raw_target_authority(target) {
+        RawTargetAuthority::None => Ok(()),
+        RawTargetAuthority::AmbiguousAuthority => {
+            Err("The request target's authority is ambiguous.")
+        }
+        RawTargetAuthority::Absolute {
+            scheme, authority, ..
+        } => {
+            if authority.contains(&b'@') {
+                Err("The request target carries userinfo.")
+            } else if is_http_family_scheme(scheme)
+                && http::uri::Authority::try_from(authority).is_err()
+            {
+                Err("The request target's authority is malformed.")
+            } else if host.is_some_and(|h| h != authority) {
+                Err("The Host header differs from the request target's authority.")
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A client-facing sentence for a head the parser refused.
 fn parse_error(e: httparse::Error) -> &'static str {
     match e {
@@ -245,6 +299,44 @@ mod tests {
             })
             .collect();
         framing(&headers)
+    }
+
+    fn authority_of(version: u8, target: &str, hosts: &[&str]) -> Result<(), &'static str> {
+        let headers: Vec<_> = hosts
+            .iter()
+            .map(|value| httparse::Header {
+                name: "Host",
+                value: value.as_bytes(),
+            })
+            .collect();
+        authority(version, "GET", target.as_bytes(), &headers)
+    }
+
+    #[test]
+    fn heads_pingora_would_refuse_bare_are_refused_here() {
+        assert_eq!(authority_of(1, "/x", &["api.test"]), Ok(()));
+        assert_eq!(authority_of(1, "/x", &[]), Ok(()));
+        assert_eq!(authority_of(1, "http://api.test/x", &["api.test"]), Ok(()));
+        assert_eq!(authority_of(1, "http://api.test/x", &[]), Ok(()));
+        for (target, hosts) in [
+            ("/x", &["a.test", "b.test"][..]),
+            ("/x", &["user@api.test"][..]),
+            ("http://user@api.test/x", &["api.test"][..]),
+            ("http://other.test/x", &["api.test"][..]),
+            ("http://API.test/x", &["api.test"][..]),
+            ("http:/\\api.test/x", &["api.test"][..]),
+        ] {
+            assert!(
+                authority_of(1, target, hosts).is_err(),
+                "{target} {hosts:?}"
+            );
+        }
+        let te = [httparse::Header {
+            name: "Transfer-Encoding",
+            value: b"chunked",
+        }];
+        assert!(authority(0, "POST", b"/x", &te).is_err());
+        assert_eq!(authority(1, "POST", b"/x", &te), Ok(()));
     }
 
     #[test]
