@@ -409,9 +409,12 @@ impl Issuers {
                 | ErrorKind::InvalidRsaKey(_) => Failure::BadSignature,
                 _ => Failure::BadClaims,
             })?;
+        // Identity claims: printable ASCII (they become header values and
+        // log fields), as forward auth's identity headers are.
         let claim = |name: &str| {
             let value = data.claims.get(name)?.as_str()?;
-            (!value.is_empty() && value.len() <= MAX_CLAIM_BYTES).then_some(value)
+            let printable = value.bytes().all(|b| (0x20..0x7f).contains(&b));
+            (printable && !value.is_empty() && value.len() <= MAX_CLAIM_BYTES).then_some(value)
         };
         let sub = claim(&issuer.credential_claim).ok_or(Failure::BadClaims)?;
         let tenant = claim(&issuer.tenant_claim).ok_or(Failure::BadClaims)?;

@@ -248,6 +248,8 @@ fn valid_tokens_name_their_caller_and_broken_ones_are_refused_with_a_reason() {
         ("bad_claims", rsa.sign(&audience)),
         ("bad_claims", rsa.sign(&huge)),
         ("bad_claims", rsa.sign(&long_sub)),
+        ("bad_claims", rsa.sign(&claims(MAIN, "tab\tbed", "acme"))),
+        ("bad_claims", rsa.sign(&claims(MAIN, "root", "acmé"))),
         ("unknown", crossed),
         ("bad_signature", tampered),
         ("bad_signature", none),
