@@ -15,6 +15,7 @@ use crate::edge::target;
 use crate::limits::{combine, Charge, Decision, Group, Identity, Op, Source, Verdict};
 use crate::metrics::DecisionOutcome;
 use crate::overrides::Resolved;
+use crate::pools::Party;
 use crate::respond::{RateHeaders, Rejection};
 use crate::routes;
 use crate::runtime::Runtime;
@@ -79,11 +80,25 @@ impl Facts {
     /// Who the request counts against in reports: the credential, or the
     /// client network before authentication.
     pub fn caller(&self, ipv6_prefix: u8) -> Option<Caller> {
-        match (&self.credential, self.client_ip) {
-            (Some(c), _) => Some(Caller::Credential(c.id.clone())),
-            (None, Some(ip)) => Some(Caller::Ip(client_ip::key_network(ip, ipv6_prefix))),
-            _ => None,
+        match &self.credential {
+            Some(c) => Some(Caller::Credential(c.id.clone())),
+            None => self.network(ipv6_prefix).map(Caller::Ip),
         }
+    }
+
+    /// Whose turns the request takes in a pool's queue: its tenant, or
+    /// without a credential its client network.
+    pub fn party(&self, ipv6_prefix: u8) -> Option<Party> {
+        match &self.credential {
+            Some(c) => Some(Party::Tenant(c.tenant.clone())),
+            None => self.network(ipv6_prefix).map(Party::Network),
+        }
+    }
+
+    /// The client's network, as IP keys name it.
+    pub fn network(&self, ipv6_prefix: u8) -> Option<ipnet::IpNet> {
+        self.client_ip
+            .map(|ip| client_ip::key_network(ip, ipv6_prefix))
     }
 }
 
@@ -293,9 +308,7 @@ async fn look_up(
     let tuned = rt.tenant_override(&credential.tenant, now);
     let route = plan.route;
     let who = Identity {
-        ip: facts
-            .client_ip
-            .map(|ip| client_ip::key_network(ip, rt.policy.client_ip.ipv6_prefix)),
+        ip: facts.network(rt.policy.client_ip.ipv6_prefix),
         credential: Some(&credential.id),
         tenant: Some(&credential.tenant),
         route: &route.name,

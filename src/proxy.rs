@@ -19,14 +19,13 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::access_log::{self, AccessLog, Line};
 use crate::admission::{self, Admitted, Facts};
-use crate::client_ip;
 use crate::config::HostHeader;
 use crate::config::UpstreamProtocol;
 use crate::drain::{Drain, InFlight};
 use crate::edge::body::{self, BodyReservation};
 use crate::edge::headers::{self, Forwarding};
 use crate::metrics::Outcome;
-use crate::pools::{Party, PoolPermit, PoolRefusal, Retry};
+use crate::pools::{PoolPermit, PoolRefusal, Retry};
 use crate::respond::Rejection;
 use crate::runtime::Runtime;
 
@@ -125,14 +124,7 @@ impl Gateway {
                 PoolRefusal::Saturated => Rejection::Overloaded { retry_after: 1 },
                 PoolRefusal::NoHealthyServer => Rejection::NoHealthyUpstream { retry_after: 1 },
             };
-            let party = match (&ctx.facts.credential, ctx.facts.client_ip) {
-                (Some(c), _) => Some(Party::Tenant(c.tenant.clone())),
-                (None, Some(ip)) => Some(Party::Network(client_ip::key_network(
-                    ip,
-                    rt.policy.client_ip.ipv6_prefix,
-                ))),
-                (None, None) => None,
-            };
+            let party = ctx.facts.party(rt.policy.client_ip.ipv6_prefix);
             match pool.admit(ctx.facts.priority, party).await {
                 Ok(permit) => ctx.permit = Some(permit),
                 Err(r) => return Ok(Err(refusal(r))),
@@ -710,8 +702,8 @@ fn access(
     let credential = ctx.facts.credential.as_deref();
     let client = ctx
         .facts
-        .client_ip
-        .map(|ip| client_ip::key_network(ip, rt.policy.client_ip.ipv6_prefix).to_string());
+        .network(rt.policy.client_ip.ipv6_prefix)
+        .map(|net| net.to_string());
     log.log(&Line {
         time: access_log::timestamp(crate::clock::wall()),
         policy_version: &rt.policy.policy_version,

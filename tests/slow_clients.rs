@@ -151,14 +151,14 @@ fn a_small_body_is_read_whole_before_its_request_takes_a_permit() {
     assert_eq!(pool_in_flight(&gw), 0.0);
 }
 
-#[test]
-fn a_small_body_with_expect_continue_is_answered_100_then_forwarded() {
-    let (gw, upstream) = start("");
-    let mut s = connect(gw.addr, None);
+/// A connection whose POST announced a `length`-byte body with `Expect:
+/// 100-continue`, once the gateway has asked for the body.
+fn asked_to_continue(to: std::net::SocketAddr, length: usize) -> TcpStream {
+    let mut s = connect(to, None);
     s.write_all(
         format!(
-            "POST /upload HTTP/1.1\r\nhost: t\r\nauthorization: {KEY}\r\ncontent-length: 5\r\n\
-             expect: 100-continue\r\nconnection: close\r\n\r\n"
+            "POST /upload HTTP/1.1\r\nhost: t\r\nauthorization: {KEY}\r\n\
+             content-length: {length}\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n"
         )
         .as_bytes(),
     )
@@ -166,6 +166,13 @@ fn a_small_body_with_expect_continue_is_answered_100_then_forwarded() {
     let mut interim = [0u8; 25];
     s.read_exact(&mut interim).unwrap();
     assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s
+}
+
+#[test]
+fn a_small_body_with_expect_continue_is_answered_100_then_forwarded() {
+    let (gw, upstream) = start("");
+    let mut s = asked_to_continue(gw.addr, 5);
     s.write_all(b"hello").unwrap();
     let mut rest = String::new();
     s.read_to_string(&mut rest).unwrap();
@@ -177,19 +184,8 @@ fn a_small_body_with_expect_continue_is_answered_100_then_forwarded() {
 #[test]
 fn a_body_that_stalls_after_100_continue_is_answered_408() {
     let (gw, upstream) = start("");
-    let mut s = connect(gw.addr, None);
+    let mut s = asked_to_continue(gw.addr, 5);
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(
-        format!(
-            "POST /upload HTTP/1.1\r\nhost: t\r\nauthorization: {KEY}\r\ncontent-length: 5\r\n\
-             expect: 100-continue\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    let mut interim = [0u8; 25];
-    s.read_exact(&mut interim).unwrap();
-    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
     // Two bytes of the five, then nothing: the interim answer was no
     // answer, so the stall is still answered, not just closed.
     s.write_all(b"he").unwrap();
@@ -205,19 +201,7 @@ fn bodies_beyond_the_buffered_total_are_shed() {
     let (gw, _upstream) = start_patient("  limits: { buffered_bytes_total: 1500 }\n");
     // A client that announces a 1 000-byte body: once the gateway asks for
     // it (100 Continue), its share of the 1 500 is held.
-    let mut holder = connect(gw.addr, None);
-    holder
-        .write_all(
-            format!(
-                "POST /upload HTTP/1.1\r\nhost: t\r\nauthorization: {KEY}\r\n\
-                 content-length: 1000\r\nexpect: 100-continue\r\n\r\n"
-            )
-            .as_bytes(),
-        )
-        .unwrap();
-    let mut interim = [0u8; 25];
-    holder.read_exact(&mut interim).unwrap();
-    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    let mut holder = asked_to_continue(gw.addr, 1000);
     let post = || raw(gw.addr, posting(600).as_bytes());
     let second = post();
     assert_eq!(status_of(&second), 503, "{second}");

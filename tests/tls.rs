@@ -6,7 +6,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
@@ -170,17 +170,27 @@ fn upstreams_are_reached_over_verified_tls() {
     assert_eq!(unverified.get("/x", &[]).status, 200);
 }
 
-#[test]
-fn clients_silent_before_the_handshake_hold_a_slot_until_the_header_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = make_certs(dir.path(), "first");
+/// A gateway with a plain and a TLS listener (on `port`) and room for two
+/// connections, whose heads (and TLS handshakes) may take
+/// `header_read_ms`; the CA that signed its certificate.
+fn two_connections(dir: &Path, header_read_ms: u64) -> (Gateway, Upstream, u16, PathBuf) {
+    let (ca, cert, key) = make_certs(dir, "first");
     let upstream = Upstream::start();
     let port = free_port();
     let text = policy(port, &cert, &key).replace(
         "threads: 1\n",
-        "threads: 1\n  limits: { max_connections: 2 }\n  timeouts: { header_read_ms: 400 }\n",
+        &format!(
+            "threads: 1\n  limits: {{ max_connections: 2 }}\n  timeouts: {{ header_read_ms: {header_read_ms} }}\n"
+        ),
     );
     let gw = Gateway::start(&text, Some(&upstream));
+    (gw, upstream, port, ca)
+}
+
+#[test]
+fn clients_silent_before_the_handshake_hold_a_slot_until_the_header_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, _upstream, port, ca) = two_connections(dir.path(), 400);
     let listener = format!("listener=\"127.0.0.1:{port}\"");
 
     // Two connections that never send a ClientHello take both slots...
@@ -215,14 +225,7 @@ fn clients_silent_before_the_handshake_hold_a_slot_until_the_header_timeout() {
 #[test]
 fn max_connections_bounds_the_plain_and_tls_listeners_together() {
     let dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = make_certs(dir.path(), "first");
-    let upstream = Upstream::start();
-    let port = free_port();
-    let text = policy(port, &cert, &key).replace(
-        "threads: 1\n",
-        "threads: 1\n  limits: { max_connections: 2 }\n  timeouts: { header_read_ms: 60000 }\n",
-    );
-    let gw = Gateway::start(&text, Some(&upstream));
+    let (gw, _upstream, port, ca) = two_connections(dir.path(), 60_000);
     // Two plain connections that send nothing take the instance's two
     // slots...
     let _held: Vec<TcpStream> = (0..2)

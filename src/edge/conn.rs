@@ -402,13 +402,12 @@ impl Guarded {
                 Some(Err(too_large))
             }
             Ok(httparse::Status::Complete(n)) => Some(
-                super::authority(
+                super::framing(
                     req.version.unwrap_or(1),
                     req.method.unwrap_or(""),
                     req.path.unwrap_or("").as_bytes(),
                     req.headers,
                 )
-                .and_then(|()| super::framing(req.headers))
                 .map(|f| match f {
                     super::Framing::None => (Body::Done, n),
                     super::Framing::Length(len) => (Body::Length(len), n),

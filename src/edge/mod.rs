@@ -177,15 +177,26 @@ pub enum Framing {
     Chunked,
 }
 
-/// The body framing of a request head, refusing every framing that two
-/// HTTP parsers could read differently (the ground of request smuggling):
-/// `Transfer-Encoding` with `Content-Length`, any coding but a lone
-/// `chunked`, and several or malformed lengths.
-pub fn framing(headers: &[httparse::Header<'_>]) -> Result<Framing, &'static str> {
+/// The body framing of a request head, in one pass over its headers,
+/// refusing every framing that two HTTP parsers could read differently
+/// (the ground of request smuggling): `Transfer-Encoding` with
+/// `Content-Length`, any coding but a lone `chunked`, several or malformed
+/// lengths, `Transfer-Encoding` on HTTP/1.0 (`version` 0); and every head
+/// whose authority is not one (`authority`).
+pub fn framing(
+    version: u8,
+    method: &str,
+    target: &[u8],
+    headers: &[httparse::Header<'_>],
+) -> Result<Framing, &'static str> {
     let mut length: Option<u64> = None;
     let mut codings = 0usize;
+    let mut host: Option<&[u8]> = None;
     for h in headers {
         if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if version == 0 {
+                return Err("An HTTP/1.0 request cannot carry Transfer-Encoding.");
+            }
             for coding in h.value.split(|&b| b == b',') {
                 let coding = coding.trim_ascii();
                 if coding.is_empty() {
@@ -209,8 +220,11 @@ pub fn framing(headers: &[httparse::Header<'_>]) -> Result<Framing, &'static str
                 return Err("Content-Length is given twice with different values.");
             }
             length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("host") && host.replace(h.value).is_some() {
+            return Err("The request has more than one Host header.");
         }
     }
+    authority(method, target, host)?;
     match (codings, length) {
         (0, None | Some(0)) => Ok(Framing::None),
         (0, Some(n)) => Ok(Framing::Length(n)),
@@ -221,29 +235,15 @@ pub fn framing(headers: &[httparse::Header<'_>]) -> Result<Framing, &'static str
 }
 
 /// Refuses, with the gateway's own answer, the heads Pingora's parse would
-/// answer with a bare 400 (RFC 9112 §3.2, RFC 9110 §4.2.4): several `Host`
-/// fields, userinfo in `Host` or in the target, an absolute-form target
-/// whose authority is ambiguous, malformed, or not byte for byte the
-/// `Host`, and `Transfer-Encoding` on an HTTP/1.0 request.
-pub fn authority(
-    version: u8,
-    method: &str,
-    target: &[u8],
-    headers: &[httparse::Header<'_>],
-) -> Result<(), &'static str> {
+/// answer with a bare 400 (RFC 9112 §3.2, RFC 9110 §4.2.4), beside several
+/// `Host` fields and `Transfer-Encoding` on HTTP/1.0 ([`framing`]):
+/// userinfo in the (one) `host` or in the target, and an absolute-form
+/// target whose authority is ambiguous, malformed, or not byte for byte
+/// the `host`.
+fn authority(method: &str, target: &[u8], host: Option<&[u8]>) -> Result<(), &'static str> {
     use pingora::http::authority::RawTargetAuthority;
     use pingora::http::authority::{is_http_family_scheme, raw_target_authority};
 
-    let mut host: Option<&[u8]> = None;
-    for h in headers {
-        if h.name.eq_ignore_ascii_case("host") {
-            if host.replace(h.value).is_some() {
-                return Err("The request has more than one Host header.");
-            }
-        } else if version == 0 && h.name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err("An HTTP/1.0 request cannot carry Transfer-Encoding.");
-        }
-    }
     if host.is_some_and(|h| h.contains(&b'@')) {
         return Err("The Host header carries userinfo.");
     }
@@ -298,7 +298,7 @@ mod tests {
                 value: value.as_bytes(),
             })
             .collect();
-        framing(&headers)
+        framing(1, "GET", b"/", &headers)
     }
 
     fn authority_of(version: u8, target: &str, hosts: &[&str]) -> Result<(), &'static str> {
@@ -309,7 +309,7 @@ mod tests {
                 value: value.as_bytes(),
             })
             .collect();
-        authority(version, "GET", target.as_bytes(), &headers)
+        framing(version, "GET", target.as_bytes(), &headers).map(drop)
     }
 
     #[test]
@@ -335,8 +335,8 @@ mod tests {
             name: "Transfer-Encoding",
             value: b"chunked",
         }];
-        assert!(authority(0, "POST", b"/x", &te).is_err());
-        assert_eq!(authority(1, "POST", b"/x", &te), Ok(()));
+        assert!(framing(0, "POST", b"/x", &te).is_err());
+        assert_eq!(framing(1, "POST", b"/x", &te), Ok(Framing::Chunked));
     }
 
     #[test]

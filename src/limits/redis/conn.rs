@@ -575,14 +575,15 @@ impl ConnectionLike for Conn {
 fn backend(e: RedisError) -> StoreError {
     match e.kind() {
         _ if e.is_timeout() => StoreError::Timeout,
+        _ if on_the_link(&e) => StoreError::Connection(e.to_string()),
         ErrorKind::Server(_) => StoreError::Script(e.to_string()),
-        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::Reply(e.to_string()),
-        _ => StoreError::Connection(e.to_string()),
+        _ => StoreError::Reply(e.to_string()),
     }
 }
 
-/// Whether a call failed on the link (no answer came), rather than with
-/// the server's answer or a reply this gateway cannot read.
+/// Whether a call failed on the link (no answer came: a timeout or a
+/// broken connection), rather than with the server's answer or a reply
+/// this gateway cannot read.
 fn on_the_link(e: &RedisError) -> bool {
     e.is_timeout()
         || !matches!(
