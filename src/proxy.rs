@@ -66,6 +66,32 @@ pub struct RequestCtx {
     answered: bool,
     /// The status of the upstream's response, once its head arrived.
     upstream_status: Option<u16>,
+    /// An answer read whole before it goes on (see [`HeldAnswer`]).
+    held: Option<HeldAnswer>,
+}
+
+/// An upstream answer of a declared length within the pool's
+/// `response_buffer_bytes`, gathered until the upstream sent all of it:
+/// then the request's pool permit and holds end, and the whole answer goes
+/// to the client, however slowly it reads. The bytes are counted in
+/// `buffered_bytes_total` while held.
+struct HeldAnswer {
+    body: bytes::BytesMut,
+    /// The declared length still to come.
+    left: u64,
+    _reservation: BodyReservation,
+}
+
+impl HeldAnswer {
+    /// Takes `chunk` in; the whole answer once the last declared byte came
+    /// (or the upstream ended it early: `end`).
+    fn take(&mut self, chunk: Option<Bytes>, end: bool) -> Option<Bytes> {
+        if let Some(chunk) = chunk {
+            self.left = self.left.saturating_sub(chunk.len() as u64);
+            self.body.extend_from_slice(&chunk);
+        }
+        (self.left == 0 || end).then(|| std::mem::take(&mut self.body).freeze())
+    }
 }
 
 /// The gateway: the live policy, swapped atomically on reload.
@@ -256,6 +282,54 @@ fn spawn_settlement(rt: &Runtime, reconcile: admission::Reconcile, settled: u64,
                 .inc_by(uncharged);
         }
     });
+}
+
+/// The answer to gather whole before it goes on: one with a body of a
+/// declared length within its pool's `response_buffer_bytes`, while
+/// `buffered_bytes_total` has room for it. A streamed answer (no declared
+/// length), a larger one, or an upgrade goes on as it comes, and keeps its
+/// permit while it streams.
+fn hold_answer(
+    session: &Session,
+    response: &ResponseHeader,
+    ctx: &RequestCtx,
+) -> Option<HeldAnswer> {
+    let (rt, (pool, _)) = (ctx.runtime.as_ref()?, ctx.server?);
+    let status = response.status.as_u16();
+    if session.req_header().method == http::Method::HEAD
+        || response.status.is_informational()
+        || matches!(status, 204 | 304)
+    {
+        return None;
+    }
+    let len: u64 = response
+        .headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    if len == 0 || len > rt.pools[pool].def().response_buffer_bytes {
+        return None;
+    }
+    let total = rt.policy.server.buffered_bytes_total;
+    let reservation = rt.services.body_budget.reserve(len, total)?;
+    Some(HeldAnswer {
+        body: bytes::BytesMut::with_capacity(len as usize),
+        left: len,
+        _reservation: reservation,
+    })
+}
+
+/// How long an HTTP/2 response may wait for its client's flow-control
+/// window, once `sent` bytes went to it: the grace, or longer when those
+/// bytes earned it at `send_min_rate`; at most `send_ms`. A stream whose
+/// client keeps its window shut is cut then (a zero window is a rate of
+/// zero), and releases what it held. Pingora applies the bound to each
+/// wait for window, so a client that opens it again in time goes on.
+fn send_timeout(edge: &crate::edge::EdgeSettings, sent: u64) -> std::time::Duration {
+    let earned = std::time::Duration::from_secs_f64(sent as f64 / edge.send_min_rate as f64);
+    edge.body_grace.max(earned).min(edge.send)
 }
 
 fn peer_ip(addr: Option<&PeerAddr>) -> IpAddr {
@@ -524,26 +598,48 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.answered = true;
         ctx.upstream_status = Some(response.status.as_u16());
+        ctx.held = hold_answer(session, response, ctx);
         Ok(())
     }
 
     fn response_body_filter(
         &self,
-        _session: &mut Session,
-        _body: &mut Option<Bytes>,
+        session: &mut Session,
+        body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
-        // The upstream's work is done: its holds go now, not after the
-        // last bytes reach the client and the request is logged.
-        if end_of_stream {
+        let mut complete = end_of_stream;
+        if let Some(held) = &mut ctx.held {
+            match held.take(body.take(), end_of_stream) {
+                Some(whole) => {
+                    *body = Some(whole);
+                    complete = true;
+                    ctx.held = None;
+                }
+                None => return Ok(None),
+            }
+        }
+        // The upstream's work is done: its permit and holds go now, before
+        // the last bytes are written, not once the client has read them.
+        if complete {
+            ctx.permit = None;
             ctx.facts.holds.clear();
+        }
+        if session.req_header().version == http::Version::HTTP_2 {
+            if let (Some(rt), Some(_)) = (&ctx.runtime, body.as_ref()) {
+                // The bytes its client took so far, before this chunk (and
+                // any others filtered with it, written after).
+                let sent = session.body_bytes_sent() as u64;
+                let edge = &rt.policy.server.edge;
+                session.set_write_timeout(Some(send_timeout(edge, sent)));
+            }
         }
         Ok(None)
     }
@@ -612,6 +708,18 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // The pool slot is free as soon as the response is over.
         ctx.permit = None;
+        if let (Some(e), Some(rt)) = (e, &ctx.runtime) {
+            let h2 = session.req_header().version == http::Version::HTTP_2;
+            if h2 && e.etype() == &ErrorType::WriteTimedout {
+                let edge = &rt.policy.server.edge;
+                let sent = session.body_bytes_sent() as u64;
+                body::send_cut(if send_timeout(edge, sent) < edge.send {
+                    crate::edge::listener::Reason::SendTooSlow
+                } else {
+                    crate::edge::listener::Reason::SendTimeout
+                });
+            }
+        }
         settle_unreported(ctx, e);
         let Some(rt) = ctx.runtime.clone() else {
             return;

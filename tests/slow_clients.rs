@@ -476,3 +476,109 @@ fn the_admin_listener_keeps_its_own_connection_bound() {
         ) >= 1.0
     );
 }
+
+/// The slow-client policy with `send_ms` beyond any test: only the
+/// upstream's end, or the rate, can free what a reader that never reads
+/// holds.
+fn start_never_timing_out_sends() -> (Gateway, Upstream) {
+    start_with(policy("").replace(
+        "body_min_rate: 1024 }",
+        "body_min_rate: 1024, send_ms: 600000 }",
+    ))
+}
+
+/// An h2c connection whose client announces a zero window for every
+/// stream: it takes response heads, never a byte of a body.
+async fn never_reading_h2(gw: &Gateway) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client.ready().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_that_never_read_their_answers_do_not_hold_the_pool() {
+    let (gw, upstream) = tokio::task::block_in_place(start_never_timing_out_sends);
+    let mut client = never_reading_h2(&gw).await;
+    // Six streams, one after the other, on a four-permit pool that refuses
+    // at once when full: each answer is read whole from the upstream and
+    // its permit freed, though its client takes none of it.
+    let mut unread = Vec::new();
+    for _ in 0..6 {
+        let request = http::Request::get(format!("http://{}/x", gw.addr))
+            .header("authorization", KEY)
+            .body(())
+            .unwrap();
+        client = client.ready().await.unwrap();
+        let (response, _) = client.send_request(request, true).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 200);
+        unread.push(response);
+    }
+    assert_eq!(upstream.hits(), 6);
+    let gw = &gw;
+    let freed = tokio::task::block_in_place(|| {
+        eventually(Duration::from_secs(10), || pool_in_flight(gw) == 0.0)
+    });
+    assert!(freed, "{}", gw.metrics());
+    let other = tokio::task::block_in_place(|| get(gw.addr, "/y", &[("authorization", KEY)]));
+    assert_eq!(other.status, 200);
+    assert_eq!(unread.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_with_a_shut_window_is_cut_at_the_grace_and_frees_its_permit() {
+    let (gw, _upstream) = tokio::task::block_in_place(start_never_timing_out_sends);
+    let mut client = never_reading_h2(&gw).await;
+    // 64 MiB, far beyond the response buffer: the answer streams, and
+    // keeps its permit while it does.
+    let request = http::Request::get(format!("http://{}/big", gw.addr))
+        .header("authorization", KEY)
+        .body(())
+        .unwrap();
+    client = client.ready().await.unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let ended = tokio::time::timeout(Duration::from_secs(8), body.data())
+        .await
+        .unwrap_or_else(|_| panic!("not cut: {}", gw.log()));
+    assert!(matches!(ended, Some(Err(_))), "reset: {ended:?}");
+    let gw = &gw;
+    let counted = tokio::task::block_in_place(|| {
+        eventually(Duration::from_secs(10), || {
+            rejected(gw, "send_too_slow") == 1.0
+        })
+    });
+    assert!(counted, "{}", gw.metrics());
+    assert_eq!(
+        tokio::task::block_in_place(|| rejected(gw, "send_timeout")),
+        0.0
+    );
+    let freed = tokio::task::block_in_place(|| {
+        eventually(Duration::from_secs(10), || pool_in_flight(gw) == 0.0)
+    });
+    assert!(freed);
+}
+
+#[test]
+fn an_http1_client_that_never_reads_a_large_answer_is_cut_and_frees_its_permit() {
+    let (gw, _upstream) = start_never_timing_out_sends();
+    let mut conn = connect(gw.addr, None);
+    conn.write_all(b"GET /big HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer key-s1\r\n\r\n")
+        .unwrap();
+    // Reads nothing: the socket buffers fill, then the gateway waits on
+    // the client, which takes nothing over the grace.
+    let counted = eventually(Duration::from_secs(30), || {
+        rejected(&gw, "send_too_slow") == 1.0
+    });
+    assert!(counted, "{}", gw.metrics());
+    assert_eq!(rejected(&gw, "send_timeout"), 0.0);
+    assert!(eventually(Duration::from_secs(10), || pool_in_flight(&gw) == 0.0));
+    drop(conn);
+}

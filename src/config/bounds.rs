@@ -88,6 +88,10 @@ pub const BODY_READ_MS: Bound = Bound::new(1, HOUR_MS, edge::BODY_READ_MS);
 pub const SEND_MS: Bound = Bound::new(1, HOUR_MS, edge::SEND_MS);
 /// `server.timeouts.body_min_rate`.
 pub const BODY_MIN_RATE: Bound = Bound::new(1, 1 << 30, edge::BODY_MIN_RATE);
+/// `server.limits.send_min_rate`.
+pub const SEND_MIN_RATE: Bound = Bound::new(1, 1 << 30, edge::SEND_MIN_RATE);
+/// `upstreams.*.response_buffer_bytes`.
+pub const RESPONSE_BUFFER_BYTES: Bound = Bound::new(0, 16 << 20, 65_536);
 /// `server.timeouts.body_grace_ms`.
 pub const BODY_GRACE_MS: Bound = Bound::new(1, HOUR_MS, edge::BODY_GRACE_MS);
 /// `server.timeouts.body_total_ms`.

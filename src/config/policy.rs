@@ -213,6 +213,9 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     /// Bound on reading from a server.
     pub read_timeout: Duration,
+    /// Answers of a declared length up to this are read whole before
+    /// they go on, so the permit ends with the upstream's work.
+    pub response_buffer_bytes: u64,
     /// Further tries after a connect failure or a failed reused connection.
     pub retries: u32,
     /// The servers as configured (`host:port`), in the order of `servers`.

@@ -249,6 +249,12 @@ pub struct RawServerLimits {
     /// overloaded. 0-17179869184; default 268435456.
     #[schemars(transform = bounds::BUFFERED_BYTES_TOTAL.schema())]
     pub buffered_bytes_total: Option<u64>,
+    /// Least rate a client must take a response at, bytes a second of the
+    /// time the gateway waits on it, once `server.timeouts.body_grace_ms`
+    /// of waiting passed (a zero HTTP/2 window is a rate of zero),
+    /// 1-1073741824; default 1024. Slower, the response is cut.
+    #[schemars(transform = bounds::SEND_MIN_RATE.schema())]
+    pub send_min_rate: Option<u64>,
 }
 
 /// The `server.timeouts` section, all in milliseconds.
@@ -817,6 +823,13 @@ pub struct RawUpstream {
     /// Bound on reading from a server, 1-3600000 ms; default 30000.
     #[schemars(transform = bounds::READ_TIMEOUT_MS.schema())]
     pub read_timeout_ms: Option<u64>,
+    /// An answer whose declared length is at most this is read whole
+    /// before it goes on to the client, so its pool permit and holds end
+    /// with the upstream's work, however slowly the client reads;
+    /// 0-16777216 bytes (0: none); default 65536. Larger answers, and
+    /// streamed ones, keep their permit while they stream.
+    #[schemars(transform = bounds::RESPONSE_BUFFER_BYTES.schema())]
+    pub response_buffer_bytes: Option<u64>,
     /// Active health checks; without them every server counts as healthy.
     pub health_check: Option<RawHealthCheck>,
     /// Shares of `max_in_flight` kept for a priority (`critical` only).

@@ -112,6 +112,9 @@ pub struct BodyWatch {
     settings: EdgeSettings,
     progress: Mutex<Progress>,
     changed: Notify,
+    /// The proxy cut the stream's response for its client's pace: the
+    /// bound's reason, counted on the listener when the stream ends.
+    send_cut: Mutex<Option<Reason>>,
 }
 
 tokio::task_local! {
@@ -130,6 +133,13 @@ pub fn read(bytes: usize, end: bool) {
     let _ = WATCH.try_with(|w| w.read(bytes as u64, end, Instant::now()));
 }
 
+/// The current HTTP/2 stream's response was cut because its client did
+/// not take it in time, for `reason` (no-op outside a watched stream).
+pub fn send_cut(reason: Reason) {
+    let _ =
+        WATCH.try_with(|w| *w.send_cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason));
+}
+
 impl BodyWatch {
     /// A watch under `settings`, of a body not started yet.
     pub fn new(settings: EdgeSettings) -> Self {
@@ -137,6 +147,7 @@ impl BodyWatch {
             settings,
             progress: Mutex::default(),
             changed: Notify::new(),
+            send_cut: Mutex::default(),
         }
     }
 
@@ -227,12 +238,13 @@ impl<A> Watched<A> {
 impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for Watched<A> {
     async fn process_new_http(
         self: &Arc<Self>,
-        mut session: ServerSession,
+        session: ServerSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        // HTTP/1.1 is guarded at the transport; a stream whose headers
-        // ended it has no body to watch.
-        if !session.is_http2() || session.is_body_empty() {
+        // HTTP/1.1 is guarded at the transport. Every HTTP/2 stream is
+        // watched: its body, when it has one, and the pace its client
+        // takes the response at.
+        if !session.is_http2() {
             return self.inner.process_new_http(session, shutdown).await;
         }
         let watch = Arc::new(BodyWatch::new((self.settings)()));
@@ -240,15 +252,20 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for Watched<A> {
             watch.clone(),
             self.inner.process_new_http(session, shutdown),
         );
-        tokio::select! {
+        let reused = tokio::select! {
             reused = request => reused,
             reason = watch.expired() => {
                 // Dropping the request resets its stream and frees what it
                 // held.
                 self.listener.rejected(reason);
-                None
+                return None;
             }
+        };
+        let cut = *watch.send_cut.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reason) = cut {
+            self.listener.rejected(reason);
         }
+        reused
     }
 
     fn h2_options(&self) -> Option<H2Options> {

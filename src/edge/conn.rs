@@ -163,6 +163,14 @@ pub struct Guarded {
     upgraded: bool,
     read_timer: Timer,
     write_timer: Timer,
+    /// The response's bytes the client took once a write first waited on
+    /// it (before, the socket's buffers took them, not the client), the
+    /// time writes waited on it before, and since when the write in
+    /// progress waits.
+    sent: u64,
+    send_waited: Duration,
+    send_blocked: Option<Instant>,
+    send_has_waited: bool,
 }
 
 impl std::fmt::Debug for Guarded {
@@ -193,6 +201,10 @@ impl Guarded {
             upgraded: false,
             read_timer: Timer::new(),
             write_timer: Timer::new(),
+            sent: 0,
+            send_waited: Duration::ZERO,
+            send_blocked: None,
+            send_has_waited: false,
         };
         let wait = guarded.settings.header_read;
         guarded.read_timer.arm_at(Instant::now() + wait);
@@ -220,6 +232,10 @@ impl Guarded {
         self.body_bytes = 0;
         self.responded = false;
         self.write_timer.disarm();
+        self.sent = 0;
+        self.send_waited = Duration::ZERO;
+        self.send_blocked = None;
+        self.send_has_waited = false;
         self.read_timer
             .arm_at(Instant::now() + self.settings.keepalive_idle);
     }
@@ -619,8 +635,11 @@ impl AsyncWrite for Guarded {
         }
         match Pin::new(&mut this.inner).poll_write(cx, data) {
             Poll::Ready(result) => {
-                this.write_timer.disarm();
+                this.send_unblocked();
                 if let Ok(n @ 1..) = result {
+                    if this.send_has_waited {
+                        this.sent += n as u64;
+                    }
                     if !this.responded && data.starts_with(b"HTTP/1.1 101") {
                         // Switching protocols: what the client sent after
                         // its request is the tunnel's.
@@ -644,7 +663,7 @@ impl AsyncWrite for Guarded {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_flush(cx) {
             Poll::Ready(result) => {
-                this.write_timer.disarm();
+                this.send_unblocked();
                 Poll::Ready(result)
             }
             Poll::Pending => this.poll_send_stalled(cx).map_ok(|_| ()),
@@ -657,18 +676,53 @@ impl AsyncWrite for Guarded {
 }
 
 impl Guarded {
-    /// A write the client is not taking: pending until `send_ms` passed.
+    /// A write the client is not taking: pending until it has waited
+    /// `send_ms` without progress, or the client has fallen below
+    /// `send_min_rate` over the time writes waited on it, once that
+    /// passed the grace ([`send_deadline`]).
     fn poll_send_stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        self.write_timer.arm(self.settings.send);
+        let since = *self.send_blocked.get_or_insert_with(Instant::now);
+        self.send_has_waited = true;
+        let (deadline, reason) = send_deadline(&self.settings, since, self.send_waited, self.sent);
+        self.write_timer.arm_at(deadline);
         if !self.write_timer.expired(cx) {
             return Poll::Pending;
         }
-        self.listener.rejected(Reason::SendTimeout);
+        self.listener.rejected(reason);
         self.phase = Phase::Closed;
         Poll::Ready(Err(io::Error::new(
             io::ErrorKind::TimedOut,
             "client did not read the response in time",
         )))
+    }
+
+    /// A write went through: the wait on the client, if any, is over.
+    fn send_unblocked(&mut self) {
+        self.write_timer.disarm();
+        if let Some(since) = self.send_blocked.take() {
+            self.send_waited += Instant::now().saturating_duration_since(since);
+        }
+    }
+}
+
+/// When a write that waits on its client since `since` fails, and which
+/// bound that is: `send_ms` without progress (`SendTimeout`), or the rate
+/// (`SendTooSlow`): the client took `sent` bytes over `waited` of earlier
+/// waits, and may wait in all `sent / send_min_rate`, at least the grace.
+/// Time the response spent waiting on the upstream is not the client's.
+pub fn send_deadline(
+    settings: &EdgeSettings,
+    since: Instant,
+    waited: Duration,
+    sent: u64,
+) -> (Instant, Reason) {
+    let gap = since + settings.send;
+    let earned = Duration::from_secs_f64(sent as f64 / settings.send_min_rate as f64);
+    let slow = since + settings.body_grace.max(earned).saturating_sub(waited);
+    if gap <= slow {
+        (gap, Reason::SendTimeout)
+    } else {
+        (slow, Reason::SendTooSlow)
     }
 }
 

@@ -27,6 +27,10 @@ pub enum Reason {
     BodyTooSlow,
     /// The client left a response write pending longer than `send_ms`.
     SendTimeout,
+    /// The client took a response slower than `send_min_rate` over the
+    /// time the gateway waited on it, once that passed the grace
+    /// (HTTP/1.1 and HTTP/2 alike).
+    SendTooSlow,
     /// A request head larger than `max_header_bytes`.
     HeaderTooLarge,
     /// A request head that cannot be read as HTTP/1.1 or is framed ambiguously.
@@ -34,13 +38,14 @@ pub enum Reason {
 }
 
 impl Reason {
-    const ALL: [Reason; 8] = [
+    const ALL: [Reason; 9] = [
         Reason::MaxConnections,
         Reason::HeaderTimeout,
         Reason::IdleTimeout,
         Reason::BodyTimeout,
         Reason::BodyTooSlow,
         Reason::SendTimeout,
+        Reason::SendTooSlow,
         Reason::HeaderTooLarge,
         Reason::BadRequest,
     ];
@@ -54,6 +59,7 @@ impl Reason {
             Reason::BodyTimeout => "body_timeout",
             Reason::BodyTooSlow => "body_too_slow",
             Reason::SendTimeout => "send_timeout",
+            Reason::SendTooSlow => "send_too_slow",
             Reason::HeaderTooLarge => "header_too_large",
             Reason::BadRequest => "bad_request",
         }

@@ -107,8 +107,13 @@ pub struct EdgeSettings {
     pub buffer_body_bytes: u64,
     /// Least average body rate, bytes a second, once `body_grace` passed.
     pub body_min_rate: u64,
-    /// How long a body may run before its rate is held to `body_min_rate`.
+    /// How long a body may run before its rate is held to `body_min_rate`,
+    /// and how long a response may wait on its client before its rate is
+    /// held to `send_min_rate`.
     pub body_grace: Duration,
+    /// Least rate a client must take a response at, bytes a second of the
+    /// time the gateway waits on it, once `body_grace` of waiting passed.
+    pub send_min_rate: u64,
     /// Longest time a request body may take in all.
     pub body_total: Duration,
     /// How request paths are normalized and matched.
@@ -138,6 +143,8 @@ pub mod defaults {
     pub const SEND_MS: u64 = 30_000;
     /// `server.timeouts.body_min_rate`.
     pub const BODY_MIN_RATE: u64 = 1_024;
+    /// `server.limits.send_min_rate`.
+    pub const SEND_MIN_RATE: u64 = 1_024;
     /// `server.timeouts.body_grace_ms`.
     pub const BODY_GRACE_MS: u64 = 5_000;
     /// `server.timeouts.body_total_ms`.
@@ -159,6 +166,7 @@ impl Default for EdgeSettings {
             buffer_body_bytes: BUFFER_BODY_BYTES,
             body_min_rate: BODY_MIN_RATE,
             body_grace: Duration::from_millis(BODY_GRACE_MS),
+            send_min_rate: SEND_MIN_RATE,
             body_total: Duration::from_millis(BODY_TOTAL_MS),
             path: PathRules::default(),
             http2: false,

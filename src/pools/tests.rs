@@ -13,6 +13,7 @@ fn upstream(servers: &[&str], max_in_flight: u32, max_waiting: u32, wait_ms: u64
         queue_timeout: Duration::from_millis(wait_ms),
         connect_timeout: Duration::from_secs(1),
         read_timeout: Duration::from_secs(1),
+        response_buffer_bytes: 65_536,
         retries: 2,
         server_names: servers.iter().map(|s| s.to_string()).collect(),
         host_header: crate::config::HostHeader::Preserve,

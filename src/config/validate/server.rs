@@ -285,6 +285,11 @@ pub(super) fn edge(
             timeouts.body_total_ms,
             bounds::BODY_TOTAL_MS,
         ),
+        send_min_rate: c.bounded(
+            "server.limits.send_min_rate",
+            limits.send_min_rate,
+            bounds::SEND_MIN_RATE,
+        ),
         path: PathRules::default(),
         http2: false,
     }

@@ -103,6 +103,11 @@ pub(super) fn upstreams(
                 u.read_timeout_ms,
                 bounds::READ_TIMEOUT_MS,
             )),
+            response_buffer_bytes: c.bounded(
+                &format!("{path}.response_buffer_bytes"),
+                u.response_buffer_bytes,
+                bounds::RESPONSE_BUFFER_BYTES,
+            ),
             health: u
                 .health_check
                 .map(|h| health_check(c, &format!("{path}.health_check"), h)),

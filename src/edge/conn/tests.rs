@@ -415,3 +415,65 @@ async fn keep_alive_requests_do_not_move_the_read_timer_each_time() {
     assert_eq!(idle.elapsed(), settings().keepalive_idle);
     assert_eq!(listener.rejections(Reason::IdleTimeout), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_client_slower_than_send_min_rate_is_cut_after_the_grace() {
+    let (mut guarded, mut client, listener) = pair(64);
+    guarded.settings = EdgeSettings {
+        // No gap ever reaches `send_ms`: only the rate can end it.
+        send: Duration::from_secs(3600),
+        body_grace: Duration::from_secs(2),
+        send_min_rate: 1_000,
+        ..settings()
+    };
+    guarded.ready = Bytes::new();
+    guarded.phase = Phase::Request;
+    // The client takes 64 bytes a second, far below the rate.
+    let reader = tokio::spawn(async move {
+        let mut got = [0u8; 64];
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            match client.read(&mut got).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    });
+    let err = guarded.write_all(&vec![b'x'; 1 << 20]).await.unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(listener.rejections(Reason::SendTooSlow), 1);
+    assert_eq!(listener.rejections(Reason::SendTimeout), 0);
+    drop(guarded);
+    reader.await.unwrap();
+}
+
+#[test]
+fn only_the_time_a_write_waits_on_its_client_counts_against_its_rate() {
+    let s = EdgeSettings {
+        send: Duration::from_secs(30),
+        body_grace: Duration::from_secs(5),
+        send_min_rate: 1_000,
+        ..settings()
+    };
+    let t0 = Instant::now();
+    // Nothing taken yet: the grace, then the rate fails.
+    assert_eq!(
+        send_deadline(&s, t0, Duration::ZERO, 0),
+        (t0 + Duration::from_secs(5), Reason::SendTooSlow)
+    );
+    // 20 000 bytes taken earn 20 s of waiting; 12 s were spent already.
+    assert_eq!(
+        send_deadline(&s, t0, Duration::from_secs(12), 20_000),
+        (t0 + Duration::from_secs(8), Reason::SendTooSlow)
+    );
+    // Waited past what it earned: the wait in progress fails at once.
+    assert_eq!(
+        send_deadline(&s, t0, Duration::from_secs(9), 1_000),
+        (t0, Reason::SendTooSlow)
+    );
+    // A fast client's long response: the gap bound comes first.
+    assert_eq!(
+        send_deadline(&s, t0, Duration::ZERO, 1 << 30),
+        (t0 + Duration::from_secs(30), Reason::SendTimeout)
+    );
+}
