@@ -397,6 +397,38 @@ fn oversized_and_ambiguous_requests_are_answered() {
     );
 }
 
+#[test]
+fn a_head_without_host_or_with_a_look_alike_framing_header_is_refused() {
+    let (gw, upstream) = start();
+    let refused = |head: &str| {
+        let answer = send(&gw, head);
+        assert_eq!(status_of(&answer), 400, "{head}: {answer}");
+        assert!(answer.contains("application/problem+json"), "{answer}");
+        assert!(answer.contains("cache-control: no-store"), "{answer}");
+        answer
+    };
+    let hostless = refused("GET /public/x HTTP/1.1");
+    assert!(hostless.contains("Host header"), "{hostless}");
+    for head in [
+        "POST /public/x HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\nTransfer_Encoding: chunked",
+        "POST /public/x HTTP/1.1\r\nhost: t\r\ntransfer_encoding: chunked",
+        "POST /public/x HTTP/1.1\r\nhost: t\r\nContent_Length: 5",
+    ] {
+        refused(head);
+    }
+    assert_eq!(upstream.hits(), 0, "none of them reached the upstream");
+
+    // HTTP/1.0 needs no Host; a name in another case is the same name.
+    let old = send(&gw, "GET /public/x HTTP/1.0");
+    assert_eq!(status_of(&old), 200, "{old}");
+    let cased = raw(
+        gw.addr,
+        b"POST /public/x HTTP/1.1\r\nHOST: t\r\nCONTENT-LENGTH: 2\r\nconnection: close\r\n\r\nhi",
+    );
+    assert_eq!(status_of(&cased), 200, "{cased}");
+    assert_eq!(upstream.hits(), 2);
+}
+
 /// Reads from a connection until the gateway closes it; what it sent.
 fn until_closed(stream: &mut std::net::TcpStream) -> String {
     let mut out = Vec::new();

@@ -185,12 +185,34 @@ pub enum Framing {
     Chunked,
 }
 
+/// The headers that frame or route a request. A name that reads as one of
+/// them only once `_` is read as `-` (CGI, WSGI and most frameworks fold
+/// the two together) is the same header to such a server and another one
+/// to the gateway: `Transfer_Encoding: chunked` beside a `Content-Length`
+/// would be framed two ways.
+const FRAMING_NAMES: [&str; 4] = ["transfer-encoding", "content-length", "host", "connection"];
+
+/// Whether `name` is one of [`FRAMING_NAMES`] spelled with `_` for `-`
+/// (ASCII case aside, as HTTP names are).
+fn is_framing_look_alike(name: &str) -> bool {
+    name.as_bytes().contains(&b'_')
+        && FRAMING_NAMES.iter().any(|target| {
+            name.len() == target.len()
+                && name
+                    .bytes()
+                    .zip(target.bytes())
+                    .all(|(a, b)| a.eq_ignore_ascii_case(&b) || (a == b'_' && b == b'-'))
+        })
+}
+
 /// The body framing of a request head, in one pass over its headers,
 /// refusing every framing that two HTTP parsers could read differently
 /// (the ground of request smuggling): `Transfer-Encoding` with
 /// `Content-Length`, any coding but a lone `chunked`, several or malformed
-/// lengths, `Transfer-Encoding` on HTTP/1.0 (`version` 0); and every head
-/// whose authority is not one (`authority`).
+/// lengths, `Transfer-Encoding` on HTTP/1.0 (`version` 0), a framing or
+/// routing header spelled with `_` for `-`; and every head whose authority
+/// is not one: no `Host` on HTTP/1.1 (`version` 1, RFC 9112 §3.2), or
+/// [`authority`].
 pub fn framing(
     version: u8,
     method: &str,
@@ -228,9 +250,16 @@ pub fn framing(
                 return Err("Content-Length is given twice with different values.");
             }
             length = Some(n);
-        } else if h.name.eq_ignore_ascii_case("host") && host.replace(h.value).is_some() {
-            return Err("The request has more than one Host header.");
+        } else if h.name.eq_ignore_ascii_case("host") {
+            if host.replace(h.value).is_some() {
+                return Err("The request has more than one Host header.");
+            }
+        } else if is_framing_look_alike(h.name) {
+            return Err("A header name spells Transfer-Encoding, Content-Length, Host or Connection with \"_\" for \"-\".");
         }
+    }
+    if version == 1 && host.is_none() {
+        return Err("An HTTP/1.1 request must carry a Host header.");
     }
     authority(method, target, host)?;
     match (codings, length) {
@@ -299,8 +328,9 @@ mod tests {
     use super::*;
 
     fn framed(lines: &[(&str, &str)]) -> Result<Framing, &'static str> {
-        let headers: Vec<_> = lines
+        let headers: Vec<_> = [("Host", "api.test")]
             .iter()
+            .chain(lines)
             .map(|(name, value)| httparse::Header {
                 name,
                 value: value.as_bytes(),
@@ -323,10 +353,12 @@ mod tests {
     #[test]
     fn heads_pingora_would_refuse_bare_are_refused_here() {
         assert_eq!(authority_of(1, "/x", &["api.test"]), Ok(()));
-        assert_eq!(authority_of(1, "/x", &[]), Ok(()));
+        assert_eq!(authority_of(0, "/x", &[]), Ok(()));
         assert_eq!(authority_of(1, "http://api.test/x", &["api.test"]), Ok(()));
-        assert_eq!(authority_of(1, "http://api.test/x", &[]), Ok(()));
+        assert_eq!(authority_of(0, "http://api.test/x", &[]), Ok(()));
         for (target, hosts) in [
+            ("/x", &[][..]),
+            ("http://api.test/x", &[][..]),
             ("/x", &["a.test", "b.test"][..]),
             ("/x", &["user@api.test"][..]),
             ("http://user@api.test/x", &["api.test"][..]),
@@ -339,12 +371,40 @@ mod tests {
                 "{target} {hosts:?}"
             );
         }
-        let te = [httparse::Header {
-            name: "Transfer-Encoding",
-            value: b"chunked",
-        }];
+        let te = [
+            httparse::Header {
+                name: "Host",
+                value: b"api.test",
+            },
+            httparse::Header {
+                name: "Transfer-Encoding",
+                value: b"chunked",
+            },
+        ];
         assert!(framing(0, "POST", b"/x", &te).is_err());
         assert_eq!(framing(1, "POST", b"/x", &te), Ok(Framing::Chunked));
+    }
+
+    #[test]
+    fn framing_headers_spelled_with_underscores_are_refused() {
+        for name in [
+            "Transfer_Encoding",
+            "transfer_encoding",
+            "Content_Length",
+            "CONTENT_length",
+        ] {
+            assert!(framed(&[(name, "chunked"), ("content-length", "3")]).is_err(), "{name}");
+        }
+        // Case is no other spelling; other underscores are no framing.
+        assert_eq!(
+            framed(&[("CONTENT-LENGTH", "3"), ("x_content_length", "9")]),
+            Ok(Framing::Length(3))
+        );
+        assert_eq!(framed(&[("content_type", "text/plain")]), Ok(Framing::None));
+        assert!(is_framing_look_alike("Transfer_Encoding"));
+        assert!(is_framing_look_alike("content_length"));
+        assert!(!is_framing_look_alike("Content-Length"));
+        assert!(!is_framing_look_alike("content_lengths"));
     }
 
     #[test]

@@ -75,7 +75,7 @@ async fn a_head_that_trickles_gets_408_at_its_deadline() {
 #[tokio::test(start_paused = true)]
 async fn an_oversized_head_gets_431() {
     let (mut guarded, mut client, listener) = pair(8192);
-    let head = format!("GET / HTTP/1.1\r\nx-big: {}\r\n", "a".repeat(2000));
+    let head = format!("GET / HTTP/1.1\r\nhost: a\r\nx-big: {}\r\n", "a".repeat(2000));
     client.write_all(head.as_bytes()).await.unwrap();
     assert_eq!(read_all(&mut guarded).await.unwrap(), b"");
     assert_eq!(listener.rejections(Reason::HeaderTooLarge), 1);
@@ -87,7 +87,7 @@ async fn an_oversized_head_gets_431() {
 async fn ambiguous_framing_gets_400_before_anyone_parses_it() {
     let (mut guarded, mut client, listener) = pair(4096);
     client
-        .write_all(b"POST / HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\nabc")
+        .write_all(b"POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\nabc")
         .await
         .unwrap();
     assert_eq!(read_all(&mut guarded).await.unwrap(), b"");
@@ -101,7 +101,7 @@ async fn ambiguous_framing_gets_400_before_anyone_parses_it() {
 #[tokio::test(start_paused = true)]
 async fn a_good_head_and_body_pass_unchanged() {
     let (mut guarded, mut client, _) = pair(4096);
-    let request = b"POST /x HTTP/1.1\r\ncontent-length: 5\r\n\r\nhello";
+    let request = b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\nhello";
     client.write_all(request).await.unwrap();
     let mut got = vec![0u8; request.len()];
     guarded.read_exact(&mut got).await.unwrap();
@@ -117,7 +117,7 @@ async fn a_good_head_and_body_pass_unchanged() {
 async fn a_body_that_stalls_gets_408_and_ends_the_request() {
     let (mut guarded, mut client, listener) = pair(4096);
     client
-        .write_all(b"POST /x HTTP/1.1\r\ncontent-length: 10\r\n\r\nhel")
+        .write_all(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 10\r\n\r\nhel")
         .await
         .unwrap();
     let mut got = vec![0u8; 40];
@@ -142,7 +142,7 @@ async fn a_body_that_stalls_gets_408_and_ends_the_request() {
 #[tokio::test(start_paused = true)]
 async fn a_chunked_body_is_due_until_its_last_chunk() {
     let (mut guarded, mut client, _) = pair(4096);
-    let head = b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n";
+    let head = b"POST /x HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n";
     client.write_all(head).await.unwrap();
     client.write_all(b"3\r\nabc\r\n").await.unwrap();
     let mut got = vec![0u8; 100];
@@ -150,7 +150,7 @@ async fn a_chunked_body_is_due_until_its_last_chunk() {
     assert_eq!(&got[..n], &[&head[..], b"3\r\nabc\r\n"].concat()[..]);
     assert!(guarded.body_due());
     client
-        .write_all(b"0\r\n\r\nGET /next HTTP/1.1\r\n\r\n")
+        .write_all(b"0\r\n\r\nGET /next HTTP/1.1\r\nhost: a\r\n\r\n")
         .await
         .unwrap();
     let n = guarded.read(&mut got).await.unwrap();
@@ -158,19 +158,19 @@ async fn a_chunked_body_is_due_until_its_last_chunk() {
     assert!(!guarded.body_due());
     guarded.next_request(settings());
     let n = guarded.read(&mut got).await.unwrap();
-    assert_eq!(&got[..n], b"GET /next HTTP/1.1\r\n\r\n");
+    assert_eq!(&got[..n], b"GET /next HTTP/1.1\r\nhost: a\r\n\r\n");
 }
 
 #[tokio::test(start_paused = true)]
 async fn pipelined_requests_are_handed_on_one_at_a_time() {
     let (mut guarded, mut client, _) = pair(4096);
     client
-        .write_all(b"GET /a HTTP/1.1\r\n\r\nPOST /b HTTP/1.1\r\ncontent-length: 2\r\n\r\nhiGET /c HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\nPOST /b HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\nhiGET /c HTTP/1.1\r\nhost: a\r\n\r\n")
         .await
         .unwrap();
     let mut got = vec![0u8; 256];
     let n = guarded.read(&mut got).await.unwrap();
-    assert_eq!(&got[..n], b"GET /a HTTP/1.1\r\n\r\n");
+    assert_eq!(&got[..n], b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n");
     // While the first is answered, reads hand on nothing of the next.
     let idle = tokio::time::timeout(Duration::from_secs(60), guarded.read(&mut got)).await;
     assert!(idle.is_err(), "the next request is kept, not handed on");
@@ -178,25 +178,25 @@ async fn pipelined_requests_are_handed_on_one_at_a_time() {
     let n = guarded.read(&mut got).await.unwrap();
     assert_eq!(
         &got[..n],
-        b"POST /b HTTP/1.1\r\ncontent-length: 2\r\n\r\nhi"
+        b"POST /b HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\nhi"
     );
     guarded.next_request(settings());
     let n = guarded.read(&mut got).await.unwrap();
-    assert_eq!(&got[..n], b"GET /c HTTP/1.1\r\n\r\n");
+    assert_eq!(&got[..n], b"GET /c HTTP/1.1\r\nhost: a\r\n\r\n");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_body_sent_late_with_the_next_request_is_split_between_them() {
     let (mut guarded, mut client, _) = pair(4096);
     client
-        .write_all(b"POST /a HTTP/1.1\r\ncontent-length: 5\r\n\r\n")
+        .write_all(b"POST /a HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\n")
         .await
         .unwrap();
     let mut got = vec![0u8; 256];
     assert!(guarded.read(&mut got).await.unwrap() > 0);
     tokio::time::sleep(Duration::from_secs(1)).await;
     client
-        .write_all(b"helloGET /b HTTP/1.1\r\n\r\n")
+        .write_all(b"helloGET /b HTTP/1.1\r\nhost: a\r\n\r\n")
         .await
         .unwrap();
     let n = guarded.read(&mut got).await.unwrap();
@@ -204,14 +204,14 @@ async fn a_body_sent_late_with_the_next_request_is_split_between_them() {
     assert!(!guarded.body_due());
     guarded.next_request(settings());
     let n = guarded.read(&mut got).await.unwrap();
-    assert_eq!(&got[..n], b"GET /b HTTP/1.1\r\n\r\n");
+    assert_eq!(&got[..n], b"GET /b HTTP/1.1\r\nhost: a\r\n\r\n");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_trickled_body_ends_once_its_rate_falls_behind_after_the_grace() {
     let (mut guarded, mut client, listener) = pair(4096);
     client
-        .write_all(b"POST /x HTTP/1.1\r\ncontent-length: 100000\r\n\r\n")
+        .write_all(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 100000\r\n\r\n")
         .await
         .unwrap();
     let mut got = vec![0u8; 256];
@@ -252,7 +252,7 @@ async fn a_body_fast_enough_still_ends_at_its_total_deadline() {
     };
     guarded.settings = settings;
     client
-        .write_all(b"POST /x HTTP/1.1\r\ncontent-length: 1000000\r\n\r\n")
+        .write_all(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 1000000\r\n\r\n")
         .await
         .unwrap();
     let mut got = vec![0u8; 4096];
@@ -296,7 +296,7 @@ async fn a_client_that_does_not_read_loses_the_connection() {
 #[tokio::test(start_paused = true)]
 async fn between_requests_a_connection_may_idle_for_keepalive_idle() {
     let (mut guarded, mut client, listener) = pair(4096);
-    client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
     let mut got = vec![0u8; 64];
     assert!(guarded.read(&mut got).await.unwrap() > 0);
     guarded
@@ -314,13 +314,13 @@ async fn between_requests_a_connection_may_idle_for_keepalive_idle() {
 #[tokio::test(start_paused = true)]
 async fn a_second_request_on_the_connection_is_checked_as_the_first() {
     let (mut guarded, mut client, listener) = pair(4096);
-    client.write_all(b"GET /a HTTP/1.1\r\n\r\n").await.unwrap();
+    client.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
     let mut got = vec![0u8; 64];
     let n = guarded.read(&mut got).await.unwrap();
-    assert_eq!(&got[..n], b"GET /a HTTP/1.1\r\n\r\n");
+    assert_eq!(&got[..n], b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n");
     guarded.next_request(settings());
     client
-        .write_all(b"GET /b HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n")
+        .write_all(b"GET /b HTTP/1.1\r\nhost: a\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n")
         .await
         .unwrap();
     assert_eq!(guarded.read(&mut got).await.unwrap(), 0);
@@ -331,13 +331,13 @@ async fn a_second_request_on_the_connection_is_checked_as_the_first() {
 async fn a_pipelined_request_is_checked_as_its_own_head() {
     let (mut guarded, mut client, listener) = pair(4096);
     client
-        .write_all(b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n")
+        .write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\nGET /b HTTP/1.1\r\nhost: a\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n")
         .await
         .unwrap();
     // The proxy takes only the first request's bytes.
-    let mut first = vec![0u8; 19];
+    let mut first = vec![0u8; 28];
     guarded.read_exact(&mut first).await.unwrap();
-    assert_eq!(&first, b"GET /a HTTP/1.1\r\n\r\n");
+    assert_eq!(&first, b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n");
     guarded.next_request(settings());
     let mut got = vec![0u8; 64];
     assert_eq!(guarded.read(&mut got).await.unwrap(), 0);
@@ -400,10 +400,10 @@ async fn keep_alive_requests_do_not_move_the_read_timer_each_time() {
         // of a keep-alive client: its timer is looked at every time.
         let send = async {
             tokio::task::yield_now().await;
-            client.write_all(b"GET /a HTTP/1.1\r\n\r\n").await.unwrap();
+            client.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
         };
         let (n, ()) = tokio::join!(guarded.read(&mut got), send);
-        assert_eq!(&got[..n.unwrap()], b"GET /a HTTP/1.1\r\n\r\n");
+        assert_eq!(&got[..n.unwrap()], b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n");
         guarded.next_request(settings());
     }
     // Armed for each head and each idle wait, a hundred times in half a
