@@ -269,12 +269,20 @@ routes:
 fn paths_are_routed_as_the_upstream_will_read_them() {
     // (rules, path, with the key?) -> (status, route class, forwarded path)
     type Case<'a> = (&'a str, bool, u16, &'a str, &'a str);
-    let table: [(&str, &[Case]); 3] = [
+    let table: [(&str, &[Case]); 4] = [
         (
             "{}",
             &[
                 ("/v1/reports;x/3", true, 400, "", ""),
                 ("/v1/reports%3Bx/3", true, 400, "", ""),
+                // A server that strips a trailing `.` or space reads
+                // another route: /v1/reports/3, /v1/admin.
+                ("/v1/reports/3.", true, 400, "", ""),
+                ("/v1/admin.", false, 400, "", ""),
+                ("/v1/admin%2E", false, 400, "", ""),
+                ("/v1/x%20/y", false, 400, "", ""),
+                ("/v1/a./b", false, 400, "", ""),
+                ("/v1/a.b/c", false, 200, "open", "/v1/a.b/c"),
                 ("/v1/reports/3/", false, 200, "open", "/v1/reports/3/"),
                 ("/V1/REPORTS/3", false, 200, "open", "/V1/REPORTS/3"),
                 ("/v1/reports/3", true, 200, "reports", "/v1/reports/3"),
@@ -301,6 +309,15 @@ fn paths_are_routed_as_the_upstream_will_read_them() {
         (
             "{ params: keep }",
             &[("/v1/reports;x/3", false, 200, "open", "/v1/reports;x/3")],
+        ),
+        (
+            "{ trailing_dots: allow }",
+            &[
+                ("/v1/admin.", false, 200, "open", "/v1/admin."),
+                ("/v1/x%20/y", false, 200, "open", "/v1/x%20/y"),
+                ("/v1/a%2E/b", false, 200, "open", "/v1/a./b"),
+                ("/v1/reports/3.", true, 200, "reports", "/v1/reports/3."),
+            ],
         ),
     ];
     let upstream = Upstream::start();

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::bounds;
 use super::policy::{AdminRole, OnAbandon, Priority, Reserve, UpstreamProtocol};
-use crate::edge::target::{Case, PathParams, TrailingSlash};
+use crate::edge::target::{Case, PathParams, TrailingDots, TrailingSlash};
 
 pub use crate::limits::{Mode, OnStoreError};
 
@@ -322,8 +322,8 @@ pub struct RawAuditLog {
     pub path: String,
 }
 
-/// The `server.path` section: what `;` parameters, a trailing `/` and
-/// ASCII case do to routing.
+/// The `server.path` section: what `;` parameters, a trailing `/`,
+/// segments ending in `.` or a space, and ASCII case do to routing.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPath {
@@ -333,6 +333,10 @@ pub struct RawPath {
     /// `strict` (the default) or `ignore`: a route also matches its path
     /// with one trailing `/`.
     pub trailing_slash: Option<TrailingSlash>,
+    /// `refuse` (400, the default) or `allow`: a path segment ending in
+    /// `.` or a space (raw or encoded, `/v1/admin.`, `/v1/x%20/y`), which
+    /// servers that strip them would read as another route.
+    pub trailing_dots: Option<TrailingDots>,
     /// `sensitive` (the default) or `insensitive`: routes match whatever
     /// the ASCII case.
     pub case: Option<Case>,

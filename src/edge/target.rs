@@ -8,8 +8,9 @@
 //! encoding are upper-cased, raw bytes that may not appear in a path are
 //! encoded, and runs of `/` are merged. Nothing is resolved: a `.` or `..`
 //! segment in any encoding is refused (404, as a path no route can have),
-//! and an encoded `/`, a `\` in any form or a NUL is a bad request (400),
-//! because an upstream that decodes them would see another path than the
+//! and an encoded `/`, a `\` in any form, a NUL or (unless allowed) a
+//! segment ending in `.` or a space is a bad request (400), because an
+//! upstream that decodes or strips them would see another path than the
 //! one classified. The query string is kept exactly as sent.
 
 use std::borrow::Cow;
@@ -56,6 +57,20 @@ pub enum TrailingSlash {
     Ignore,
 }
 
+/// What a path segment ending in `.` or a space does
+/// (`server.path.trailing_dots`): `/v1/admin.`, `/v1/x%20/y`. Windows
+/// file systems, IIS and some servers on top of them strip both, so such a
+/// segment is another route to them (`/v1/admin`) than to the gateway.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TrailingDots {
+    /// A 400: no upstream can read the segment as another one.
+    #[default]
+    Refuse,
+    /// Kept, matched and forwarded as sent (for upstreams that keep them).
+    Allow,
+}
+
 /// Whether matching ignores ASCII case (`server.path.case`): IIS and
 /// ASP.NET serve `/V1/REPORTS/3` as `/v1/reports/3`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
@@ -69,7 +84,7 @@ pub enum Case {
 }
 
 /// How request paths are read: normalized (`server.encoded_slash`,
-/// `server.path.params`), then matched against routes
+/// `server.path.params`, `server.path.trailing_dots`), then matched against routes
 /// (`server.path.trailing_slash`, `server.path.case`). Normalization
 /// changes what is forwarded; matching never does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -78,6 +93,8 @@ pub struct PathRules {
     pub encoded_slash: EncodedSlash,
     /// What `;` parameters do.
     pub params: PathParams,
+    /// Whether a segment may end in `.` or a space.
+    pub trailing_dots: TrailingDots,
     /// Whether a template also matches its path with a trailing `/`.
     pub trailing_slash: TrailingSlash,
     /// Whether matching ignores ASCII case.
@@ -112,6 +129,10 @@ pub enum TargetError {
     /// `reject`.
     #[error("\";\" parameter in the path")]
     PathParams,
+    /// A segment ending in `.` or a space, raw or encoded, while
+    /// `server.path.trailing_dots` is `refuse`.
+    #[error("path segment ending in \".\" or a space")]
+    TrailingDot,
 }
 
 impl TargetError {
@@ -126,6 +147,7 @@ impl TargetError {
             TargetError::Nul => "The path has a NUL.",
             TargetError::DotSegment => "The path has a dot-segment.",
             TargetError::PathParams => "The path has a \";\" parameter.",
+            TargetError::TrailingDot => "A path segment ends in \".\" or a space.",
         }
     }
 
@@ -188,6 +210,9 @@ pub fn parse<'a>(
         PathParams::Reject => return Err(TargetError::PathParams),
         PathParams::Strip => Cow::Owned(strip_params(&path)),
     };
+    if rules.trailing_dots == TrailingDots::Refuse && path.split('/').any(ends_in_dot_or_space) {
+        return Err(TargetError::TrailingDot);
+    }
     let rewritten = absolute || matches!(path, Cow::Owned(_));
     Ok(Target {
         path,
@@ -288,6 +313,24 @@ fn is_dot_segment(segment: &str) -> bool {
         let base = piece.split([';']).next().unwrap_or(piece);
         let base = base.split("%3B").next().unwrap_or(base);
         base == "." || base == ".."
+    })
+}
+
+/// Whether a normalized segment ends in `.` or a space (normalization
+/// writes one as `%20`) for some server: as it is, before `;` parameters,
+/// or in any piece between kept `%2F`s, as [`is_dot_segment`] reads it.
+fn ends_in_dot_or_space(segment: &str) -> bool {
+    let ends = |s: &str| s.ends_with('.') || s.ends_with("%20");
+    if ends(segment) {
+        return true;
+    }
+    if !segment.bytes().any(|b| b == b'%' || b == b';') {
+        return false;
+    }
+    segment.split("%2F").any(|piece| {
+        let base = piece.split(';').next().unwrap_or(piece);
+        let base = base.split("%3B").next().unwrap_or(base);
+        ends(piece) || ends(base)
     })
 }
 

@@ -95,6 +95,7 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
                     Some(EncodedSlashName::Reject) | None => EncodedSlash::Reject,
                 },
                 params: raw.path.params.unwrap_or_default(),
+                trailing_dots: raw.path.trailing_dots.unwrap_or_default(),
                 trailing_slash: raw.path.trailing_slash.unwrap_or_default(),
                 case: raw.path.case.unwrap_or_default(),
             },

@@ -280,3 +280,72 @@ fn path_parameters_are_refused_stripped_or_kept() {
         "a dot-segment behind a parameter is still one"
     );
 }
+
+fn with_trailing_dots(raw: &str, trailing_dots: TrailingDots) -> Result<String, TargetError> {
+    let rules = PathRules {
+        trailing_dots,
+        params: PathParams::Keep,
+        encoded_slash: EncodedSlash::Keep,
+        ..PathRules::default()
+    };
+    parse(raw.as_bytes(), None, rules).map(|t| t.origin_form())
+}
+
+#[test]
+fn segments_ending_in_a_dot_or_a_space_are_refused_unless_allowed() {
+    for raw in [
+        "/v1/admin.",
+        "/v1/admin%2e",
+        "/v1/admin%2E",
+        "/v1/a./b",
+        "/v1/x%20/y",
+        "/v1/x%20",
+        "/v1/x.%20",
+        "/v1/x%20./y",
+        "/v1/a.;x/b",
+        "/v1/a.%3Bx/b",
+        "/v1/a.%2Fb",
+        "/v1/a...",
+    ] {
+        assert_eq!(
+            with_trailing_dots(raw, TrailingDots::Refuse),
+            Err(TargetError::TrailingDot),
+            "{raw}"
+        );
+        assert!(
+            with_trailing_dots(raw, TrailingDots::Allow).is_ok(),
+            "{raw} allowed"
+        );
+    }
+    for raw in [
+        "/v1/a.b",
+        "/v1/.hidden",
+        "/v1/a%20b",
+        "/v1/a/",
+        "/",
+        "/v1/a?x=1.",
+        "/v1/a?x=%20",
+    ] {
+        assert!(
+            with_trailing_dots(raw, TrailingDots::Refuse).is_ok(),
+            "{raw}"
+        );
+    }
+    // Dot segments stay what they were: paths no route has.
+    for raw in ["/v1/./a", "/v1/../a", "/v1/%2e%2e/a"] {
+        assert_eq!(
+            with_trailing_dots(raw, TrailingDots::Refuse),
+            Err(TargetError::DotSegment),
+            "{raw}"
+        );
+    }
+    // A `;` parameter stripped first leaves what is checked.
+    let strip = PathRules {
+        params: PathParams::Strip,
+        ..PathRules::default()
+    };
+    assert_eq!(
+        parse(b"/v1/a.;x/b", None, strip).map(|t| t.origin_form()),
+        Err(TargetError::TrailingDot)
+    );
+}
