@@ -564,15 +564,30 @@ pub struct Reconcile {
 }
 
 impl Reconcile {
-    /// The actual cost a response reports in `headers`: `None` when the
-    /// header is absent or not a whole number (the estimate stands).
+    /// The actual cost a response reports in `headers`, at most `max`:
+    /// the largest of its values when it reports several (several header
+    /// lines, or a list), `max` for a whole number too large to hold, and
+    /// the estimate in place of a value that is not a whole number
+    /// (negative, fractional, malformed). `None` when the header is absent
+    /// or holds no whole number at all (the estimate stands).
     pub fn actual(&self, headers: &http::HeaderMap) -> Option<u64> {
-        let value = headers.get(&self.spec.header)?.to_str().ok()?;
-        value
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .map(|n| n.min(self.spec.max))
+        let mut largest: Option<u64> = None;
+        let mut unreadable = false;
+        for value in headers.get_all(&self.spec.header) {
+            for item in value.as_bytes().split(|&b| b == b',') {
+                match reported_cost(item, self.spec.max) {
+                    Reported::Empty => {}
+                    Reported::Cost(n) => largest = Some(largest.map_or(n, |l| l.max(n))),
+                    Reported::Unreadable => unreadable = true,
+                }
+            }
+        }
+        let largest = largest?;
+        Some(if unreadable {
+            largest.max(self.estimate.min(self.spec.max))
+        } else {
+            largest
+        })
     }
 
     /// What a response that ended without reporting its cost is settled
@@ -588,6 +603,104 @@ impl Reconcile {
     /// from what admission charged.
     pub fn delta(&self, settled: u64) -> i64 {
         settled as i64 - self.reserved as i64
+    }
+}
+
+/// One value of a reported cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reported {
+    /// Nothing between two commas (a list may have empty items).
+    Empty,
+    /// A whole number, at most the route's `max`.
+    Cost(u64),
+    /// Negative, fractional or not a number.
+    Unreadable,
+}
+
+/// Reads one value of a reported cost: decimal digits, with spaces around
+/// them. A number beyond what a `u64` holds is more than any `max`, so it
+/// is `max`: an upstream that reports it spent that much is not let off
+/// with the estimate.
+fn reported_cost(item: &[u8], max: u64) -> Reported {
+    let digits = item.trim_ascii();
+    if digits.is_empty() {
+        return Reported::Empty;
+    }
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return Reported::Unreadable;
+    }
+    let n = digits.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    });
+    Reported::Cost(n.map_or(max, |n| n.min(max)))
+}
+
+#[cfg(test)]
+mod reported_costs {
+    use super::*;
+
+    fn reconcile() -> Reconcile {
+        Reconcile {
+            spec: crate::config::CostFromResponse {
+                header: http::HeaderName::from_static("x-usage-tokens"),
+                max: 1000,
+                expose: false,
+                on_abandon: OnAbandon::Max,
+                reserve: crate::config::Reserve::Estimate,
+                max_debt: crate::limits::plan::DebtBound {
+                    explicit: None,
+                    default: 10_000,
+                },
+            },
+            estimate: 10,
+            reserved: 10,
+            route: "r".into(),
+            charged: Vec::new(),
+        }
+    }
+
+    fn actual(lines: &[&str]) -> Option<u64> {
+        let mut headers = http::HeaderMap::new();
+        for line in lines {
+            headers.append("x-usage-tokens", line.parse().unwrap());
+        }
+        reconcile().actual(&headers)
+    }
+
+    #[test]
+    fn one_value_is_read_within_max() {
+        assert_eq!(actual(&[]), None);
+        assert_eq!(actual(&["42"]), Some(42));
+        assert_eq!(actual(&[" 42 "]), Some(42));
+        assert_eq!(actual(&["0"]), Some(0));
+        assert_eq!(actual(&["5000"]), Some(1000));
+        assert_eq!(actual(&["18446744073709551615"]), Some(1000));
+    }
+
+    #[test]
+    fn a_value_beyond_what_the_gateway_holds_is_max() {
+        assert_eq!(actual(&["18446744073709551616"]), Some(1000));
+        assert_eq!(actual(&["99999999999999999999999"]), Some(1000));
+        assert_eq!(actual(&["7", "99999999999999999999999"]), Some(1000));
+    }
+
+    #[test]
+    fn several_values_are_the_largest() {
+        assert_eq!(actual(&["3", "40"]), Some(40));
+        assert_eq!(actual(&["40", "3"]), Some(40));
+        assert_eq!(actual(&["3, 40, 7"]), Some(40));
+        assert_eq!(actual(&["3,", "", ", 5"]), Some(5));
+    }
+
+    #[test]
+    fn values_that_are_not_whole_numbers_keep_the_estimate() {
+        for value in ["-5", "1.5", "abc", "+3", "0x10", "", ",", "1e3", "5 5"] {
+            assert_eq!(actual(&[value]), None, "{value:?}");
+        }
+        // Beside a whole number, an unreadable value counts as the
+        // estimate: the largest of the two is charged.
+        assert_eq!(actual(&["3", "abc"]), Some(10));
+        assert_eq!(actual(&["30, -1"]), Some(30));
     }
 }
 

@@ -389,6 +389,43 @@ fn costs_reported_by_the_response_are_settled_in_memory() {
 }
 
 #[test]
+fn a_cost_too_large_to_hold_is_max_and_of_several_the_largest_is_charged() {
+    let upstream = Upstream::start();
+    let gw = Gateway::start(&usage_policy("{ backend: memory }"), Some(&upstream));
+    let charged = |n: f64| {
+        let series = "tollgate_cost_reconciled_total{direction=\"charged\",route=\"chat\"}";
+        assert!(
+            support::eventually(Duration::from_secs(5), || gw.metric(series) == n),
+            "{series} never reached {n}"
+        );
+    };
+    let chat_reporting = |key: &str, usage: &str| {
+        let auth = format!("Bearer {key}");
+        gw.get(
+            "/v1/chat",
+            &[("authorization", auth.as_str()), ("x-reply-usage", usage)],
+        )
+    };
+    // More than a u64: settled at max (10 000), 9 900 beyond the estimate,
+    // where it used to be the estimate alone.
+    let huge = chat_reporting("key-c1", "99999999999999999999999");
+    assert_eq!(huge.status, 200);
+    charged(1.0);
+    let refused = chat(&gw, "key-c1", 100);
+    assert_eq!(refused.status, 429, "the balance is 1000 - 10 000");
+    // 9 000 in debt and the next cost, at 0.001 a second.
+    assert_eq!(refused.header("retry-after"), Some("9100000"));
+
+    // Two values: the larger, 2000, where the list used to be unreadable.
+    let two = chat_reporting("key-c2", "5, 2000");
+    assert_eq!(two.status, 200);
+    charged(2.0);
+    let refused = chat(&gw, "key-c2", 100);
+    assert_eq!(refused.status, 429, "the balance is 1000 - 2000");
+    assert_eq!(refused.header("retry-after"), Some("1100000"));
+}
+
+#[test]
 fn a_response_abandoned_or_unreported_is_settled_at_max_or_the_estimate() {
     use std::io::{Read, Write};
     let upstream = Upstream::start();
