@@ -424,8 +424,9 @@ impl StoreKeys {
     }
 
     /// Reads the store's change feed and drops every cached answer about a
-    /// key that changed since the last read (all of them when changes were
-    /// lost to the feed's trimming).
+    /// key that changed since the last read (all of them, once, when
+    /// changes were lost: trimmed from the feed before they were read, or
+    /// the feed itself gone with a store that restarted or failed over).
     pub async fn refresh(&self, store: &dyn LimitStore) -> Result<(), StoreError> {
         let mut cursor = self.cursor.lock().await;
         if cursor.is_empty() {
@@ -439,7 +440,13 @@ impl StoreKeys {
             let changes = store.record_changes(&cursor).await?;
             if !changes.complete {
                 tracing::warn!(target: crate::logs::STORE, "the credentials change feed moved past this instance; its cached credentials are read again");
+                // The feed is followed again from where it ends now, as at
+                // the first read: the cursor it lost would be lost at every
+                // later read too (a feed that was emptied has nothing after
+                // it), and every read would drop the cache again.
+                *cursor = store.record_changes("").await?.cursor;
                 self.forget_all();
+                return Ok(());
             }
             let more = !changes.changed.is_empty();
             for (kind, field) in &changes.changed {
@@ -518,6 +525,107 @@ mod tests {
         );
         let (gone, _) = keys.look_up(None, &field, 0, plans, free).await;
         assert!(matches!(gone, Ok(Lookup::Unknown)));
+    }
+
+    /// A store with a change feed of entries `N-0`, each about one field,
+    /// which a test can empty (as a store that restarted without its data,
+    /// or a feed trimmed past the cursor); every field holds `s-1`.
+    #[derive(Default)]
+    struct Feed {
+        entries: Mutex<Vec<(u64, String)>>,
+        /// Reads of a cursor no longer in the feed.
+        lost: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Feed {
+        fn append(&self, id: u64, field: &str) {
+            self.entries.lock().unwrap().push((id, field.into()));
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl LimitStore for Feed {
+        async fn decide(
+            &self,
+            _: &[&crate::limits::Charge],
+            _: crate::limits::Gate,
+        ) -> Result<Vec<crate::limits::Verdict>, StoreError> {
+            Err(StoreError::Connection("not a limit store".into()))
+        }
+
+        async fn give_back(
+            &self,
+            _: &[&crate::limits::Charge],
+            _: u64,
+        ) -> Result<(), StoreError> {
+            Err(StoreError::Connection("not a limit store".into()))
+        }
+
+        async fn record_at(&self, _: &str, _: &str) -> Result<Option<String>, StoreError> {
+            Ok(Some(serde_json::to_string(&stored("s-1", None)).unwrap()))
+        }
+
+        async fn record_changes(
+            &self,
+            cursor: &str,
+        ) -> Result<crate::limits::RecordChanges, StoreError> {
+            let entries = self.entries.lock().unwrap();
+            let id = |n: u64| format!("{n}-0");
+            if cursor.is_empty() {
+                let end = entries.last().map_or(0, |(n, _)| *n);
+                return Ok(crate::limits::RecordChanges {
+                    cursor: id(end),
+                    changed: Vec::new(),
+                    complete: true,
+                });
+            }
+            let at: u64 = cursor.trim_end_matches("-0").parse().unwrap();
+            let complete = at == 0 || entries.iter().any(|(n, _)| *n == at);
+            if !complete {
+                self.lost.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            let after: Vec<_> = entries.iter().filter(|(n, _)| *n > at).collect();
+            Ok(crate::limits::RecordChanges {
+                cursor: after.last().map_or(cursor.to_owned(), |(n, _)| id(*n)),
+                changed: after
+                    .iter()
+                    .map(|(_, f)| (BY_KEY.to_owned(), f.clone()))
+                    .collect(),
+                complete,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lost_change_feed_is_read_again_once_then_followed() {
+        let keys = StoreKeys::new();
+        let feed = Feed::default();
+        let store: &dyn LimitStore = &feed;
+        let is_cached = |field: &str| keys.cached(field, 0, plans, free).is_some();
+        feed.append(1, "other");
+        keys.refresh(store).await.unwrap();
+        for field in ["a", "b"] {
+            let (found, called) = keys.look_up(Some(store), field, 0, plans, free).await;
+            assert!(matches!(found, Ok(Lookup::Known(_))) && called, "{field}");
+        }
+
+        // The store lost its feed: what was cached is dropped, once.
+        feed.entries.lock().unwrap().clear();
+        keys.refresh(store).await.unwrap();
+        assert!(!is_cached("a") && !is_cached("b"));
+        let _ = keys.look_up(Some(store), "a", 0, plans, free).await;
+        for _ in 0..3 {
+            keys.refresh(store).await.unwrap();
+            assert!(is_cached("a"), "read again at every refresh");
+        }
+        assert_eq!(feed.lost.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // Then the feed is followed: a change drops only its key.
+        let _ = keys.look_up(Some(store), "b", 0, plans, free).await;
+        feed.append(7, "a");
+        keys.refresh(store).await.unwrap();
+        assert!(!is_cached("a") && is_cached("b"));
+        assert_eq!(feed.lost.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
