@@ -553,11 +553,7 @@ mod tests {
             Err(StoreError::Connection("not a limit store".into()))
         }
 
-        async fn give_back(
-            &self,
-            _: &[&crate::limits::Charge],
-            _: u64,
-        ) -> Result<(), StoreError> {
+        async fn give_back(&self, _: &[&crate::limits::Charge], _: u64) -> Result<(), StoreError> {
             Err(StoreError::Connection("not a limit store".into()))
         }
 

@@ -393,7 +393,10 @@ mod tests {
             "Content_Length",
             "CONTENT_length",
         ] {
-            assert!(framed(&[(name, "chunked"), ("content-length", "3")]).is_err(), "{name}");
+            assert!(
+                framed(&[(name, "chunked"), ("content-length", "3")]).is_err(),
+                "{name}"
+            );
         }
         // Case is no other spelling; other underscores are no framing.
         assert_eq!(

@@ -75,7 +75,10 @@ async fn a_head_that_trickles_gets_408_at_its_deadline() {
 #[tokio::test(start_paused = true)]
 async fn an_oversized_head_gets_431() {
     let (mut guarded, mut client, listener) = pair(8192);
-    let head = format!("GET / HTTP/1.1\r\nhost: a\r\nx-big: {}\r\n", "a".repeat(2000));
+    let head = format!(
+        "GET / HTTP/1.1\r\nhost: a\r\nx-big: {}\r\n",
+        "a".repeat(2000)
+    );
     client.write_all(head.as_bytes()).await.unwrap();
     assert_eq!(read_all(&mut guarded).await.unwrap(), b"");
     assert_eq!(listener.rejections(Reason::HeaderTooLarge), 1);
@@ -296,7 +299,10 @@ async fn a_client_that_does_not_read_loses_the_connection() {
 #[tokio::test(start_paused = true)]
 async fn between_requests_a_connection_may_idle_for_keepalive_idle() {
     let (mut guarded, mut client, listener) = pair(4096);
-    client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     let mut got = vec![0u8; 64];
     assert!(guarded.read(&mut got).await.unwrap() > 0);
     guarded
@@ -314,7 +320,10 @@ async fn between_requests_a_connection_may_idle_for_keepalive_idle() {
 #[tokio::test(start_paused = true)]
 async fn a_second_request_on_the_connection_is_checked_as_the_first() {
     let (mut guarded, mut client, listener) = pair(4096);
-    client.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    client
+        .write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     let mut got = vec![0u8; 64];
     let n = guarded.read(&mut got).await.unwrap();
     assert_eq!(&got[..n], b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n");
@@ -400,7 +409,10 @@ async fn keep_alive_requests_do_not_move_the_read_timer_each_time() {
         // of a keep-alive client: its timer is looked at every time.
         let send = async {
             tokio::task::yield_now().await;
-            client.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+            client
+                .write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n")
+                .await
+                .unwrap();
         };
         let (n, ()) = tokio::join!(guarded.read(&mut got), send);
         assert_eq!(&got[..n.unwrap()], b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n");
