@@ -25,6 +25,11 @@ use crate::runtime::Runtime;
 /// Rows in `/admin/top`.
 const TOP_ROWS: usize = 20;
 
+/// How long an admin connection may wait for a request (its first, or the
+/// next on a kept-alive one) before it is closed: admin clients ask at
+/// once, and an idle connection must not hold a slot a probe needs.
+pub const IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Serves `/healthz` (the process is alive), `/readyz` (a policy is loaded
 /// and the store answers, or no limit needs it), `/metrics`, `/admin/top`
 /// and `POST /admin/reload`.

@@ -132,6 +132,22 @@ impl BackgroundService for Drainer {
     }
 }
 
+/// An accepted admin connection as Pingora's stream: answers go out at
+/// once (`TCP_NODELAY`: a small answer on a kept-alive connection would
+/// otherwise wait on the client's delayed ack), and the client's address
+/// is known to the edge, which bounds connections per address.
+fn admin_stream(tcp: tokio::net::TcpStream) -> pingora::protocols::Stream {
+    use pingora::protocols::GetSocketDigest;
+    use std::os::fd::AsRawFd;
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "admin connection: cannot set TCP_NODELAY");
+    }
+    let digest = pingora::protocols::SocketDigest::from_raw_fd(tcp.as_raw_fd());
+    let mut stream = pingora::protocols::l4::stream::Stream::from(tcp);
+    stream.set_socket_digest(digest);
+    Box::new(stream)
+}
+
 /// The admin listener, accepting on its own so that a drain does not close
 /// it.
 pub struct AdminListener<A> {
@@ -176,10 +192,28 @@ impl<A: ServerApp + Send + Sync + 'static> BackgroundService for AdminListener<A
             let app = self.app.clone();
             let quiet = self.quiet.subscribe();
             tokio::spawn(async move {
-                let stream: pingora::protocols::Stream =
-                    Box::new(pingora::protocols::l4::stream::Stream::from(tcp));
-                app.process_new(stream, &quiet).await;
+                app.process_new(admin_stream(tcp), &quiet).await;
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn admin_connections_send_at_once_and_know_their_client() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        // The same socket, under another descriptor: its options are shared.
+        let probe = accepted.try_clone().unwrap();
+        accepted.set_nonblocking(true).unwrap();
+        let stream = admin_stream(tokio::net::TcpStream::from_std(accepted).unwrap());
+        assert!(probe.nodelay().unwrap(), "TCP_NODELAY");
+        let digest = stream.get_socket_digest().expect("a socket digest");
+        let peer = digest.peer_addr().and_then(|a| a.as_inet()).copied();
+        assert_eq!(peer, Some(client.local_addr().unwrap()));
     }
 }

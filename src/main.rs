@@ -24,7 +24,7 @@ use tollgate::admin::{Admin, EnvToken};
 use tollgate::config::{self, Backend, StoreSettings};
 use tollgate::drain::{AdminListener, Drain, Drainer};
 use tollgate::edge::app::Edge;
-use tollgate::edge::listener::Listener;
+use tollgate::edge::listener::{Listener, Open};
 use tollgate::health::HealthChecker;
 use tollgate::limits::breaker::Breaker;
 use tollgate::limits::keys::KeyHasher;
@@ -547,7 +547,7 @@ fn add_proxy_listeners(
     };
     // One bound for every proxy listener: `max_connections` is the
     // instance's.
-    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let open = Arc::new(Open::default());
     let edge = |name: &str| {
         let listener = Listener::sharing(name, &services.metrics, open.clone());
         Edge::new(proxy.clone(), edge_settings.clone(), listener)
@@ -591,8 +591,8 @@ fn add_proxy_listeners(
 
 /// The admin listener, served outside Pingora's services so that it keeps
 /// answering through a drain; its connections are guarded like the
-/// proxy's, within a bound of their own, so a flood cannot lock out
-/// `/readyz`.
+/// proxy's, within bounds of their own (in all, per client address, and a
+/// second of idling), so a flood cannot lock out `/readyz`.
 fn add_admin_listener(
     server: &mut Server,
     addr: std::net::SocketAddr,
@@ -612,6 +612,11 @@ fn add_admin_listener(
             let server = &live.load().policy.server;
             tollgate::edge::EdgeSettings {
                 max_connections: server.admin_max_connections,
+                max_connections_per_ip: server.admin_max_connections_per_ip,
+                // An admin client asks at once: a connection that sends no
+                // request for a second gives its slot back.
+                header_read: server.edge.header_read.min(tollgate::admin::IDLE),
+                keepalive_idle: tollgate::admin::IDLE,
                 http2: false,
                 ..server.edge
             }

@@ -60,6 +60,8 @@ pub const THREADS: Bound = Bound::computed(1, 256);
 pub const SHUTDOWN_GRACE_SECONDS: Bound = Bound::new(0, 3_600, 10);
 /// `server.admin_max_connections`.
 pub const ADMIN_MAX_CONNECTIONS: Bound = Bound::new(1, 100_000, 256);
+/// `server.admin_max_connections_per_ip`.
+pub const ADMIN_MAX_CONNECTIONS_PER_IP: Bound = Bound::new(1, 100_000, 8);
 /// `server.http2_max_streams`.
 pub const HTTP2_MAX_STREAMS: Bound = Bound::new(1, 10_000, 100);
 /// `server.log_client_errors_per_s`.

@@ -62,6 +62,9 @@ pub struct ServerSettings {
     pub admin_listen: Option<SocketAddr>,
     /// Open connections of the admin listener, at most.
     pub admin_max_connections: usize,
+    /// Open connections of the admin listener from one client address, at
+    /// most.
+    pub admin_max_connections_per_ip: usize,
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` of HTTP/2 connections (read at
     /// start).
     pub http2_max_streams: u32,

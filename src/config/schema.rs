@@ -184,6 +184,10 @@ pub struct RawServer {
     /// Open connections of the admin listener, 1-100000; default 256.
     #[schemars(transform = bounds::ADMIN_MAX_CONNECTIONS.schema())]
     pub admin_max_connections: Option<u64>,
+    /// Open connections of the admin listener from one client address,
+    /// 1-100000; default 8. Beyond, new ones are closed at once.
+    #[schemars(transform = bounds::ADMIN_MAX_CONNECTIONS_PER_IP.schema())]
+    pub admin_max_connections_per_ip: Option<u64>,
     /// Lines a client can cause (proxy errors, store warnings, sampled
     /// denials) written a second, per kind, 0-10000; default 1. The rest
     /// are counted and summarized.

@@ -1,6 +1,7 @@
 //! The server application of one listener: connections within
-//! `max_connections`, each guarded by [`Guarded`], running Pingora's
-//! HTTP/1.1 sessions one request after another.
+//! `max_connections` (and `max_connections_per_ip` of one client address),
+//! each guarded by [`Guarded`], running Pingora's HTTP/1.1 sessions one
+//! request after another.
 //!
 //! It takes the place of Pingora's own connection loop (the `ServerApp` of
 //! an `HttpServerApp`) for one reason: the stream under the HTTP parser
@@ -101,7 +102,14 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let settings = self.settings();
-        let _slot = self.listener.admit(settings.max_connections)?;
+        let peer = stream
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+        let _slot = self.listener.admit_from(
+            peer,
+            settings.max_connections,
+            settings.max_connections_per_ip,
+        )?;
         // The handshake, the HTTP/2 detection and the preface are boxed:
         // their state would otherwise be part of every connection's, kept
         // for as long as it is open.

@@ -91,6 +91,9 @@ const MAX_HEADERS: usize = 256;
 pub struct EdgeSettings {
     /// Open client connections per listener; beyond, new ones are closed at once.
     pub max_connections: usize,
+    /// Open connections of one client address; beyond, its new ones are
+    /// closed at once (`usize::MAX`: no bound of its own).
+    pub max_connections_per_ip: usize,
     /// Largest request line and headers (→ 431, connection closed).
     pub max_header_bytes: usize,
     /// The default of routes' `max_body_bytes`.
@@ -157,6 +160,7 @@ impl Default for EdgeSettings {
         use defaults::*;
         Self {
             max_connections: MAX_CONNECTIONS as usize,
+            max_connections_per_ip: usize::MAX,
             max_header_bytes: MAX_HEADER_BYTES as usize,
             max_body_bytes: MAX_BODY_BYTES,
             header_read: Duration::from_millis(HEADER_READ_MS),

@@ -54,6 +54,11 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
             raw.admin_max_connections,
             bounds::ADMIN_MAX_CONNECTIONS,
         ) as usize,
+        admin_max_connections_per_ip: c.bounded(
+            "server.admin_max_connections_per_ip",
+            raw.admin_max_connections_per_ip,
+            bounds::ADMIN_MAX_CONNECTIONS_PER_IP,
+        ) as usize,
         http2_max_streams: c.bounded(
             "server.http2_max_streams",
             raw.http2_max_streams,
@@ -235,6 +240,8 @@ pub(super) fn edge(
             limits.max_connections,
             bounds::MAX_CONNECTIONS,
         ) as usize,
+        // The proxy's listeners: the instance's bound only.
+        max_connections_per_ip: usize::MAX,
         max_header_bytes: c.bounded(
             "server.limits.max_header_bytes",
             limits.max_header_bytes,
