@@ -1,9 +1,13 @@
 //! The admin listener: liveness, readiness, metrics, heavy hitters, quota
 //! usage and reload. Who may use `/admin/*` is [`access`]'s to say; every
-//! write, allowed or not, goes to the [`audit`] log.
+//! write, allowed, refused or failed, goes to the [`audit`] log, and so
+//! does every refusal of a caller no token identified (those at a bounded
+//! rate). Write bodies are read and parsed by [`body`]. Every error of
+//! `/admin/*` is `application/problem+json`.
 
 pub mod access;
 pub mod audit;
+pub mod body;
 
 pub use access::EnvToken;
 
@@ -39,6 +43,8 @@ pub struct Admin {
     env: EnvToken,
     drain: Arc<Drain>,
     writes: access::WriteLimiter,
+    /// Audit lines of refused callers without a valid token.
+    refusals: audit::Throttle,
     started: std::time::Instant,
 }
 
@@ -66,6 +72,7 @@ impl Admin {
             env,
             drain,
             writes: access::WriteLimiter::default(),
+            refusals: audit::Throttle::default(),
             started: crate::clock::instant(),
         }
     }
@@ -80,6 +87,27 @@ impl Admin {
         audit::record(rt.policy.server.audit_log.as_deref(), &entry);
     }
 
+    /// Records the refusal of a caller no token identified: always in the
+    /// metric, in the audit log within [`audit::REFUSALS_PER_SECOND`] lines
+    /// in all, the count of those left out said before the next line.
+    fn audit_refusal(&self, rt: &Runtime, entry: audit::Entry<'_>) {
+        rt.services
+            .metrics
+            .admin_actions
+            .with_label_values(&[entry.action, entry.result])
+            .inc();
+        let now = crate::clock::instant() - self.started;
+        let Some(left_out) = self.refusals.admit(now) else {
+            return;
+        };
+        let file = rt.policy.server.audit_log.as_deref();
+        if left_out > 0 {
+            let time = crate::access_log::timestamp(crate::clock::wall());
+            audit::record(file, &audit::Entry::suppressed(time, left_out));
+        }
+        audit::record(file, &entry);
+    }
+
     /// `POST /admin/reset` and `POST /admin/credit`: the key starts full,
     /// or gets `units` back; audited with what it held before and after.
     async fn reset_or_credit(
@@ -89,7 +117,7 @@ impl Admin {
         action: &'static str,
         body: &[u8],
     ) -> Response<Vec<u8>> {
-        let k: KeyOf = match serde_json::from_slice(body) {
+        let k: KeyOf = match body::parse(body) {
             Ok(k) => k,
             Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
         };
@@ -145,9 +173,10 @@ impl Admin {
                 },
                 reason: k.reason.as_deref(),
                 result: if done.is_ok() { "ok" } else { "error" },
+                suppressed: None,
             },
         );
-        match done {
+        audited(match done {
             Ok(()) => {
                 let body = serde_json::json!({
                     "limit": k.limit,
@@ -161,13 +190,13 @@ impl Admin {
                 "admin-store-unavailable",
                 &format!("the limit store: {e}"),
             ),
-        }
+        })
     }
 
     /// `POST /admin/revocations`: the credential answers 401 on every
     /// instance until the revocation expires.
     async fn revoke(&self, rt: &Runtime, who: &access::Caller, body: &[u8]) -> Response<Vec<u8>> {
-        let r: Revoke = match serde_json::from_slice(body) {
+        let r: Revoke = match body::parse(body) {
             Ok(r) => r,
             Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
         };
@@ -234,12 +263,16 @@ impl Admin {
         tenant: &str,
         body: &[u8],
     ) -> Response<Vec<u8>> {
-        let put: PutOverride = match serde_json::from_slice(body) {
+        let put: PutOverride = match body::parse(body) {
             Ok(p) => p,
             Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
         };
-        if tenant.is_empty() {
-            return problem(400, "admin-bad-request", "the path names no tenant");
+        if !printable(tenant) {
+            return problem(
+                400,
+                "admin-bad-request",
+                "the tenant must be 1-256 printable characters",
+            );
         }
         if !(1..=MAX_REVOCATION_S).contains(&put.expires_in_s) {
             return problem(
@@ -339,7 +372,7 @@ impl Admin {
         if rt.policy.auth.store_keys.is_none() {
             return store_keys_off();
         }
-        let new: NewCredential = match serde_json::from_slice(body) {
+        let new: NewCredential = match body::parse(body) {
             Ok(n) => n,
             Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
         };
@@ -352,8 +385,6 @@ impl Admin {
                 "sha256 must be the key's SHA-256 as 64 hex digits",
             );
         };
-        let printable =
-            |v: &str| (1..=256).contains(&v.len()) && v.bytes().all(|b| (0x20..0x7f).contains(&b));
         if !printable(&new.id) || new.id.contains(' ') {
             return problem(
                 400,
@@ -544,9 +575,10 @@ impl Admin {
                 after,
                 reason: change.reason,
                 result,
+                suppressed: None,
             },
         );
-        match change.done {
+        audited(match change.done {
             Ok(_) => {
                 let body = if change.after.is_null() {
                     serde_json::json!({ "removed": change.target })
@@ -564,73 +596,108 @@ impl Admin {
                 "admin-store-unavailable",
                 &format!("the limit store: {e}"),
             ),
-        }
+        })
     }
 
+    /// `/admin/*`: the caller's rights checked, the request answered, and
+    /// the attempt audited unless its handler did: every write by a valid
+    /// token whatever came of it, and every refusal of a caller without
+    /// one (those within the refusals' rate).
     async fn admin(&self, session: &mut ServerSession, path: &str) -> Response<Vec<u8>> {
         let rt = self.live.load_full();
         let (method, headers) = (&session.req_header().method, &session.req_header().headers);
+        let method = method.clone();
         let who = access::caller(self.env, &rt.policy.server.admin_tokens, headers);
-        let allowed = access::check(self.env, &who, method, headers).and_then(|()| {
-            if access::is_write(method) {
+        let allowed = access::check(self.env, &who, &method, headers).and_then(|()| {
+            if access::is_write(&method) {
                 self.writes
                     .admit(who.actor(), crate::clock::instant() - self.started)
             } else {
                 Ok(())
             }
         });
-        if let Err(refusal) = allowed {
-            if access::is_write(method) {
-                self.audit(
-                    &rt,
-                    audit::Entry {
-                        time: crate::access_log::timestamp(crate::clock::wall()),
-                        actor: who.actor(),
-                        action: action_of(method, path),
-                        target: serde_json::json!(path),
-                        before: serde_json::Value::Null,
-                        after: serde_json::json!(refusal.detail),
-                        reason: None,
-                        result: "refused",
-                    },
-                );
+        let (response, result) = match allowed {
+            Err(refusal) => (
+                problem(refusal.status, refusal.kind, refusal.detail),
+                "refused",
+            ),
+            Ok(()) => {
+                let response = self.route(session, &rt, &who, &method, path).await;
+                let result = match response.status().as_u16() {
+                    500.. => "error",
+                    400.. => "rejected",
+                    _ => "ok",
+                };
+                (response, result)
             }
-            return problem(refusal.status, refusal.kind, refusal.detail);
+        };
+        let unrecorded = response.extensions().get::<Audited>().is_none();
+        if unrecorded && (access::is_write(&method) || result == "refused") {
+            let entry = audit::Entry {
+                time: crate::access_log::timestamp(crate::clock::wall()),
+                actor: who.actor(),
+                action: action_of(&method, path),
+                target: serde_json::json!({ "method": method.as_str(), "path": path }),
+                before: serde_json::Value::Null,
+                after: serde_json::json!({
+                    "status": response.status().as_u16(),
+                    "detail": response.extensions().get::<Detail>().map(|d| d.0.as_str()),
+                }),
+                reason: None,
+                result,
+                suppressed: None,
+            };
+            if who.identified() {
+                self.audit(&rt, entry);
+            } else {
+                self.audit_refusal(&rt, entry);
+            }
         }
+        response
+    }
+
+    /// An allowed `/admin/*` request, answered.
+    async fn route(
+        &self,
+        session: &mut ServerSession,
+        rt: &Runtime,
+        who: &access::Caller,
+        method: &Method,
+        path: &str,
+    ) -> Response<Vec<u8>> {
         let authorized = who.identified();
-        let method = method.clone();
-        match (&method, path) {
+        match (method, path) {
             (&Method::GET, "/admin/revocations") => {
                 let active = rt.services.revocations.active(crate::clock::wall_ms());
                 let body = serde_json::json!({ "revocations": active }).to_string();
                 respond(200, "application/json", body.into_bytes())
             }
             (&Method::POST, "/admin/revocations") => {
-                let body = match read_body(session).await {
+                let body = match body::read(session).await {
                     Ok(body) => body,
                     Err(response) => return *response,
                 };
-                self.revoke(&rt, &who, &body).await
+                self.revoke(rt, who, &body).await
             }
             (&Method::DELETE, p) if p.starts_with("/admin/revocations/") => {
                 let credential = p.trim_start_matches("/admin/revocations/");
                 let credential = percent_decode(credential);
-                self.unrevoke(&rt, &who, &credential).await
+                self.unrevoke(rt, who, &credential).await
             }
             (&Method::POST, "/admin/credentials") => {
-                let body = match read_body(session).await {
+                let body = match body::read(session).await {
                     Ok(body) => body,
                     Err(response) => return *response,
                 };
-                self.create_credential(&rt, &who, &body).await
+                self.create_credential(rt, who, &body).await
             }
             (&Method::GET, p) if p.starts_with("/admin/credentials/") => {
                 let id = percent_decode(p.trim_start_matches("/admin/credentials/"));
-                self.show_credential(&rt, &id).await
+                self.show_credential(rt, &id).await
             }
             (&Method::DELETE, p) if p.starts_with("/admin/credentials/") => {
                 let id = percent_decode(p.trim_start_matches("/admin/credentials/"));
-                self.delete_credential(&rt, &who, &id).await
+                self.delete_credential(rt, who, &id).await
             }
             (&Method::GET, "/admin/overrides") => {
                 let active = rt.services.overrides.active(crate::clock::wall_ms());
@@ -639,15 +706,15 @@ impl Admin {
             }
             (&Method::PUT, p) if p.starts_with("/admin/overrides/") => {
                 let tenant = percent_decode(p.trim_start_matches("/admin/overrides/"));
-                let body = match read_body(session).await {
+                let body = match body::read(session).await {
                     Ok(body) => body,
                     Err(response) => return *response,
                 };
-                self.put_override(&rt, &who, &tenant, &body).await
+                self.put_override(rt, who, &tenant, &body).await
             }
             (&Method::DELETE, p) if p.starts_with("/admin/overrides/") => {
                 let tenant = percent_decode(p.trim_start_matches("/admin/overrides/"));
-                self.delete_override(&rt, &who, &tenant).await
+                self.delete_override(rt, who, &tenant).await
             }
             (&Method::POST, "/admin/reset" | "/admin/credit") => {
                 let action = if path == "/admin/reset" {
@@ -655,11 +722,11 @@ impl Admin {
                 } else {
                     "credit"
                 };
-                let body = match read_body(session).await {
+                let body = match body::read(session).await {
                     Ok(body) => body,
                     Err(response) => return *response,
                 };
-                self.reset_or_credit(&rt, &who, action, &body).await
+                self.reset_or_credit(rt, who, action, &body).await
             }
             (&Method::GET, "/admin/top") => {
                 let rt = self.live.load();
@@ -671,7 +738,7 @@ impl Admin {
                 respond(200, "application/json", body.into_bytes())
             }
             (&Method::GET, "/admin/explain") => {
-                explain(&rt, session.req_header().uri.query().unwrap_or("")).await
+                explain(rt, session.req_header().uri.query().unwrap_or("")).await
             }
             (&Method::GET, "/admin/usage") => {
                 let rt = self.live.load();
@@ -690,19 +757,20 @@ impl Admin {
                     Ok(Err(e)) => (
                         "rejected",
                         serde_json::json!(e.to_string()),
-                        text(
+                        problem(
                             400,
-                            format!("reload rejected, previous policy kept:\n{e}\n"),
+                            "admin-reload-rejected",
+                            &format!("reload rejected, previous policy kept: {e}"),
                         ),
                     ),
                     Err(_) => (
                         "error",
                         serde_json::Value::Null,
-                        text(500, "reload failed\n".into()),
+                        problem(500, "admin-internal", "reload failed"),
                     ),
                 };
                 self.audit(
-                    &rt,
+                    rt,
                     audit::Entry {
                         time: crate::access_log::timestamp(crate::clock::wall()),
                         actor: who.actor(),
@@ -712,9 +780,10 @@ impl Admin {
                         after,
                         reason: None,
                         result,
+                        suppressed: None,
                     },
                 );
-                response
+                audited(response)
             }
             (
                 _,
@@ -752,6 +821,21 @@ fn text(status: u16, body: String) -> Response<Vec<u8>> {
     respond(status, "text/plain; charset=utf-8", body.into_bytes())
 }
 
+/// Marks an answer whose handler wrote its audit line (with what changed),
+/// so that [`Admin::admin`] does not write another.
+#[derive(Debug, Clone, Copy)]
+struct Audited;
+
+/// An answer marked [`Audited`].
+fn audited(mut response: Response<Vec<u8>>) -> Response<Vec<u8>> {
+    response.extensions_mut().insert(Audited);
+    response
+}
+
+/// A problem answer's detail, for the audit line of the attempt.
+#[derive(Debug, Clone)]
+struct Detail(String);
+
 /// An `application/problem+json` answer (RFC 9457).
 fn problem(status: u16, kind: &str, detail: &str) -> Response<Vec<u8>> {
     let title = http::StatusCode::from_u16(status)
@@ -764,11 +848,13 @@ fn problem(status: u16, kind: &str, detail: &str) -> Response<Vec<u8>> {
         "status": status,
         "detail": detail,
     });
-    respond(
+    let mut response = respond(
         status,
         "application/problem+json",
         body.to_string().into_bytes(),
-    )
+    );
+    response.extensions_mut().insert(Detail(detail.to_string()));
+    response
 }
 
 /// An admin endpoint asked with a method it does not take.
@@ -780,9 +866,11 @@ fn method_not_allowed() -> Response<Vec<u8>> {
     )
 }
 
-/// The audit log's actions, as `action_of` names them (beside `unknown`,
-/// a write to no endpoint).
-const ACTIONS: [&str; 9] = [
+/// The audit log's actions, as `action_of` names them: `read` is a refused
+/// read, `unknown` a write to no endpoint.
+const ACTIONS: [&str; 11] = [
+    "read",
+    "unknown",
     "reload",
     "reset",
     "credit",
@@ -798,8 +886,11 @@ const ACTIONS: [&str; 9] = [
 /// rate, rejected as invalid, or failed.
 const RESULTS: [&str; 4] = ["ok", "refused", "rejected", "error"];
 
-/// The audit log's `action` of a write to `path`.
+/// The audit log's `action` of a request to `path`.
 fn action_of(method: &Method, path: &str) -> &'static str {
+    if !access::is_write(method) {
+        return "read";
+    }
     match (method, path) {
         (_, "/admin/reload") => "reload",
         (_, "/admin/reset") => "reset",
@@ -812,6 +903,13 @@ fn action_of(method: &Method, path: &str) -> &'static str {
         (&Method::DELETE, p) if p.starts_with("/admin/credentials/") => "delete_credential",
         _ => "unknown",
     }
+}
+
+/// Whether `v` may name a credential or a tenant: 1 to 256 bytes, each
+/// printable ASCII (no control byte, newline or NUL that could forge a log
+/// line or a store key).
+fn printable(v: &str) -> bool {
+    (1..=256).contains(&v.len()) && v.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
 /// The answer of a credentials endpoint when the policy has no
@@ -868,33 +966,6 @@ struct PutOverride {
 
 /// The longest a revocation may last: 30 days.
 const MAX_REVOCATION_S: u64 = 30 * 24 * 3600;
-
-/// A write's JSON body, at most [`access::MAX_BODY_BYTES`].
-async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Box<Response<Vec<u8>>>> {
-    let mut body = Vec::new();
-    loop {
-        match session.read_request_body().await {
-            Ok(Some(chunk)) => {
-                body.extend_from_slice(&chunk);
-                if body.len() as u64 > access::MAX_BODY_BYTES {
-                    return Err(Box::new(problem(
-                        413,
-                        "admin-body-too-large",
-                        "An admin request body may hold at most 64 KiB.",
-                    )));
-                }
-            }
-            Ok(None) => return Ok(body),
-            Err(_) => {
-                return Err(Box::new(problem(
-                    400,
-                    "admin-bad-body",
-                    "The request body could not be read.",
-                )))
-            }
-        }
-    }
-}
 
 /// The body of `POST /admin/reset` and `POST /admin/credit`: a limit and
 /// the dimensions its key uses.
@@ -1022,7 +1093,11 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
             .into_owned()
             .collect();
     let Some(name) = args.get("limit") else {
-        return text(400, "usage needs ?limit=NAME (and &tenant=ID)\n".into());
+        return problem(
+            400,
+            "admin-bad-request",
+            "usage needs ?limit=NAME (and &tenant=ID)",
+        );
     };
     let policy = &rt.policy;
     let Some((id, limit)) = policy
@@ -1031,23 +1106,29 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
         .enumerate()
         .find(|(_, l)| *l.name == **name)
     else {
-        return text(404, format!("no limit {name:?}\n"));
+        return problem(404, "admin-bad-request", &format!("no limit {name:?}"));
     };
     if !matches!(limit.params, Params::Quota(_)) {
-        return text(400, format!("limit {name:?} is not a quota\n"));
+        return problem(
+            400,
+            "admin-bad-request",
+            &format!("limit {name:?} is not a quota"),
+        );
     }
     if limit.key.ip || limit.key.credential || limit.key.route {
-        return text(
+        return problem(
             400,
-            format!("limit {name:?} is keyed by more than the tenant; usage is read per tenant\n"),
+            "admin-bad-request",
+            &format!("limit {name:?} is keyed by more than the tenant; usage is read per tenant"),
         );
     }
     let tenant: Option<Arc<str>> = match (limit.key.tenant, args.get("tenant")) {
         (true, Some(t)) => Some(t.as_str().into()),
         (true, None) => {
-            return text(
+            return problem(
                 400,
-                format!("limit {name:?} is per tenant: add &tenant=ID\n"),
+                "admin-bad-request",
+                &format!("limit {name:?} is per tenant: add &tenant=ID"),
             )
         }
         (false, _) => None,
@@ -1069,11 +1150,21 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
     // The quota's numbers as this tenant's charges carry them (plan and
     // override applied).
     let Params::Quota(quota) = probe.params else {
-        return text(500, "a plan changed the quota's algorithm\n".into());
+        return problem(
+            500,
+            "admin-internal",
+            "a plan changed the quota's algorithm",
+        );
     };
     let verdict = match rt.limiter().peek(std::slice::from_ref(&probe)).await.pop() {
         Some((Ok(v), _)) => v,
-        _ => return text(503, "the limit store is unavailable\n".into()),
+        _ => {
+            return problem(
+                503,
+                "admin-store-unavailable",
+                "the limit store is unavailable",
+            )
+        }
     };
     // The period is the store's: the time the counter was read at.
     let now_ms = verdict.at;
@@ -1143,7 +1234,11 @@ impl ServeHttp for Admin {
                 respond(200, "text/plain; version=0.0.4", metrics.render())
             }
             p if p.starts_with("/admin/") => self.admin(session, p).await,
-            _ => text(404, "not found\n".into()),
+            _ => problem(
+                404,
+                "admin-not-found",
+                "the admin listener has no such path",
+            ),
         }
     }
 }
@@ -1178,5 +1273,7 @@ mod tests {
             assert!(ACTIONS.contains(&action), "{method} {path}: {action}");
         }
         assert_eq!(action_of(&Method::POST, "/admin/nothing"), "unknown");
+        assert_eq!(action_of(&Method::GET, "/admin/reload"), "read");
+        assert!(ACTIONS.contains(&"unknown") && ACTIONS.contains(&"read"));
     }
 }

@@ -60,9 +60,9 @@ pub struct Metrics {
     /// the response (`charged` more, or `refunded`), and responses that
     /// reported no cost (`missing`: settled at the estimate).
     pub cost_reconciled: IntCounterVec,
-    /// `tollgate_admin_actions_total{action,result}`: admin writes, by what
-    /// they asked and how they ended (`ok`, `rejected`, `refused`,
-    /// `error`).
+    /// `tollgate_admin_actions_total{action,result}`: admin writes (and
+    /// refused reads, `read`), by what they asked and how they ended (`ok`,
+    /// `rejected`, `refused`, `error`).
     pub admin_actions: IntCounterVec,
     /// `tollgate_revocations_active`: credentials revoked now, as this
     /// instance last read them.
@@ -262,7 +262,7 @@ impl Metrics {
             admin_actions: counter(
                 &r,
                 "tollgate_admin_actions_total",
-                "Admin writes, by action and result (ok, rejected, refused, error).",
+                "Admin writes and refused reads, by action and result (ok, rejected, refused, error).",
                 &["action", "result"],
             ),
             cost_uncharged: counter(

@@ -608,7 +608,10 @@ fn admin_writes_need_a_write_token_and_json_and_each_leaves_an_audit_line() {
             )
         })
         .collect();
+    // The refused read first: a caller without a valid token is audited
+    // whatever it asked.
     let expected = [
+        ("unknown", "refused"),
         ("unknown", "refused"),
         ("viewer", "refused"),
         ("oncall", "refused"),
@@ -620,11 +623,12 @@ fn admin_writes_need_a_write_token_and_json_and_each_leaves_an_audit_line() {
         expected.map(|(a, r)| (a.to_string(), r.to_string())),
         "one line per write, refused ones too"
     );
-    assert!(lines
+    assert_eq!(lines[0]["action"], "read");
+    assert!(lines[1..]
         .iter()
         .all(|l| l["action"] == "reload" && l["time"].is_string()));
-    assert_eq!(lines[4]["before"], "v1");
-    assert_eq!(lines[4]["after"], "v1");
+    assert_eq!(lines[5]["before"], "v1");
+    assert_eq!(lines[5]["after"], "v1");
     assert_eq!(
         gw.metric("tollgate_admin_actions_total{action=\"reload\",result=\"refused\"}"),
         4.0
