@@ -135,6 +135,48 @@ routes:
 }
 
 #[test]
+fn an_admin_listener_beyond_loopback_without_a_token_is_warned_about_but_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    let check_with = |server: &str| {
+        std::fs::write(
+            &file,
+            format!(
+                "version: 1\nserver: {{ listen: [\"127.0.0.1:8080\"], {server} }}\n\
+                 routes:\n  - {{ name: r, path: /x, respond: {{ status: 200 }} }}\n"
+            ),
+        )
+        .unwrap();
+        check(file.to_str().unwrap())
+    };
+    let (code, stdout, stderr) = check_with("admin_listen: \"0.0.0.0:9091\"");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains(" ok: "), "{stdout}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "{}: warning: server.admin_listen 0.0.0.0:9091 is not a loopback address and no admin \
+             token is configured (server.admin_tokens or server.admin_token_env): anyone who can \
+             reach it reads the admin API (/admin/top, /admin/explain, /admin/overrides…)",
+            file.display()
+        )
+    );
+    let token = format!(
+        "admin_tokens: [{{ name: ops, sha256: \"{}\", role: read }}]",
+        "a".repeat(64)
+    );
+    for quiet in [
+        "admin_listen: \"127.0.0.1:9091\"".to_string(),
+        "admin_listen: \"[::1]:9091\"".to_string(),
+        format!("admin_listen: \"0.0.0.0:9091\", {token}"),
+        "admin_listen: \"10.0.0.5:9091\", admin_token_env: ADMIN_TOKEN".to_string(),
+    ] {
+        let (code, _, stderr) = check_with(&quiet);
+        assert_eq!((code, stderr.as_str()), (0, ""), "{quiet}");
+    }
+}
+
+#[test]
 fn a_reported_cost_that_may_exceed_a_budget_is_warned_about_and_new_keys_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");

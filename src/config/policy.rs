@@ -403,12 +403,28 @@ impl Policy {
             .unwrap_or(self.limits[limit].params)
     }
 
-    /// Valid but probably unintended settings, one sentence each: today,
-    /// routes whose cost exceeds a limit's local fallback share, which the
-    /// limit then refuses for as long as the store is failing.
+    /// Valid but probably unintended settings, one sentence each: an admin
+    /// listener beyond loopback that no token guards, and routes whose cost
+    /// exceeds a limit's local fallback share, which the limit then refuses
+    /// for as long as the store is failing.
     pub fn warnings(&self) -> Vec<String> {
         let instances = self.store.expected_instances;
         let mut out = Vec::new();
+        let server = &self.server;
+        let open_admin = server
+            .admin_listen
+            .filter(|a| !a.ip().to_canonical().is_loopback());
+        if let (Some(addr), true, None) = (
+            open_admin,
+            server.admin_tokens.is_empty(),
+            &server.admin_token_env,
+        ) {
+            out.push(format!(
+                "server.admin_listen {addr} is not a loopback address and no admin token is \
+                 configured (server.admin_tokens or server.admin_token_env): anyone who can \
+                 reach it reads the admin API (/admin/top, /admin/explain, /admin/overrides…)"
+            ));
+        }
         for limit in self.limits.iter() {
             if limit.local && limit.lease.is_some() {
                 out.push(format!(
