@@ -133,10 +133,14 @@ pub struct Plan<'a> {
     pub lookup: Option<Pending>,
 }
 
-/// The lookups that may name a caller the local sources do not know, in
-/// order: the store's credentials, then the forward-auth service.
+/// The work that may name a caller the local lookups do not know, made
+/// only once the pre-auth limits admitted the request: a JWT's signature
+/// check, or in order the store's credentials, then the forward-auth
+/// service.
 #[derive(Debug, Clone, Default)]
 pub struct Pending {
+    /// The key is a JWT, to verify.
+    pub jwt: bool,
     /// The field of the key's record among the store's credentials.
     pub store: Option<String>,
     /// The request's entry at the forward-auth service.
@@ -297,7 +301,18 @@ async fn look_up(
     req: &RequestHeader,
     facts: &mut Facts,
 ) -> Result<Option<usize>, Rejection> {
-    let Some((credential, source)) = identify(rt, pending, req).await? else {
+    let identified = if pending.jwt {
+        match verify_jwt(rt, &req.headers) {
+            Ok(credential) => Some((credential, "jwt")),
+            Err(reason) => {
+                rt.all_metrics().auth_failure(reason);
+                return Ok(None);
+            }
+        }
+    } else {
+        identify(rt, pending, req).await?
+    };
+    let Some((credential, source)) = identified else {
         rt.all_metrics().auth_failure("unknown");
         return Ok(None);
     };
@@ -392,13 +407,13 @@ fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
         return Identified::Refused("missing");
     };
     if !policy.auth.jwt.is_empty() && crate::jwt::looks_like_jwt(key) {
-        let plans = |name: &str| policy.plan_id(name);
-        let verified = policy.auth.jwt.verify(key, plans);
-        metrics.auth_lookup("jwt", if verified.is_ok() { "hit" } else { "miss" });
-        return match verified {
-            Ok(c) => Identified::Known(Arc::new(c), "jwt"),
-            Err(failure) => Identified::Refused(failure.reason()),
-        };
+        // A signature check costs many times a key's lookup (and an
+        // unknown `kid` a key-set fetch): it waits for the pre-auth limits,
+        // so a flood of forged tokens is bounded by them first.
+        return Identified::Ask(Pending {
+            jwt: true,
+            ..Pending::default()
+        });
     }
     let digest = auth::digest(key);
     if let Some(c) = policy.auth.keys.verify_digest(&digest) {
@@ -746,8 +761,22 @@ pub async fn admit(
     conclude(&plan, &verdicts, Conclusion::of(rt), facts)
 }
 
+/// The caller a JWT names, once its signature, issuer and times hold;
+/// else the `tollgate_auth_failures_total` reason.
+fn verify_jwt(rt: &Runtime, headers: &http::HeaderMap) -> Result<Arc<Credential>, &'static str> {
+    let policy = &rt.policy;
+    let key = auth::presented_key(headers, &policy.auth.header).ok_or("missing")?;
+    let plans = |name: &str| policy.plan_id(name);
+    let verified = policy.auth.jwt.verify(key, plans);
+    let result = if verified.is_ok() { "hit" } else { "miss" };
+    rt.all_metrics().auth_lookup("jwt", result);
+    verified.map(Arc::new).map_err(|failure| failure.reason())
+}
+
 /// The caller the store's credentials, then the forward-auth service,
-/// name; `None` when neither knows the key.
+/// name; `None` when neither knows the key. A store that cannot answer
+/// leaves the caller to the forward-auth service; 503 only when no source
+/// that answered named it and one could not answer.
 async fn identify(
     rt: &Runtime,
     pending: Pending,
@@ -759,6 +788,7 @@ async fn identify(
         tracing::warn!(target: crate::logs::REQUEST, reason = %why, "a source of identities gave no answer");
         Rejection::AuthUnavailable
     };
+    let mut store_down = None;
     if let Some(field) = pending.store {
         let store = rt.limiter().shared_store().map(|s| s.as_ref());
         let plans = |name: &str| rt.policy.plan_id(name);
@@ -779,11 +809,16 @@ async fn identify(
         match found {
             Ok(crate::store_keys::Lookup::Known(c)) => return Ok(Some((c, "store"))),
             Ok(crate::store_keys::Lookup::Unknown) => {}
-            Err(e) => return Err(unavailable(&e)),
+            // One source down is not the gate: the next may name the
+            // caller. Only a key no source could answer for is refused.
+            Err(e) => store_down = Some(e),
         }
     }
     let (Some(entry), Some(service)) = (pending.forward, &rt.policy.auth.forward) else {
-        return Ok(None);
+        return match store_down {
+            Some(e) => Err(unavailable(&e)),
+            None => Ok(None),
+        };
     };
     let started = crate::clock::instant();
     let (answer, via) = service.ask(entry, &req.headers).await;
@@ -799,10 +834,12 @@ async fn identify(
         (crate::forward_auth::Answer::Unknown, _) => "miss",
     };
     metrics.auth_lookup("forward", result);
-    match answer {
-        crate::forward_auth::Answer::Known(c) => Ok(Some((c, "forward"))),
-        crate::forward_auth::Answer::Unknown => Ok(None),
-        crate::forward_auth::Answer::Unavailable(why) => Err(unavailable(&why)),
+    match (answer, store_down) {
+        (crate::forward_auth::Answer::Known(c), _) => Ok(Some((c, "forward"))),
+        // The store, which could not answer, may know the key.
+        (crate::forward_auth::Answer::Unknown, Some(e)) => Err(unavailable(&e)),
+        (crate::forward_auth::Answer::Unknown, None) => Ok(None),
+        (crate::forward_auth::Answer::Unavailable(why), _) => Err(unavailable(&why)),
     }
 }
 

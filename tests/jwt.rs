@@ -540,3 +540,38 @@ fn a_jwt_caller_is_revoked_by_its_credential_id() {
     assert_eq!(revoke("jwt:nobody:alice"), 404);
     assert_eq!(revoke("jwt:main:"), 404);
 }
+
+#[test]
+fn forged_tokens_beyond_the_ip_guard_cost_no_signature_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let ec = Signer::ec(dir.path(), "ec-1");
+    let forger = Signer::ec(dir.path(), "ec-1");
+    write_jwks(&dir.path().join("main.json"), &[&ec]);
+    write_jwks(&dir.path().join("partner.json"), &[&ec]);
+    let text = policy(dir.path()).replace(
+        "routes:\n  - { name: r, path: /, respond: { status: 200 } }",
+        "limits:\n  guard: { scope: pre_auth, key: [ip], capacity: 5, refill_per_second: 0.001 }\n\
+         routes:\n  - { name: r, path: /, respond: { status: 200 }, limits: [guard] }",
+    );
+    assert!(text.contains("limits: [guard]"));
+    let gw = Gateway::start(&text, None);
+    // Same `kid`, another key: every signature fails.
+    let forged = forger.sign(&claims(MAIN, "mallory", "acme"));
+    let statuses: Vec<u16> = (0..40).map(|_| status(&gw, &forged)).collect();
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 401).count(),
+        5,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        35,
+        "{statuses:?}"
+    );
+    // Only the five the guard let through were checked, and counted.
+    assert_eq!(failures(&gw, "bad_signature"), 5.0, "{}", gw.metrics());
+    assert_eq!(
+        gw.metric("tollgate_auth_lookups_total{result=\"miss\",source=\"jwt\"}"),
+        5.0
+    );
+}
