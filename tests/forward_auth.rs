@@ -626,3 +626,40 @@ fn the_worked_example_identifies_callers_by_the_existing_service() {
         2.0
     );
 }
+
+#[test]
+fn a_stalled_store_leaves_callers_to_forward_auth_on_an_open_route() {
+    let redis = support::redis_server::RedisServer::start();
+    let auth = AuthServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start();
+    let text = policy(&auth.url(), "", &dir.path().join("access.jsonl"))
+        .replace(
+            "auth:\n",
+            &format!("store: {}\nauth:\n  store_keys: {{ cache_entries: 100 }}\n", redis.store(50)),
+        )
+        .replace(
+            "limits:\n",
+            "limits:\n  open: { key: [credential], capacity: 100, refill_per_second: 1, on_store_error: open }\n",
+        )
+        .replace(
+            "  - { name: r, path: \"/**\", upstream: api }",
+            "  - { name: r, path: \"/**\", upstream: api, limits: [open] }",
+        );
+    let secret = [("TOLLGATE_KEY_SECRET", "forward-auth-secret-7f3a")];
+    let gw = Gateway::start_with_env(&text, Some(&upstream), &secret);
+    assert_eq!(call(&gw, "good-before").status, 200);
+    // The store answers nothing now: the store's credentials cannot be
+    // read, and the route's only limit admits while the store is down.
+    redis.pause();
+    for i in 0..3 {
+        let r = call(&gw, &format!("good-new-{i}"));
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.upstream_saw("x-credential-id"), [format!("fwd:new-{i}")]);
+    }
+    assert_eq!(call(&gw, "good-before").status, 200);
+    // A key the service refuses may still be the store's: no source that
+    // could answer named it.
+    assert_auth_unavailable(&call(&gw, "nobody"));
+    redis.resume();
+}
