@@ -1198,3 +1198,28 @@ routes:
         .status
         == 401));
 }
+
+#[test]
+fn decisions_queued_behind_a_silent_store_follow_their_failure_mode_as_one_failed_call() {
+    let redis = RedisServer::start();
+    let gw = Gateway::start_with_env(&failure_policy(&redis), None, &[SECRET]);
+    assert_eq!(keyed(&gw, "/closed").status, 200);
+    redis.pause();
+    // Twenty at once: one call goes out and hangs, the others queue
+    // behind it. None is shed as overload, every one follows `open`.
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..20)
+            .map(|_| s.spawn(|| keyed(&gw, "/open").status))
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert_eq!(
+        gw.metric("tollgate_overload_shed_total{reason=\"store_wait\"}"),
+        0.0
+    );
+    // The breaker (three failures) counted the calls that failed, not the
+    // decisions they carried.
+    assert_eq!(gw.metric("tollgate_store_circuit_open"), 0.0);
+    redis.resume();
+}

@@ -3,6 +3,12 @@
 //! probe is let through; its success closes the circuit, its failure opens
 //! it again. Time is passed in, so the state machine is tested without
 //! sleeping.
+//!
+//! It counts failed calls, not the decisions they carried: decisions that
+//! arrive together share one store call, and when it fails each of them
+//! reports the failure. A failure reported by a decision that started
+//! before the last failure was counted rode on that call (or one beside
+//! it) and is not counted again.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -36,6 +42,8 @@ pub struct Breaker {
     threshold: u32,
     open_ms: u64,
     state: Mutex<State>,
+    /// When the last failure was counted.
+    counted_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Breaker {
@@ -46,6 +54,7 @@ impl Breaker {
             threshold: threshold.max(1),
             open_ms: open_for.as_millis() as u64,
             state: Mutex::new(State::Closed { failures: 0 }),
+            counted_ms: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -69,7 +78,22 @@ impl Breaker {
 
     /// Reports how a permitted call went.
     pub fn record(&self, permit: Permit, ok: bool, now_ms: u64) {
+        self.record_since(permit, ok, now_ms, now_ms);
+    }
+
+    /// Reports how the call of a decision that started at `started_ms`
+    /// went: a failure is not counted again for a decision that was
+    /// already waiting when the last one was counted (it rode on that
+    /// call).
+    pub fn record_since(&self, permit: Permit, ok: bool, now_ms: u64, started_ms: u64) {
+        use std::sync::atomic::Ordering;
         let mut state = self.state();
+        if !ok && permit == Permit::Call {
+            if started_ms < self.counted_ms.load(Ordering::Acquire) {
+                return;
+            }
+            self.counted_ms.store(now_ms, Ordering::Release);
+        }
         *state = match (permit, ok, *state) {
             (_, true, _) => State::Closed { failures: 0 },
             (Permit::Probe, false, _) => State::Open { since_ms: now_ms },
@@ -145,6 +169,21 @@ mod tests {
         assert_eq!(b.permit(104), Permit::Probe, "the next call probes at once");
         b.record(Permit::Probe, true, 105);
         assert!(!b.is_open());
+    }
+
+    #[test]
+    fn the_decisions_of_one_failed_call_count_once() {
+        let b = Breaker::new(3, Duration::from_millis(1_000));
+        // Fifty decisions that started at 10 share a call that fails at 30.
+        for _ in 0..50 {
+            b.record_since(Permit::Call, false, 30, 10);
+        }
+        assert!(!b.is_open(), "one failed call is below the threshold");
+        // Two more calls, each made after the one before failed.
+        b.record_since(Permit::Call, false, 60, 31);
+        assert!(!b.is_open());
+        b.record_since(Permit::Call, false, 90, 61);
+        assert!(b.is_open(), "three failed calls open it");
     }
 
     #[test]

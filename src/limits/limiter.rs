@@ -630,6 +630,7 @@ impl<C: Clock> Limiter<C> {
             return Err(StoreError::CircuitOpen);
         }
         let started = Instant::now();
+        let started_ms = self.clock.now_ms();
         // The store bounds the call itself (`timeout_ms`), and tells a
         // failing store from a gateway too busy to wait for it.
         let result = match shared.store.decide(charges, blocked_from).await {
@@ -651,7 +652,7 @@ impl<C: Clock> Limiter<C> {
             .observe(started.elapsed().as_secs_f64());
         shared
             .breaker
-            .record(permit, result.is_ok(), self.clock.now_ms());
+            .record_since(permit, result.is_ok(), self.clock.now_ms(), started_ms);
         self.metrics
             .store_circuit_open
             .set(i64::from(shared.breaker.is_open()));

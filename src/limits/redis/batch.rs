@@ -32,6 +32,10 @@
 //!   were out, which is the gateway's load, not the store's silence (that
 //!   the calls' own bounds tell): it is shed ([`Overload::Wait`]), counts
 //!   neither for nor against the breaker, and no failure mode decides it.
+//!   Unless the store itself has answered no call for as long: then the
+//!   calls ahead are failing, not slow, and the job fails with them
+//!   (`Timeout`), so its limits follow their `on_store_error` rather than
+//!   being refused as overload.
 //!   A call's bound runs on the store's thread, which reads whatever
 //!   replies have arrived before it concludes (a timer that fires in the
 //!   same wake-up as a reply does not win over it); when that timer fired
@@ -185,6 +189,8 @@ struct Core<L> {
     link: L,
     bounds: Bounds,
     pending: Arc<AtomicUsize>,
+    /// When the store last answered a call.
+    heard: Mutex<Instant>,
 }
 
 /// The queues of one link, one per hash slot in use.
@@ -222,6 +228,7 @@ impl<L: Link> Batches<L> {
                 link,
                 bounds,
                 pending: Arc::default(),
+                heard: Mutex::new(Instant::now()),
             }),
             queues: Default::default(),
             runtime,
@@ -411,12 +418,29 @@ impl<L: Link> Core<L> {
         batch: &[Job<L>],
     ) -> Result<Vec<Result<L::Reply, StoreError>>, StoreError> {
         let requests: Vec<&L::Request> = batch.iter().map(|j| &j.request).collect();
-        bounded(self.bounds.timeout, self.link.call(&requests))
+        let result = bounded(self.bounds.timeout, self.link.call(&requests))
             .await
             .unwrap_or_else(|| {
                 self.link.forget();
                 Err(StoreError::Timeout)
-            })
+            });
+        if result.is_ok() {
+            *self.heard.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        }
+        result
+    }
+
+    /// What a job that waited its whole `timeout` in the queue is told:
+    /// while the store answers, it waited behind the gateway's own load
+    /// and is shed; when the store has been silent for as long, its calls
+    /// are failing, and the job's limits follow their `on_store_error`.
+    fn expired(&self, now: Instant) -> StoreError {
+        let heard = *self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        if now.saturating_duration_since(heard) >= self.bounds.timeout {
+            StoreError::Timeout
+        } else {
+            StoreError::Overloaded(Overload::Wait)
+        }
     }
 
     /// The next batch from the front of `waiting`: jobs that still want an
@@ -431,9 +455,7 @@ impl<L: Link> Core<L> {
             if job.reply.is_closed() {
                 // Its caller went away.
             } else if job.deadline <= now {
-                let _ = job
-                    .reply
-                    .send((Err(StoreError::Overloaded(Overload::Wait)), None));
+                let _ = job.reply.send((Err(self.expired(now)), None));
             } else {
                 batch.push(job);
             }
@@ -441,14 +463,12 @@ impl<L: Link> Core<L> {
         batch
     }
 
-    /// Sheds the waiting jobs whose deadline has passed by `now`: they
-    /// waited behind calls that were out, the gateway's load.
+    /// Answers the waiting jobs whose deadline has passed by `now`: they
+    /// waited behind calls that were out ([`Core::expired`]).
     fn expire(&self, waiting: &mut VecDeque<Job<L>>, now: Instant) {
         while waiting.front().is_some_and(|j| j.deadline <= now) {
             if let Some(job) = waiting.pop_front() {
-                let _ = job
-                    .reply
-                    .send((Err(StoreError::Overloaded(Overload::Wait)), None));
+                let _ = job.reply.send((Err(self.expired(now)), None));
             }
         }
     }

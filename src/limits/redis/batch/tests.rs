@@ -213,10 +213,11 @@ async fn decisions_beyond_max_pending_are_shed_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn jobs_that_waited_past_their_deadline_are_shed_never_sent() {
+async fn jobs_queued_behind_a_silent_store_fail_with_it_never_sent() {
     // The first call hangs past the 20 ms bound, so it fails; what queued
-    // behind it is past its deadline by then: shed, not failed (the store
-    // is judged on its calls), and never sent.
+    // behind it is past its deadline by then, and the store has answered
+    // nothing for as long: they fail as the call did (their limits follow
+    // their failure mode, they are not shed as overload), never sent.
     let fake = Fake::answering([Reply::Never, ms(1)]);
     let b = batches(fake, 100);
     let first = submit(&b, 1);
@@ -224,10 +225,7 @@ async fn jobs_that_waited_past_their_deadline_are_shed_never_sent() {
     let behind: Vec<_> = (2..6).map(|n| submit(&b, n)).collect();
     assert_eq!(first.await.unwrap(), Err(StoreError::Timeout));
     for job in behind {
-        assert_eq!(
-            job.await.unwrap(),
-            Err(StoreError::Overloaded(Overload::Wait))
-        );
+        assert_eq!(job.await.unwrap(), Err(StoreError::Timeout));
     }
     settle().await;
     assert_eq!(b.core.link.calls.lock().unwrap().clone(), vec![vec![1]]);
