@@ -582,3 +582,36 @@ fn an_http1_client_that_never_reads_a_large_answer_is_cut_and_frees_its_permit()
     assert!(eventually(Duration::from_secs(10), || pool_in_flight(&gw) == 0.0));
     drop(conn);
 }
+
+#[test]
+fn one_client_address_cannot_take_every_connection_slot() {
+    let (gw, _upstream) = start("  limits: { max_connections_per_ip: 3 }");
+    let mine: Vec<TcpStream> = (0..3).map(|_| connect(gw.addr, None)).collect();
+    assert!(eventually(Duration::from_secs(5), || {
+        gw.metric(&format!("tollgate_connections{{listener=\"{}\"}}", gw.addr)) == 3.0
+    }));
+    // A fourth from the same address is closed at once, unanswered.
+    let mut fourth = connect(gw.addr, None);
+    let _ =
+        fourth.write_all(b"GET /x HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer key-s1\r\n\r\n");
+    let mut got = Vec::new();
+    let _ = fourth.read_to_end(&mut got);
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    assert_eq!(rejected(&gw, "max_connections_per_ip"), 1.0);
+    // Another address is served.
+    let other = raw_from(gw.addr, "127.0.0.2");
+    assert_eq!(status_of(&other), 200, "{other}");
+    drop(mine);
+}
+
+/// One request to `/x` from the loopback address `from`.
+fn raw_from(to: std::net::SocketAddr, from: &str) -> String {
+    let mut conn = connect(to, Some(from.parse().unwrap()));
+    conn.write_all(
+        b"GET /x HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer key-s1\r\nconnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    reply
+}

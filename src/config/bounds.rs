@@ -70,6 +70,8 @@ pub const LOG_CLIENT_ERRORS_PER_S: Bound = Bound::new(0, 10_000, 1);
 pub const ADMIN_REFRESH_MS: Bound = Bound::new(100, 60_000, 1_000);
 /// `server.limits.max_connections`.
 pub const MAX_CONNECTIONS: Bound = Bound::new(1, 1_000_000, edge::MAX_CONNECTIONS);
+/// `server.limits.max_connections_per_ip`.
+pub const MAX_CONNECTIONS_PER_IP: Bound = Bound::new(1, 1_000_000, 1_000);
 /// `server.limits.max_header_bytes`.
 pub const MAX_HEADER_BYTES: Bound = Bound::new(1_024, 1_048_576, edge::MAX_HEADER_BYTES);
 /// `server.limits.max_body_bytes`.

@@ -239,6 +239,11 @@ pub struct RawServerLimits {
     /// Open client connections per listener; beyond, new ones are closed at once. Default 10000.
     #[schemars(transform = bounds::MAX_CONNECTIONS.schema())]
     pub max_connections: Option<u64>,
+    /// Open client connections of one client address (the TCP peer), the
+    /// proxy's listeners together; beyond, new ones from it are closed at
+    /// once, so that no client takes every slot. 1-1000000; default 1000.
+    #[schemars(transform = bounds::MAX_CONNECTIONS_PER_IP.schema())]
+    pub max_connections_per_ip: Option<u64>,
     /// Largest request line and headers; above is a 431. Default 65536.
     #[schemars(transform = bounds::MAX_HEADER_BYTES.schema())]
     pub max_header_bytes: Option<u64>,

@@ -43,7 +43,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    const ALL: [Reason; 9] = [
+    const ALL: [Reason; 10] = [
         Reason::MaxConnections,
         Reason::MaxConnectionsPerIp,
         Reason::HeaderTimeout,

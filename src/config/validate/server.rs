@@ -240,8 +240,11 @@ pub(super) fn edge(
             limits.max_connections,
             bounds::MAX_CONNECTIONS,
         ) as usize,
-        // The proxy's listeners: the instance's bound only.
-        max_connections_per_ip: usize::MAX,
+        max_connections_per_ip: c.bounded(
+            "server.limits.max_connections_per_ip",
+            limits.max_connections_per_ip,
+            bounds::MAX_CONNECTIONS_PER_IP,
+        ) as usize,
         max_header_bytes: c.bounded(
             "server.limits.max_header_bytes",
             limits.max_header_bytes,
