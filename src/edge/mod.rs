@@ -216,7 +216,7 @@ fn is_framing_look_alike(name: &str) -> bool {
 /// lengths, `Transfer-Encoding` on HTTP/1.0 (`version` 0), a framing or
 /// routing header spelled with `_` for `-`; and every head whose authority
 /// is not one: no `Host` on HTTP/1.1 (`version` 1, RFC 9112 §3.2), or
-/// [`authority`].
+/// one the authority check refuses.
 pub fn framing(
     version: u8,
     method: &str,
