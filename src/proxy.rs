@@ -76,7 +76,11 @@ pub struct RequestCtx {
 /// to the client, however slowly it reads. The bytes are counted in
 /// `buffered_bytes_total` while held.
 struct HeldAnswer {
-    body: bytes::BytesMut,
+    /// The answer so far: the first chunk as it came (most answers come
+    /// whole in one, and are never copied), then a buffer once a second
+    /// one came.
+    first: Option<Bytes>,
+    rest: Option<bytes::BytesMut>,
     /// The declared length still to come.
     left: u64,
     _reservation: BodyReservation,
@@ -86,11 +90,27 @@ impl HeldAnswer {
     /// Takes `chunk` in; the whole answer once the last declared byte came
     /// (or the upstream ended it early: `end`).
     fn take(&mut self, chunk: Option<Bytes>, end: bool) -> Option<Bytes> {
-        if let Some(chunk) = chunk {
+        if let Some(chunk) = chunk.filter(|c| !c.is_empty()) {
             self.left = self.left.saturating_sub(chunk.len() as u64);
-            self.body.extend_from_slice(&chunk);
+            match (&mut self.rest, self.first.take()) {
+                (Some(rest), _) => rest.extend_from_slice(&chunk),
+                (None, None) => self.first = Some(chunk),
+                (None, Some(first)) => {
+                    let mut rest = bytes::BytesMut::with_capacity(first.len() + chunk.len());
+                    rest.extend_from_slice(&first);
+                    rest.extend_from_slice(&chunk);
+                    self.rest = Some(rest);
+                }
+            }
         }
-        (self.left == 0 || end).then(|| std::mem::take(&mut self.body).freeze())
+        if self.left > 0 && !end {
+            return None;
+        }
+        let whole = match self.rest.take() {
+            Some(rest) => rest.freeze(),
+            None => self.first.take().unwrap_or_default(),
+        };
+        Some(whole)
     }
 }
 
@@ -315,7 +335,8 @@ fn hold_answer(
     let total = rt.policy.server.buffered_bytes_total;
     let reservation = rt.services.body_budget.reserve(len, total)?;
     Some(HeldAnswer {
-        body: bytes::BytesMut::with_capacity(len as usize),
+        first: None,
+        rest: None,
         left: len,
         _reservation: reservation,
     })
@@ -869,5 +890,48 @@ impl Gateway {
                     .record(&caller, ctx.facts.cost, admitted == Outcome::Allowed);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::edge::body::BodyBudget;
+
+    fn held(len: u64) -> HeldAnswer {
+        HeldAnswer {
+            first: None,
+            rest: None,
+            left: len,
+            _reservation: BodyBudget::new().reserve(len, len).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_held_answer_goes_on_whole_once_its_last_declared_byte_came() {
+        let mut one = held(5);
+        assert_eq!(
+            one.take(Some(Bytes::from_static(b"hello")), false)
+                .as_deref(),
+            Some(&b"hello"[..])
+        );
+
+        let mut three = held(6);
+        assert_eq!(three.take(Some(Bytes::from_static(b"ab")), false), None);
+        assert_eq!(three.take(None, false), None);
+        assert_eq!(three.take(Some(Bytes::from_static(b"cd")), false), None);
+        assert_eq!(
+            three
+                .take(Some(Bytes::from_static(b"ef")), false)
+                .as_deref(),
+            Some(&b"abcdef"[..])
+        );
+    }
+
+    #[test]
+    fn a_held_answer_the_upstream_ends_early_goes_on_as_far_as_it_came() {
+        let mut cut = held(10);
+        assert_eq!(cut.take(Some(Bytes::from_static(b"abc")), false), None);
+        assert_eq!(cut.take(None, true).as_deref(), Some(&b"abc"[..]));
     }
 }
