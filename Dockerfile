@@ -1,12 +1,16 @@
 # tollgate container image.
 #
 #   docker build -t tollgate .
-#   docker run --rm -p 8080:8080 -v "$PWD/my-policy:/etc/tollgate:ro" tollgate
+#   docker run --rm -p 8080:8080 tollgate        # serves the demo policy
+#   docker run --rm -p 8080:8080 -v "$PWD/policy.yaml:/etc/tollgate/tollgate.yaml:ro" tollgate
 #
-# The mounted directory holds tollgate.yaml (and its keys file, if any). The
-# policy must listen on 0.0.0.0:8080 to be reachable through the published
-# port, and set admin_listen to 127.0.0.1:9091 or 0.0.0.0:9091 for the health
-# check below.
+# The image carries a demo policy (deploy/docker/tollgate.yaml) at the path
+# its CMD reads, and warns at start while it serves it. Mount a policy file
+# in its place, or a directory over /etc/tollgate when the policy has a keys
+# file or certificates beside it (a directory mount also sees editors that
+# save by rename, which a single-file mount does not). The policy must listen
+# on 0.0.0.0:8080 to be reachable through the published port, and set
+# admin_listen to 127.0.0.1:9091 or 0.0.0.0:9091 for the health check below.
 
 # --- build ------------------------------------------------------------------
 FROM rust:1-bookworm AS build
@@ -42,14 +46,15 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && groupadd --system tollgate \
- && useradd --system --gid tollgate --home-dir /nonexistent --no-create-home \
+ && groupadd --system --gid 65532 tollgate \
+ && useradd --system --uid 65532 --gid tollgate --home-dir /nonexistent --no-create-home \
       --shell /usr/sbin/nologin tollgate \
  && mkdir -p /etc/tollgate
 
 COPY --from=build /out/tollgate /usr/local/bin/tollgate
+# Read-only for the gateway's user: the demo policy, replaced by a mount.
+COPY deploy/docker/tollgate.yaml /etc/tollgate/tollgate.yaml
 
-VOLUME ["/etc/tollgate"]
 # 8080: client traffic; 9091: admin (/healthz, /readyz).
 EXPOSE 8080 9091
 

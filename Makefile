@@ -14,7 +14,10 @@ CONFIG ?= config/quickstart.yaml
 # floods the gateway in tests/flood.rs; python3-jsonschema and python3-yaml
 # validate the policies against `tollgate schema` in tests/schema.rs;
 # promtool (Debian's prometheus) checks and unit-tests the alerting rules of
-# deploy/prometheus in tests/observability.rs.
+# deploy/prometheus in tests/observability.rs. tests/deploy.rs renders
+# deploy/kubernetes with kubectl 1.22 or later, which is not listed here:
+# Debian's kubernetes-client (1.20) cannot render it; install kubectl from
+# pkgs.k8s.io (the test fails, never skips, without it).
 SYSTEM_DEPS := cmake=cmake redis-server=redis-server openssl=openssl curl=curl \
 	/usr/lib/python3/dist-packages/grpc/__init__.py=python3-grpcio h2load=nghttp2-client \
 	/usr/lib/python3/dist-packages/jsonschema/__init__.py=python3-jsonschema \

@@ -389,6 +389,12 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
     let policy = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
     client_log.set_rate(policy.server.log_client_errors_per_s);
     tracing::info!("{}", policy.summary());
+    if config::is_demo(&path) {
+        tracing::warn!(
+            config = %path.display(),
+            "serving the demo policy of the container image; mount your own policy at this path"
+        );
+    }
     for warning in policy.warnings() {
         tracing::warn!("{warning}");
     }

@@ -83,6 +83,18 @@ pub fn load(path: &Path) -> Result<Policy, ConfigError> {
     validate::policy(raw, path, &base)
 }
 
+/// The first line of the demo policy the container image carries; the
+/// gateway warns at start while it serves a file that opens with it.
+pub const DEMO_MARKER: &str = "# tollgate: demo policy";
+
+/// Whether the policy at `path` is the image's demo policy (its first line
+/// is [`DEMO_MARKER`]).
+pub fn is_demo(path: &Path) -> bool {
+    std::fs::read_to_string(path)
+        .map(|text| text.lines().next().map(str::trim_end) == Some(DEMO_MARKER))
+        .unwrap_or(false)
+}
+
 /// Policy and keys files larger than this are refused unread.
 const MAX_FILE_BYTES: u64 = 64 << 20;
 /// Deeper nesting is refused before parsing: no policy needs it, and a
