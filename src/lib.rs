@@ -36,3 +36,4 @@ pub mod testing;
 pub mod tls;
 pub mod top;
 pub mod trace;
+pub mod watch;

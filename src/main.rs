@@ -424,6 +424,11 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
     if let Err(e) = listen_for_hangups(reloader.clone()) {
         tracing::error!(error = %e, "cannot listen for SIGHUP; reload with POST /admin/reload");
     }
+    if settings.watch {
+        if let Err(e) = tollgate::watch::spawn(reloader.clone()) {
+            tracing::error!(error = %e, "cannot watch the policy's files; reload with SIGHUP");
+        }
+    }
     let drain = Drain::new();
     add_proxy_listeners(&mut server, &settings, &live, &services, &drain)?;
     server.add_service(background_service(

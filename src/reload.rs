@@ -45,6 +45,11 @@ impl Reloader {
         self
     }
 
+    /// The policy file reloaded.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
     /// The process-long parts the runtimes are built on.
     pub fn services(&self) -> &Services {
         &self.services

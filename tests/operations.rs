@@ -177,6 +177,8 @@ server:
   listen: ["{{listen}}"]
   admin_listen: "{{admin}}"
   threads: 2
+  # Reloads are counted exactly: only the ones asked for.
+  watch: false
   admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
 auth:
   keys:

@@ -23,6 +23,8 @@ server:
   listen: ["{{listen}}"]
   admin_listen: "{{admin}}"
   admin_refresh_ms: 200
+  # Reloads are counted exactly: only the ones asked for.
+  watch: false
   admin_tokens: [{{ name: oncall, sha256: "{}", role: write }}]
   access_log: {{ path: "{}" }}
 store: {store}

@@ -8,7 +8,7 @@ mod suggest;
 mod validate;
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use policy::*;
 pub use validate::override_params;
@@ -93,6 +93,31 @@ pub fn is_demo(path: &Path) -> bool {
     std::fs::read_to_string(path)
         .map(|text| text.lines().next().map(str::trim_end) == Some(DEMO_MARKER))
         .unwrap_or(false)
+}
+
+/// The files a policy at `path` is read from: the policy itself, its keys
+/// file, its TLS certificate and key, its JWKS files, resolved as loading
+/// resolves them. Only the policy when it does not parse.
+pub fn files_of(path: &Path) -> Vec<PathBuf> {
+    let mut files = vec![path.to_path_buf()];
+    let Ok(raw) = read(path).and_then(|text| parse::<schema::RawConfig>(path, &text)) else {
+        return files;
+    };
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let named = raw.auth.keys_file.into_iter();
+    let tls = raw
+        .server
+        .tls
+        .into_iter()
+        .flat_map(|t| [t.cert_file, t.key_file]);
+    let jwks = raw.auth.jwt.into_iter().filter_map(|j| j.jwks_file);
+    for file in named.chain(tls).chain(jwks) {
+        let file = base.join(file);
+        if !files.contains(&file) {
+            files.push(file);
+        }
+    }
+    files
 }
 
 /// Policy and keys files larger than this are refused unread.

@@ -85,6 +85,8 @@ pub struct ServerSettings {
     pub admin_refresh: Duration,
     /// How long requests in flight may run after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Whether the policy's files are watched and reloaded on change.
+    pub watch: bool,
     /// `limits`, `timeouts` and `encoded_slash`: the bounds of the edge.
     pub edge: EdgeSettings,
     /// Where access log lines go, if anywhere.

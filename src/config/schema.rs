@@ -155,6 +155,10 @@ pub struct RawServer {
     /// store again, 100-60000 ms; default 1000.
     #[schemars(transform = bounds::ADMIN_REFRESH_MS.schema())]
     pub admin_refresh_ms: Option<u64>,
+    /// Reload by itself when the policy file, its keys file, TLS
+    /// certificate and key or a JWKS file change; default true. Read at
+    /// start.
+    pub watch: Option<bool>,
     /// How long requests in flight may run after SIGTERM, 0-3600; default 10.
     #[schemars(transform = bounds::SHUTDOWN_GRACE_SECONDS.schema())]
     pub shutdown_grace_seconds: Option<u64>,

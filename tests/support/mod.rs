@@ -372,11 +372,22 @@ impl Gateway {
 
     /// As [`Gateway::start`], with extra environment variables.
     pub fn start_with_env(policy: &str, upstream: Option<&Upstream>, env: &[(&str, &str)]) -> Self {
+        Self::start_placed(policy, upstream, env, &Self::place_plain)
+    }
+
+    /// As [`Gateway::start_with_env`], with the policy put in the gateway's
+    /// directory by `place`, which returns the path the gateway is given.
+    pub fn start_placed(
+        policy: &str,
+        upstream: Option<&Upstream>,
+        env: &[(&str, &str)],
+        place: &dyn Fn(&std::path::Path, &str) -> PathBuf,
+    ) -> Self {
         // A port found free can be taken by another test before the gateway
         // binds it; the gateway then exits, and a new pair of ports is tried.
         let mut last_log = String::new();
         for _ in 0..5 {
-            match Self::spawn(policy, upstream, env) {
+            match Self::spawn(policy, upstream, env, place) {
                 Ok(gw) => return gw,
                 Err(log) => last_log = log,
             }
@@ -388,8 +399,9 @@ impl Gateway {
         policy: &str,
         upstream: Option<&Upstream>,
         env: &[(&str, &str)],
+        place: &dyn Fn(&std::path::Path, &str) -> PathBuf,
     ) -> Result<Self, String> {
-        let mut gw = Self::launch(policy, upstream, env);
+        let mut gw = Self::launch_placed(policy, upstream, env, place);
         gw.wait_ready()?;
         Ok(gw)
     }
@@ -397,6 +409,22 @@ impl Gateway {
     /// Starts `tollgate run` as [`Gateway::start_with_env`] does, without
     /// waiting for it to listen (nor retrying on a port taken meanwhile).
     pub fn launch(policy: &str, upstream: Option<&Upstream>, env: &[(&str, &str)]) -> Self {
+        Self::launch_placed(policy, upstream, env, &Self::place_plain)
+    }
+
+    /// The policy as a plain file, `policy.yaml`, in `dir`.
+    fn place_plain(dir: &std::path::Path, text: &str) -> PathBuf {
+        let config = dir.join("policy.yaml");
+        std::fs::write(&config, text).expect("write policy");
+        config
+    }
+
+    fn launch_placed(
+        policy: &str,
+        upstream: Option<&Upstream>,
+        env: &[(&str, &str)],
+        place: &dyn Fn(&std::path::Path, &str) -> PathBuf,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -405,8 +433,7 @@ impl Gateway {
             .replace("{listen}", &addr.to_string())
             .replace("{admin}", &admin.to_string())
             .replace("{upstream}", &upstream);
-        let config = dir.path().join("policy.yaml");
-        std::fs::write(&config, text).expect("write policy");
+        let config = place(dir.path(), &text);
         let log = std::fs::File::create(dir.path().join("gateway.log")).expect("log");
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["run", "--config"])

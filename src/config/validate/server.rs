@@ -89,6 +89,7 @@ pub(super) fn server(c: &mut Checker, raw: RawServer, base: &Path) -> ServerSett
             path => Some(base.join(path)),
         }),
         shutdown_grace: Duration::from_secs(grace),
+        watch: raw.watch.unwrap_or(true),
         access_log: raw.access_log.map(|a| access_log(c, a)),
         tracing,
         tls: raw.tls.map(|t| tls(c, t, base)),
