@@ -386,6 +386,8 @@ fn init_logs(json: bool) -> Arc<ClientLog> {
 /// `tollgate run`: the policy loaded, the process-long parts made, then the
 /// listeners and background services wired into one Pingora server.
 fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
+    // What the files held before they were read, for the watch.
+    let baseline = tollgate::watch::baseline(&path);
     let policy = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
     client_log.set_rate(policy.server.log_client_errors_per_s);
     tracing::info!("{}", policy.summary());
@@ -425,7 +427,7 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
         tracing::error!(error = %e, "cannot listen for SIGHUP; reload with POST /admin/reload");
     }
     if settings.watch {
-        if let Err(e) = tollgate::watch::spawn(reloader.clone()) {
+        if let Err(e) = tollgate::watch::spawn(reloader.clone(), baseline) {
             tracing::error!(error = %e, "cannot watch the policy's files; reload with SIGHUP");
         }
     }

@@ -37,38 +37,46 @@ const RECHECK: Duration = Duration::from_millis(500);
 /// Each file's SHA-256, `None` when it cannot be read.
 type Digests = Vec<(PathBuf, Option<[u8; 32]>)>;
 
-/// Starts watching the files of the policy `reloader` loads.
-pub fn spawn(reloader: Arc<Reloader>) -> std::io::Result<()> {
+/// The files of the policy at `path` as they are now: taken before the
+/// policy is loaded, so that a change made while the gateway starts is
+/// reloaded too.
+pub struct Baseline(Digests);
+
+/// What the files of the policy at `path` hold now.
+pub fn baseline(path: &Path) -> Baseline {
+    Baseline(digests(&config::files_of(path)))
+}
+
+/// Starts watching the files of the policy `reloader` loads, which held
+/// `since` when it was loaded.
+pub fn spawn(reloader: Arc<Reloader>, since: Baseline) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("tollgate watch".into())
-        .spawn(move || run(&reloader))?;
+        .spawn(move || run(&reloader, since.0))?;
     Ok(())
 }
 
-fn run(reloader: &Reloader) {
+fn run(reloader: &Reloader, mut seen: Digests) {
     let (tx, events) = channel();
-    let mut watch = Watch::new(tx);
+    let Some(mut watch) = Watch::new(tx) else {
+        return;
+    };
     let mut files = config::files_of(reloader.path());
-    let mut seen = digests(&files);
     watch.arm(&files);
     tracing::info!(files = ?files, polling = watch.polling, "reloading the policy when its files change");
+    let mut stamped = stamps(&files);
+    let mut tick = crate::clock::instant() + RECHECK;
+    // Read once at once: the files may have changed since the baseline.
+    let mut read_now = true;
     loop {
-        match events.recv_timeout(RECHECK) {
-            Ok(event) => {
-                watch.note(&event);
-                if !watch.relevant(&event) {
-                    continue;
-                }
-                if !settle(&events, &mut watch) {
-                    return;
-                }
-                watch.arm(&files);
+        if !std::mem::take(&mut read_now) {
+            match changed(&events, &mut watch, &files, &stamped, &mut tick) {
+                Some(true) => {}
+                Some(false) => continue,
+                None => return,
             }
-            // A directory replaced meanwhile may hold new files.
-            Err(RecvTimeoutError::Timeout) if watch.arm(&files) => {}
-            Err(RecvTimeoutError::Timeout) => continue,
-            Err(RecvTimeoutError::Disconnected) => return,
         }
+        stamped = stamps(&files);
         let now = digests(&files);
         if now == seen {
             continue;
@@ -78,12 +86,62 @@ fn run(reloader: &Reloader) {
         let named = config::files_of(reloader.path());
         if named != files {
             files = named;
-            seen = digests(&files);
             watch.arm(&files);
+            stamped = stamps(&files);
+            seen = digests(&files);
         } else {
             seen = now;
         }
     }
+}
+
+/// Waits for a sign that a file may have changed: an event that can mean
+/// it (once the directory is quiet), a directory watched again, or, at
+/// each periodic check, a file whose inode, size or time differ from
+/// `stamped` (a change its directory's watch cannot hear: a write through
+/// another link or mount of the file, as a single-file bind mount is).
+/// `None` when the watcher is gone.
+fn changed(
+    events: &Receiver<Event>,
+    watch: &mut Watch,
+    files: &[PathBuf],
+    stamped: &Stamps,
+    tick: &mut std::time::Instant,
+) -> Option<bool> {
+    match events.recv_timeout(RECHECK) {
+        Ok(event) => {
+            watch.note(&event);
+            if watch.relevant(&event) {
+                if !settle(events, watch) {
+                    return None;
+                }
+                watch.arm(files);
+                return Some(true);
+            }
+            if crate::clock::instant() < *tick {
+                return Some(false);
+            }
+        }
+        Err(RecvTimeoutError::Timeout) => {}
+        Err(RecvTimeoutError::Disconnected) => return None,
+    }
+    *tick = crate::clock::instant() + RECHECK;
+    let rearmed = watch.arm(files);
+    Some(rearmed || stamps(files) != *stamped)
+}
+
+/// Each file's device, inode, size and modification time, as `stat`
+/// reads them through links.
+type Stamps = Vec<Option<(u64, u64, u64, i64, i64)>>;
+
+fn stamps(files: &[PathBuf]) -> Stamps {
+    files
+        .iter()
+        .map(|f| {
+            let m = std::fs::metadata(f).ok()?;
+            Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+        })
+        .collect()
 }
 
 /// Waits until events pause; false when the watcher is gone.
@@ -119,30 +177,36 @@ struct Watch {
 }
 
 impl Watch {
-    fn new(tx: Sender<Event>) -> Self {
+    /// The kernel's notifications, or else a poller; `None` (logged) when
+    /// neither can be had.
+    fn new(tx: Sender<Event>) -> Option<Self> {
         match RecommendedWatcher::new(forward(tx.clone()), Config::default()) {
-            Ok(watcher) => Self {
+            Ok(watcher) => Some(Self {
                 watcher: Box::new(watcher),
                 polling: false,
                 tx,
                 armed: HashMap::new(),
-            },
+            }),
             Err(e) => Self::polling(tx, &e),
         }
     }
 
-    fn polling(tx: Sender<Event>, why: &notify::Error) -> Self {
+    fn polling(tx: Sender<Event>, why: &notify::Error) -> Option<Self> {
         tracing::warn!(error = %why, "cannot watch files with the kernel's notifications; polling them instead");
         let config = Config::default()
             .with_poll_interval(RECHECK)
             .with_compare_contents(true);
-        let watcher = PollWatcher::new(forward(tx.clone()), config)
-            .expect("a poll watcher needs no resource that can be missing");
-        Self {
-            watcher: Box::new(watcher),
-            polling: true,
-            tx,
-            armed: HashMap::new(),
+        match PollWatcher::new(forward(tx.clone()), config) {
+            Ok(watcher) => Some(Self {
+                watcher: Box::new(watcher),
+                polling: true,
+                tx,
+                armed: HashMap::new(),
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch the policy's files; reload with SIGHUP");
+                None
+            }
         }
     }
 
@@ -196,9 +260,12 @@ impl Watch {
                 }
                 Err(e) if !self.polling && !matches!(e.kind, notify::ErrorKind::PathNotFound) => {
                     // Out of inotify watches or instances: poll everything.
-                    *self = Self::polling(self.tx.clone(), &e);
-                    self.arm(files);
-                    return true;
+                    if let Some(polling) = Self::polling(self.tx.clone(), &e) {
+                        *self = polling;
+                        self.arm(files);
+                        return true;
+                    }
+                    self.armed.insert(dir, None);
                 }
                 Err(e) => {
                     tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a policy file's directory; trying again");
@@ -235,7 +302,7 @@ mod tests {
     #[test]
     fn writes_count_when_closed_and_reads_never() {
         let (tx, _rx) = channel();
-        let watch = Watch::new(tx);
+        let watch = Watch::new(tx).expect("a watcher");
         let kinds = [
             (
                 EventKind::Access(AccessKind::Close(AccessMode::Write)),

@@ -140,6 +140,20 @@ fn a_directory_removed_and_made_again_is_watched_again() {
     assert_eq!(admitted(&gw, "k1", 3), 1);
 }
 
+/// A file written through another link of it, as a file bind-mounted
+/// into a container is written on the host: its directory's watch hears
+/// nothing, the periodic look at each file's size and time does.
+#[test]
+fn a_file_written_through_another_link_is_reloaded() {
+    let gw = Gateway::start(&policy("v1", 2), None);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let link = elsewhere.path().join("policy.yaml");
+    std::fs::hard_link(&gw.config, &link).unwrap();
+    std::fs::write(&link, text_for(&gw, &policy("v2", 5))).unwrap();
+    assert!(eventually(WAIT, || serves(&gw, "v2")), "{}", gw.log());
+    assert_eq!(admitted(&gw, "k1", 7), 5);
+}
+
 #[test]
 fn a_broken_write_keeps_the_last_good_policy_and_counts_an_error() {
     let gw = Gateway::start(&policy("v1", 2), None);
