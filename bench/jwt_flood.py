@@ -125,13 +125,13 @@ def main():
             tag = f"tollgate-{rnd}-{name.replace(' ', '-')}"
             proc = bench.procs.start(tag, [str(run.RELEASE / "tollgate"), "run", "--config", str(policy)])
             run.wait_port(port)
-            lookups = 'tollgate_auth_lookups_total{source="jwt",result="miss"}'
+            lookups = 'tollgate_auth_lookups_total{result="miss",source="jwt"}'
             cpu0, checked0 = run.cpu_seconds(proc.pid), counter(admin, lookups)
-            limited0 = counter(admin, 'tollgate_requests_total{route="bench",outcome="limited"}')
+            limited0 = counter(admin, 'tollgate_requests_total{outcome="limited",route="bench"}')
             requests, rps = flood(port, args.seconds, args.connections, keys[name])
             cpu = run.cpu_seconds(proc.pid) - cpu0
             checked = counter(admin, lookups) - checked0
-            limited = counter(admin, 'tollgate_requests_total{route="bench",outcome="limited"}') - limited0
+            limited = counter(admin, 'tollgate_requests_total{outcome="limited",route="bench"}') - limited0
             row = (rps, requests, limited, checked, cpu * 1e6 / max(requests, 1))
             results[name].append(row)
             print(f"round {rnd} {name}: {rps:.0f} req/s, {requests} requests, {limited:.0f} limited, "
