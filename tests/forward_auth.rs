@@ -586,7 +586,7 @@ fn the_access_log_names_the_forward_source() {
     );
 }
 
-/// The README's worked example: `examples/forward-auth/whoami.py` as the
+/// The book's worked example (docs/src/forward-auth.md): `examples/forward-auth/whoami.py` as the
 /// existing service, `examples/forward-auth/tollgate.yaml` in front.
 #[test]
 fn the_worked_example_identifies_callers_by_the_existing_service() {
