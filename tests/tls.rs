@@ -242,3 +242,31 @@ fn max_connections_bounds_the_plain_and_tls_listeners_together() {
         )) >= 1.0
     );
 }
+
+#[test]
+fn a_rotated_certificate_is_served_without_a_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = make_certs(dir.path(), "first");
+    let (other_ca, other_cert, other_key) = make_certs(dir.path(), "second");
+    let (live_cert, live_key) = (dir.path().join("live.pem"), dir.path().join("live.key"));
+    std::fs::copy(&cert, &live_cert).unwrap();
+    std::fs::copy(&key, &live_key).unwrap();
+    let upstream = Upstream::start();
+    let port = free_port();
+    let gw = Gateway::start(&policy(port, &live_cert, &live_key), Some(&upstream));
+    let (_, first_served) = https_get(port, &ca, "/x").unwrap();
+    // Rotated as a certificate manager does: each file replaced whole.
+    for (from, to) in [(&other_key, &live_key), (&other_cert, &live_cert)] {
+        let staged = dir.path().join("staged");
+        std::fs::copy(from, &staged).unwrap();
+        std::fs::rename(&staged, to).unwrap();
+    }
+    // Watched: new handshakes see it, with no SIGHUP and no admin call.
+    assert!(eventually(Duration::from_secs(10), || {
+        https_get(port, &other_ca, "/x").is_ok_and(|(_, served)| served != first_served)
+    }));
+    assert!(
+        https_get(port, &ca, "/x").is_err(),
+        "the old certificate is gone"
+    );
+}
