@@ -500,6 +500,22 @@ async fn never_reading_h2(gw: &Gateway) -> h2::client::SendRequest<bytes::Bytes>
     client.ready().await.unwrap()
 }
 
+/// A GET of `path` with the test key on `client`'s connection: its
+/// response head, the body left unread.
+async fn head_of(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    gw: &Gateway,
+    path: &str,
+) -> http::Response<h2::RecvStream> {
+    let request = http::Request::get(format!("http://{}{path}", gw.addr))
+        .header("authorization", KEY)
+        .body(())
+        .unwrap();
+    *client = client.clone().ready().await.unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    response.await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_streams_that_never_read_their_answers_do_not_hold_the_pool() {
     let (gw, upstream) = tokio::task::block_in_place(start_never_timing_out_sends);
@@ -509,13 +525,7 @@ async fn http2_streams_that_never_read_their_answers_do_not_hold_the_pool() {
     // its permit freed, though its client takes none of it.
     let mut unread = Vec::new();
     for _ in 0..6 {
-        let request = http::Request::get(format!("http://{}/x", gw.addr))
-            .header("authorization", KEY)
-            .body(())
-            .unwrap();
-        client = client.ready().await.unwrap();
-        let (response, _) = client.send_request(request, true).unwrap();
-        let response = response.await.unwrap();
+        let response = head_of(&mut client, &gw, "/x").await;
         assert_eq!(response.status(), 200);
         unread.push(response);
     }
@@ -536,13 +546,7 @@ async fn an_http2_stream_with_a_shut_window_is_cut_at_the_grace_and_frees_its_pe
     let mut client = never_reading_h2(&gw).await;
     // 64 MiB, far beyond the response buffer: the answer streams, and
     // keeps its permit while it does.
-    let request = http::Request::get(format!("http://{}/big", gw.addr))
-        .header("authorization", KEY)
-        .body(())
-        .unwrap();
-    client = client.ready().await.unwrap();
-    let (response, _) = client.send_request(request, true).unwrap();
-    let response = response.await.unwrap();
+    let response = head_of(&mut client, &gw, "/big").await;
     assert_eq!(response.status(), 200);
     let mut body = response.into_body();
     let ended = tokio::time::timeout(Duration::from_secs(8), body.data())

@@ -50,18 +50,46 @@ routes:
     )
 }
 
-#[test]
-fn clients_get_through_over_tls_and_a_reload_swaps_the_certificate() {
+/// Two certificate pairs, each with its CA, and a TLS gateway on `port`
+/// serving the first from `live.pem`/`live.key`, whose contents a test
+/// then changes.
+struct Rotation {
+    dir: tempfile::TempDir,
+    ca: std::path::PathBuf,
+    other: (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf),
+    live: (std::path::PathBuf, std::path::PathBuf),
+    port: u16,
+    gw: Gateway,
+    _upstream: Upstream,
+}
+
+fn rotation() -> Rotation {
     let dir = tempfile::tempdir().unwrap();
     let (ca, cert, key) = make_certs(dir.path(), "first");
-    let (other_ca, other_cert, other_key) = make_certs(dir.path(), "second");
-    // The policy names one pair of files; their contents change below.
-    let (live_cert, live_key) = (dir.path().join("live.pem"), dir.path().join("live.key"));
-    std::fs::copy(&cert, &live_cert).unwrap();
-    std::fs::copy(&key, &live_key).unwrap();
+    let other = make_certs(dir.path(), "second");
+    let live = (dir.path().join("live.pem"), dir.path().join("live.key"));
+    std::fs::copy(&cert, &live.0).unwrap();
+    std::fs::copy(&key, &live.1).unwrap();
     let upstream = Upstream::start();
     let port = free_port();
-    let gw = Gateway::start(&policy(port, &live_cert, &live_key), Some(&upstream));
+    let gw = Gateway::start(&policy(port, &live.0, &live.1), Some(&upstream));
+    Rotation {
+        dir,
+        ca,
+        other,
+        live,
+        port,
+        gw,
+        _upstream: upstream,
+    }
+}
+
+#[test]
+fn clients_get_through_over_tls_and_a_reload_swaps_the_certificate() {
+    let r = rotation();
+    let (ca, port, gw) = (r.ca.clone(), r.port, &r.gw);
+    let (other_ca, other_cert, other_key) = r.other.clone();
+    let (live_cert, live_key) = r.live.clone();
 
     let (reply, first_served) = https_get(port, &ca, "/x").unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
@@ -245,28 +273,20 @@ fn max_connections_bounds_the_plain_and_tls_listeners_together() {
 
 #[test]
 fn a_rotated_certificate_is_served_without_a_signal() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = make_certs(dir.path(), "first");
-    let (other_ca, other_cert, other_key) = make_certs(dir.path(), "second");
-    let (live_cert, live_key) = (dir.path().join("live.pem"), dir.path().join("live.key"));
-    std::fs::copy(&cert, &live_cert).unwrap();
-    std::fs::copy(&key, &live_key).unwrap();
-    let upstream = Upstream::start();
-    let port = free_port();
-    let gw = Gateway::start(&policy(port, &live_cert, &live_key), Some(&upstream));
-    let (_, first_served) = https_get(port, &ca, "/x").unwrap();
+    let r = rotation();
+    let (_, first_served) = https_get(r.port, &r.ca, "/x").unwrap();
     // Rotated as a certificate manager does: each file replaced whole.
-    for (from, to) in [(&other_key, &live_key), (&other_cert, &live_cert)] {
-        let staged = dir.path().join("staged");
+    for (from, to) in [(&r.other.2, &r.live.1), (&r.other.1, &r.live.0)] {
+        let staged = r.dir.path().join("staged");
         std::fs::copy(from, &staged).unwrap();
         std::fs::rename(&staged, to).unwrap();
     }
     // Watched: new handshakes see it, with no SIGHUP and no admin call.
     assert!(eventually(Duration::from_secs(10), || {
-        https_get(port, &other_ca, "/x").is_ok_and(|(_, served)| served != first_served)
+        https_get(r.port, &r.other.0, "/x").is_ok_and(|(_, served)| served != first_served)
     }));
     assert!(
-        https_get(port, &ca, "/x").is_err(),
+        https_get(r.port, &r.ca, "/x").is_err(),
         "the old certificate is gone"
     );
 }
