@@ -39,7 +39,8 @@ pub struct AccessLogSettings {
     pub every: u64,
 }
 
-/// One request, as logged. The field names are the contract (DESIGN §12).
+/// One request, as logged. The field names are what log pipelines read
+/// (docs/src/operating.md, *Access log*): renaming one breaks them.
 #[derive(Debug, Serialize)]
 pub struct Line<'a> {
     /// RFC 3339, UTC, milliseconds.

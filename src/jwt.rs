@@ -1,4 +1,4 @@
-//! Callers identified by a JSON Web Token (DESIGN §20): a bearer token of
+//! Callers identified by a JSON Web Token: a bearer token of
 //! three base64url segments is verified against its issuer's public keys
 //! (a JWKS, by `kid`) and its claims become the caller: credential
 //! `jwt:<issuer name>:<sub>`, tenant `<tenant_prefix><tenant claim>`, and a

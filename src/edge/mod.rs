@@ -1,5 +1,5 @@
 //! The edge: what a client can send, bounded and normalized before any
-//! policy sees it (DESIGN §11).
+//! policy sees it (docs/src/security.md, *What the edge guarantees*).
 //!
 //! - [`app`] accepts connections for one listener, within `max_connections`,
 //!   and runs Pingora's HTTP/1.1 sessions over a [`conn::Guarded`] stream.

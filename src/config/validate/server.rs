@@ -226,7 +226,8 @@ pub(super) fn access_log(c: &mut Checker, raw: RawAccessLog) -> AccessLogSetting
     }
 }
 
-/// `server.limits` and `server.timeouts`, with the defaults of DESIGN §11.
+/// `server.limits` and `server.timeouts`, with the edge's defaults
+/// ([`crate::edge::defaults`]).
 pub(super) fn edge(
     c: &mut Checker,
     limits: RawServerLimits,

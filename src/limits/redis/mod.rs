@@ -63,8 +63,8 @@ impl RedisStore {
 
     /// As [`RedisStore::new`], with the script's time read from `clock`
     /// instead of the server: to hold the script against the in-process
-    /// store step by step. A gateway never does this (DESIGN §4: time comes
-    /// from the Redis server).
+    /// store step by step. A gateway never does this: a decision's time comes
+    /// from the Redis server, so every instance reads one clock.
     pub fn with_clock(
         url: &str,
         keys: KeyHasher,

@@ -1,5 +1,4 @@
-//! The scripts of `lua/`, one per concern (DESIGN §4), as a server runs
-//! them.
+//! The scripts of `lua/`, one per concern, as a server runs them.
 //!
 //! `lua/limits.lua` holds what every script shares (the wire format, the
 //! algorithms, reading and writing state); each concern adds its own file:
