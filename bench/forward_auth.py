@@ -22,7 +22,6 @@ Needs `cargo build --release --bin tollgate`, `nginx` and `wrk`.
 
 import argparse
 import hashlib
-import re
 import sys
 from pathlib import Path
 
@@ -50,12 +49,6 @@ FORWARD = """  forward_auth:
     max_in_flight: 1000"""
 
 
-def counter(admin, name):
-    _, body = run.http_get(admin, "/metrics")
-    m = re.search(rf"^{re.escape(name)} (\S+)$", body.decode(), re.M)
-    return float(m.group(1)) if m else 0.0
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=int, default=5)
@@ -80,11 +73,11 @@ def main():
             run.wait_port(port)
             status, _ = run.http_get(port, "/v1/bench", {"Authorization": f"Bearer {run.API_KEY}"})
             assert status == 200, f"{name}: warm-up answered {status}"
-            calls0 = counter(admin, "tollgate_forward_auth_seconds_count")
+            calls0 = run.metric(admin, "tollgate_forward_auth_seconds_count")
             cpu0 = run.cpu_seconds(proc.pid)
             r = run.wrk(port, args.seconds, args.connections)
             cpu = run.cpu_seconds(proc.pid) - cpu0
-            calls = counter(admin, "tollgate_forward_auth_seconds_count") - calls0
+            calls = run.metric(admin, "tollgate_forward_auth_seconds_count") - calls0
             served = max(r["requests"], 1)
             rows.append((name, r["rps"], r["p50"], r["p99"], cpu * 1e6 / served, calls / served, r["errors"]))
             print("{}: {:.0f} req/s, p50 {:.3f} ms, p99 {:.3f} ms, {:.1f} CPU us/request, "

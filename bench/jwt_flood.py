@@ -30,8 +30,6 @@ import argparse
 import base64
 import json
 import os
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -86,21 +84,6 @@ def forged(alg, kid, signature_bytes):
     return f"{header}.{claims}.{b64(os.urandom(signature_bytes))}"
 
 
-def counter(admin, series):
-    _, body = run.http_get(admin, "/metrics")
-    m = re.search(rf"^{re.escape(series)} (\S+)$", body.decode(), re.M)
-    return float(m.group(1)) if m else 0.0
-
-
-def flood(port, seconds, connections, key):
-    args = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-H", f"Authorization: Bearer {key}",
-            f"http://127.0.0.1:{port}/v1/bench"]
-    out = subprocess.run(args, capture_output=True, text=True).stdout
-    requests = int(re.search(r"(\d+) requests in", out).group(1))
-    rps = float(re.search(r"Requests/sec:\s+(\S+)", out).group(1))
-    return requests, rps
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=int, default=5)
@@ -126,12 +109,13 @@ def main():
             proc = bench.procs.start(tag, [str(run.RELEASE / "tollgate"), "run", "--config", str(policy)])
             run.wait_port(port)
             lookups = 'tollgate_auth_lookups_total{result="miss",source="jwt"}'
-            cpu0, checked0 = run.cpu_seconds(proc.pid), counter(admin, lookups)
-            limited0 = counter(admin, 'tollgate_requests_total{outcome="limited",route="bench"}')
-            requests, rps = flood(port, args.seconds, args.connections, keys[name])
+            cpu0, checked0 = run.cpu_seconds(proc.pid), run.metric(admin, lookups)
+            limited0 = run.metric(admin, 'tollgate_requests_total{outcome="limited",route="bench"}')
+            r = run.wrk(port, args.seconds, args.connections, key=keys[name])
+            requests, rps = r["requests"], r["rps"]
             cpu = run.cpu_seconds(proc.pid) - cpu0
-            checked = counter(admin, lookups) - checked0
-            limited = counter(admin, 'tollgate_requests_total{outcome="limited",route="bench"}') - limited0
+            checked = run.metric(admin, lookups) - checked0
+            limited = run.metric(admin, 'tollgate_requests_total{outcome="limited",route="bench"}') - limited0
             row = (rps, requests, limited, checked, cpu * 1e6 / max(requests, 1))
             results[name].append(row)
             print(f"round {rnd} {name}: {rps:.0f} req/s, {requests} requests, {limited:.0f} limited, "

@@ -102,9 +102,9 @@ def render(template, **values):
     return text
 
 
-def wrk(port, duration, connections, path="/v1/bench", script=None):
+def wrk(port, duration, connections, path="/v1/bench", script=None, key=API_KEY):
     args = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
-            "-H", f"Authorization: Bearer {API_KEY}", "-H", "X-Forwarded-For: 203.0.113.7"]
+            "-H", f"Authorization: Bearer {key}", "-H", "X-Forwarded-For: 203.0.113.7"]
     if script:
         args += ["-s", str(script)]
     args.append(f"http://127.0.0.1:{port}{path}")
@@ -127,6 +127,15 @@ def to_ms(value):
     m = re.match(r"([\d.]+)(us|ms|s)", value)
     n, unit = float(m.group(1)), m.group(2)
     return n / 1000 if unit == "us" else n * 1000 if unit == "s" else n
+
+
+def metric(admin, series):
+    """The value of one series (`name{labels}`, labels in the order the
+    gateway prints them: sorted) in an admin listener's /metrics; 0 when
+    absent."""
+    _, body = http_get(admin, "/metrics")
+    m = re.search(rf"^{re.escape(series)} (\S+)$", body.decode(), re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def parse_wrk(out):

@@ -349,8 +349,7 @@ fn hold_answer(
 /// zero), and releases what it held. Pingora applies the bound to each
 /// wait for window, so a client that opens it again in time goes on.
 fn send_timeout(edge: &crate::edge::EdgeSettings, sent: u64) -> std::time::Duration {
-    let earned = std::time::Duration::from_secs_f64(sent as f64 / edge.send_min_rate as f64);
-    edge.body_grace.max(earned).min(edge.send)
+    edge.send_allowance(sent).min(edge.send)
 }
 
 fn peer_ip(addr: Option<&PeerAddr>) -> IpAddr {

@@ -18,7 +18,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
@@ -44,8 +43,7 @@ pub fn deadline(
 ) -> (Instant, Reason) {
     let gap = progress + settings.body_read;
     // The bytes so far keep up the rate until `bytes / rate` seconds in.
-    let earned = Duration::from_secs_f64(bytes as f64 / settings.body_min_rate as f64);
-    let slow = started + settings.body_total.min(settings.body_grace.max(earned));
+    let slow = started + settings.body_allowance(bytes);
     if gap <= slow {
         (gap, Reason::BodyTimeout)
     } else {
@@ -284,6 +282,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for Watched<A> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn settings() -> EdgeSettings {
         EdgeSettings {

@@ -717,8 +717,7 @@ pub fn send_deadline(
     sent: u64,
 ) -> (Instant, Reason) {
     let gap = since + settings.send;
-    let earned = Duration::from_secs_f64(sent as f64 / settings.send_min_rate as f64);
-    let slow = since + settings.body_grace.max(earned).saturating_sub(waited);
+    let slow = since + settings.send_allowance(sent).saturating_sub(waited);
     if gap <= slow {
         (gap, Reason::SendTimeout)
     } else {

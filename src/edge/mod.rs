@@ -154,6 +154,24 @@ pub mod defaults {
     pub const BODY_TOTAL_MS: u64 = 300_000;
 }
 
+impl EdgeSettings {
+    /// How long a request body that brought `bytes` may have run: the
+    /// grace, or longer once the bytes kept up `body_min_rate` (at most
+    /// `body_total`).
+    pub fn body_allowance(&self, bytes: u64) -> Duration {
+        let earned = Duration::from_secs_f64(bytes as f64 / self.body_min_rate as f64);
+        self.body_total.min(self.body_grace.max(earned))
+    }
+
+    /// How long a response whose client took `sent` bytes may have waited
+    /// on it in all: the grace, or longer once the bytes kept up
+    /// `send_min_rate`.
+    pub fn send_allowance(&self, sent: u64) -> Duration {
+        let earned = Duration::from_secs_f64(sent as f64 / self.send_min_rate as f64);
+        self.body_grace.max(earned)
+    }
+}
+
 impl Default for EdgeSettings {
     /// The policy's defaults ([`defaults`]).
     fn default() -> Self {

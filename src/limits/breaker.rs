@@ -41,9 +41,14 @@ enum State {
 pub struct Breaker {
     threshold: u32,
     open_ms: u64,
-    state: Mutex<State>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: State,
     /// When the last failure was counted.
-    counted_ms: std::sync::atomic::AtomicU64,
+    counted_ms: u64,
 }
 
 impl Breaker {
@@ -53,23 +58,25 @@ impl Breaker {
         Self {
             threshold: threshold.max(1),
             open_ms: open_for.as_millis() as u64,
-            state: Mutex::new(State::Closed { failures: 0 }),
-            counted_ms: std::sync::atomic::AtomicU64::new(0),
+            inner: Mutex::new(Inner {
+                state: State::Closed { failures: 0 },
+                counted_ms: 0,
+            }),
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether a call made at `now_ms` may go to the store; a `Probe` must be
     /// reported with [`Breaker::record`] before any other call is let through.
     pub fn permit(&self, now_ms: u64) -> Permit {
-        let mut state = self.state();
-        match *state {
+        let mut inner = self.inner();
+        match inner.state {
             State::Closed { .. } => Permit::Call,
             State::Open { since_ms } if now_ms >= since_ms + self.open_ms => {
-                *state = State::Probing;
+                inner.state = State::Probing;
                 Permit::Probe
             }
             State::Open { .. } | State::Probing => Permit::Refuse,
@@ -86,15 +93,14 @@ impl Breaker {
     /// already waiting when the last one was counted (it rode on that
     /// call).
     pub fn record_since(&self, permit: Permit, ok: bool, now_ms: u64, started_ms: u64) {
-        use std::sync::atomic::Ordering;
-        let mut state = self.state();
+        let mut inner = self.inner();
         if !ok && permit == Permit::Call {
-            if started_ms < self.counted_ms.load(Ordering::Acquire) {
+            if started_ms < inner.counted_ms {
                 return;
             }
-            self.counted_ms.store(now_ms, Ordering::Release);
+            inner.counted_ms = now_ms;
         }
-        *state = match (permit, ok, *state) {
+        inner.state = match (permit, ok, inner.state) {
             (_, true, _) => State::Closed { failures: 0 },
             (Permit::Probe, false, _) => State::Open { since_ms: now_ms },
             (_, false, State::Closed { failures }) if failures + 1 >= self.threshold => {
@@ -112,9 +118,9 @@ impl Breaker {
     /// gateway shed it before the store could answer): neither a success
     /// nor a failure. A probe that learned nothing lets the next call probe.
     pub fn release(&self, permit: Permit, now_ms: u64) {
-        let mut state = self.state();
-        if permit == Permit::Probe && *state == State::Probing {
-            *state = State::Open {
+        let mut inner = self.inner();
+        if permit == Permit::Probe && inner.state == State::Probing {
+            inner.state = State::Open {
                 since_ms: now_ms.saturating_sub(self.open_ms),
             };
         }
@@ -127,7 +133,7 @@ impl Breaker {
 
     /// Whether calls are currently refused (open or probing).
     pub fn is_open(&self) -> bool {
-        !matches!(*self.state(), State::Closed { .. })
+        !matches!(self.inner().state, State::Closed { .. })
     }
 }
 
