@@ -483,11 +483,11 @@ def script_time(measured):
 
 
 def targets(med, loads=None, connections=32):
-    """The targets of the design (§10) as table rows: the gateway's as
-    ratios of CPU per request (each process's utime + stime over the
-    requests it served) and p99 in this run; with `loads` (the full path's
-    Redis work by `script_label`), the script's time per request
-    unbatched and under load."""
+    """The performance targets (listed in docs/src/benchmarks.md) as table
+    rows: the gateway's as ratios of CPU per request (each process's utime
+    + stime over the requests it served) and p99 in this run; with `loads`
+    (the full path's Redis work by `script_label`), the script's time per
+    request unbatched and under load."""
     full, memory, plain = med["tollgate_full"], med["tollgate_memory"], med["plain_pingora"]
     floor = med["pingora_contract"]
     rows = ["| target | measured | met |", "|---|---|---|"]

@@ -5,8 +5,10 @@
 -- Group g of a request is charged only if every enforced limit of its
 -- groups 0..g admits and g is below `blocked`; shadow limits are charged
 -- when they admit and their group is charged. Refreshed state is written
--- back whatever the outcome. Keys expire one second after they would be
--- back to their initial state.
+-- back whatever the outcome, except a key that held nothing and was not
+-- charged: a refused request creates no state, so the keys a client can
+-- make are bounded by what it is admitted. Keys expire one second after
+-- they would be back to their initial state.
 --
 -- A forced charge (a cost learnt after the response) is charged whatever
 -- the state, into debt of at most `debt` units (a balance that far below
@@ -34,7 +36,9 @@ local function decide_request(reply)
     -- without a call.)
     local s = S[l.key]
     if not s or s.sent_a ~= l.a or s.sent_b ~= l.b then s = state(l) end
-    s.touched = true
+    -- A key read with nothing in it is written only if charged, or if it
+    -- held another algorithm's state (which the write replaces).
+    if s.fresh then s.unless_absent = true else s.touched = true end
     local ok, remaining, wait = s.algo.check(s, l.cost)
     -- A forced charge is admitted; a cost that fits within the limit's
     -- longest delay is admitted after that wait.
@@ -57,9 +61,11 @@ local function decide_request(reply)
     local remaining, taken = l.remaining, 0
     if l.forced then
       -- The fifth number of a forced charge's reply: units not charged.
+      s.touched = true
       taken = algo.force(s, l.cost, l.debt, l)
       remaining = select(2, algo.check(s, 0))
     elseif l.ok and l.group < stop then
+      s.touched = true
       algo.spend(s, l.cost, l)
       if l.take > 0 then
         taken = take(s, l.take)

@@ -693,7 +693,7 @@ local function state(l)
   pooled = pooled + 1
   s = POOL[pooled]
   if s then
-    s.algo, s.touched = algo, nil
+    s.algo, s.touched, s.unless_absent = algo, nil, nil
   else
     s = { algo = algo }
     POOL[pooled] = s
@@ -709,6 +709,9 @@ local function state(l)
     if kind ~= algo.kind or meaning ~= algo.meaning(s) then x = nil end
   end
   algo.load(s, x, y, z)
+  -- No state of this algorithm read: if the decision charges nothing,
+  -- the key is left as it is (absent, it stays absent).
+  s.fresh = x == nil
   return s
 end
 
@@ -760,7 +763,7 @@ local function write_back()
   -- key.)
   for k = 1, #keys do
     local s = S[k]
-    if s and s.touched then
+    if s and (s.touched or (s.unless_absent and call('EXISTS', keys[k]) == 1)) then
       local algo = s.algo
       local ttl = algo.reset(s) + SLACK
       if ttl >= 1e14 then ttl = int(ttl) end

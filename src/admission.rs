@@ -20,6 +20,7 @@ use crate::respond::{RateHeaders, Rejection};
 use crate::routes;
 use crate::runtime::Runtime;
 use crate::top::Caller;
+use values::{Refused, RequestView};
 
 /// What the request path learned about one request.
 #[derive(Debug, Default)]
@@ -131,6 +132,10 @@ pub struct Plan<'a> {
     /// Set when only a lookup can say who the caller is. The pre-auth
     /// charges are decided first, and the lookup made only if they admit.
     pub lookup: Option<Pending>,
+    /// A value a request limit's key cannot use (400): its request
+    /// charges are not made, and the refusal comes after the pre-auth
+    /// limits and authentication, in their order.
+    pub refused: Option<Refused>,
 }
 
 /// The work that may name a caller the local lookups do not know, made
@@ -145,6 +150,9 @@ pub struct Pending {
     pub store: Option<String>,
     /// The request's entry at the forward-auth service.
     pub forward: Option<crate::forward_auth::Entry>,
+    /// The request's normalized path, for the keys the caller's request
+    /// limits read from it.
+    pub path: String,
 }
 
 /// Runs the request path up to the limits: client IP, IP rules, target
@@ -212,9 +220,9 @@ fn plan_into<'a>(
     let host = host
         .and_then(|h| std::str::from_utf8(h).ok())
         .map(routes::request_host);
-    let route = policy
+    let (route, template) = policy
         .routes
-        .find(req.method.as_str(), host.as_deref(), &target.path)
+        .find_with_template(req.method.as_str(), host.as_deref(), &target.path)
         .ok_or(Rejection::NotFound)?;
     facts.route = Some(route.name.clone());
     facts.route_id = Some(route.id);
@@ -247,23 +255,37 @@ fn plan_into<'a>(
     } else {
         None
     };
+    if let Some(pending) = &mut lookup {
+        pending.path = target.path.to_string();
+    }
     let (credential, now) = accept(rt, verified, facts);
     let network = client_ip::key_network(ip, policy.client_ip.ipv6_prefix);
     let tuned = credential
         .as_ref()
         .and_then(|c| rt.tenant_override(&c.tenant, now));
-    let (charges, authenticated) = charges(
+    let view = RequestView {
+        headers: &req.headers,
+        path: &target.path,
+        template: Some(template),
+        query: req.uri.query(),
+        vouched: credential.as_ref().and_then(|c| c.vouched.as_deref()),
+        body: None,
+    };
+    let charged = charges(
         policy,
         route,
         network,
         credential.as_deref(),
         tuned.as_deref(),
-    );
+        &view,
+    )
+    .map_err(Rejection::KeyValue)?;
     Ok(Plan {
         route,
-        charges,
-        authenticated,
+        charges: charged.charges,
+        authenticated: charged.authenticated,
         lookup,
+        refused: charged.refused,
     })
 }
 
@@ -297,10 +319,11 @@ fn accept(
 async fn look_up(
     rt: &Runtime,
     plan: &mut Plan<'_>,
-    pending: Pending,
+    mut pending: Pending,
     req: &RequestHeader,
     facts: &mut Facts,
 ) -> Result<Option<usize>, Rejection> {
+    let path = std::mem::take(&mut pending.path);
     let identified = if pending.jwt {
         match verify_jwt(rt, &req.headers) {
             Ok(credential) => Some((credential, "jwt")),
@@ -328,8 +351,16 @@ async fn look_up(
         tenant: Some(&credential.tenant),
         route: &route.name,
     };
+    let view = RequestView {
+        headers: &req.headers,
+        path: &path,
+        template: rt.policy.routes.template(route.id),
+        query: req.uri.query(),
+        vouched: credential.vouched.as_deref(),
+        body: None,
+    };
     let start = plan.charges.len();
-    plan.charges.extend(build_charges(
+    match build_charges(
         &rt.policy,
         &route.request,
         &who,
@@ -337,22 +368,42 @@ async fn look_up(
         tuned.as_deref(),
         route.admission_cost(),
         Group::Request,
-    ));
+        &view,
+    ) {
+        Ok(charges) => plan.charges.extend(charges),
+        Err(refused) => plan.refused = Some(refused),
+    }
     plan.authenticated = true;
     Ok(Some(start))
 }
 
+/// A request's charges on `route`, and whether it may go past
+/// authentication.
+#[derive(Debug)]
+pub struct Charges {
+    /// The pre-auth charges, then the request charges when it may.
+    pub charges: Vec<Charge>,
+    /// Whether the request may go past authentication.
+    pub authenticated: bool,
+    /// A value a request limit's key cannot use: the request charges are
+    /// left out, and the request is refused after the pre-auth limits.
+    pub refused: Option<Refused>,
+}
+
 /// A request's charges on `route`, from the client network `network`, with
-/// the credential its key proved (`None`: no valid key); and whether it may
-/// go past authentication. The pre-auth limits are charged in any case,
-/// the others only when it may. Shared by the gateway and `simulate`.
+/// the credential its key proved (`None`: no valid key), its keys' values
+/// read from `view`. The pre-auth limits are charged in any case, the
+/// others only when it may go past authentication. Shared by the gateway
+/// and `simulate`. A value a pre-auth limit cannot use refuses the request
+/// before anything is charged.
 pub fn charges(
     policy: &Policy,
     route: &Route,
     network: ipnet::IpNet,
     credential: Option<&Credential>,
     tuned: Option<&Resolved>,
-) -> (Vec<Charge>, bool) {
+    view: &RequestView<'_>,
+) -> Result<Charges, Refused> {
     let authenticated = !route.auth_required || credential.is_some();
     let who = Identity {
         ip: Some(network),
@@ -370,9 +421,11 @@ pub fn charges(
         None,
         route.admission_cost(),
         Group::PreAuth,
-    );
+        view,
+    )?;
+    let mut refused = None;
     if authenticated {
-        charges.extend(build_charges(
+        match build_charges(
             policy,
             &route.request,
             &who,
@@ -380,9 +433,17 @@ pub fn charges(
             tuned,
             route.admission_cost(),
             Group::Request,
-        ));
+            view,
+        ) {
+            Ok(request) => charges.extend(request),
+            Err(r) => refused = Some(r),
+        }
     }
-    (charges, authenticated)
+    Ok(Charges {
+        charges,
+        authenticated,
+        refused,
+    })
 }
 
 /// What the sources at hand say of a request's caller.
@@ -521,6 +582,9 @@ pub fn conclude(
     check(Group::PreAuth).inspect_err(|r| facts.note(r))?;
     if !plan.authenticated {
         return Err(Rejection::Unauthorized);
+    }
+    if let Some(refused) = &plan.refused {
+        return Err(Rejection::KeyValue(refused.clone()));
     }
     check(Group::Request).inspect_err(|r| facts.note(r))?;
     if let Some(spec) = &plan.route.cost_from_response {
@@ -901,6 +965,10 @@ impl Facts {
     }
 }
 
+/// The charges of limits `ids` for caller `who`, each keyed by what it
+/// reads from `view`; a limit whose value is absent and says `skip` is
+/// left out.
+#[allow(clippy::too_many_arguments)]
 fn build_charges(
     policy: &Policy,
     ids: &[LimitId],
@@ -909,14 +977,43 @@ fn build_charges(
     tuned: Option<&Resolved>,
     cost: u64,
     group: Group,
-) -> Vec<Charge> {
-    ids.iter()
-        .map(|&id| charge(policy, id, who, plan, tuned, cost, group))
-        .collect()
+    view: &RequestView<'_>,
+) -> Result<Vec<Charge>, Refused> {
+    let mut out = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let l = &policy.limits[id];
+        if l.values.is_empty() {
+            out.push(charge(policy, id, who, plan, tuned, cost, group));
+            continue;
+        }
+        match values::read(&l.values, view) {
+            Ok(values::Read::Skip) => {}
+            Ok(values::Read::Key { parts, params }) => {
+                let mut c = charge(policy, id, who, plan, tuned, cost, group);
+                values::push_parts(&mut c.key, &parts);
+                // A value's own numbers, unless the tenant's override sets some.
+                if let Some(p) = params.filter(|_| tuned.and_then(|o| o.params(id)).is_none()) {
+                    c.params = p;
+                }
+                out.push(c);
+            }
+            Err(problem) => {
+                let dim = l.values.dims.iter().map(ToString::to_string);
+                return Err(Refused {
+                    limit: l.name.clone(),
+                    dim: dim.collect::<Vec<_>>().join(", "),
+                    problem,
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The charge of `cost` to limit `id` for caller `who`, under `plan` and
-/// the tenant's override (`tuned`), whose numbers come first.
+/// the tenant's override (`tuned`), whose numbers come first. A key read
+/// from the request adds its parts to the charge's key
+/// ([`values::push_parts`]).
 pub fn charge(
     policy: &Policy,
     id: LimitId,
@@ -998,6 +1095,8 @@ fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
         rt.metrics().decision(c.limit, outcome);
     }
 }
+
+pub mod values;
 
 #[cfg(test)]
 mod tests;

@@ -22,6 +22,10 @@ pub struct Credential {
     pub id_header: HeaderValue,
     /// `x-tenant-id` for the upstream, made once.
     pub tenant_header: HeaderValue,
+    /// What the identity source vouched for beside the caller's name (a
+    /// JWT's claims, forward auth's headers) that the policy's limits key
+    /// on; `None` for the policy's own keys.
+    pub vouched: Option<Arc<crate::admission::values::Vouched>>,
 }
 
 impl Credential {
@@ -41,6 +45,7 @@ impl Credential {
             id: id.into(),
             tenant: tenant.name.clone(),
             plan,
+            vouched: None,
         })
     }
 }

@@ -72,6 +72,9 @@ pub struct Settings {
     pub max_in_flight: usize,
     /// The policy's plans by name.
     pub plans: HashMap<String, PlanId>,
+    /// Headers of the answer the policy's limits key on (`auth.NAME`),
+    /// kept with the caller it names.
+    pub keyed_headers: Vec<HeaderName>,
 }
 
 /// What the service said of a caller.
@@ -302,10 +305,34 @@ impl ForwardAuth {
             .and_then(value)
             .and_then(|p| s.plans.get(&p).copied());
         match Credential::new(&format!("fwd:{id}"), &tenant, plan) {
-            Some(c) => Answer::Known(Arc::new(c)),
+            Some(mut c) => {
+                if !s.keyed_headers.is_empty() {
+                    c.vouched = Some(Arc::new(keyed_headers(headers, &s.keyed_headers)));
+                }
+                Answer::Known(Arc::new(c))
+            }
             None => Answer::Unavailable("an identity that cannot be sent upstream"),
         }
     }
+}
+
+/// The answer's headers limits key on, each when it has one line that is
+/// text; a header given twice keeps the pair out (its value would be
+/// ambiguous), so the limit reads it as absent.
+fn keyed_headers(headers: &HeaderMap, names: &[HeaderName]) -> crate::admission::values::Vouched {
+    let pairs = names
+        .iter()
+        .filter_map(|name| {
+            let mut lines = headers.get_all(name).iter();
+            let first = lines.next()?;
+            if lines.next().is_some() {
+                return None;
+            }
+            let value = first.to_str().ok()?;
+            Some((format!("auth.{name}"), value.to_owned()))
+        })
+        .collect();
+    crate::admission::values::Vouched::new(pairs)
 }
 
 #[cfg(test)]
@@ -332,6 +359,7 @@ mod tests {
             max_entries: 100,
             max_in_flight: 4,
             plans: HashMap::from([("pro".to_string(), 0)]),
+            keyed_headers: Vec::new(),
         })
     }
 

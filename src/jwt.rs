@@ -281,12 +281,23 @@ impl Issuer {
 #[derive(Debug, Default)]
 pub struct Issuers {
     issuers: Vec<Issuer>,
+    /// The claims the policy's limits key on (`claim.NAME`), kept with the
+    /// caller a token names.
+    keyed_claims: Vec<Box<str>>,
 }
 
 impl Issuers {
     /// The policy's issuers.
     pub fn new(issuers: Vec<Issuer>) -> Self {
-        Self { issuers }
+        Self {
+            issuers,
+            keyed_claims: Vec::new(),
+        }
+    }
+
+    /// Keeps these claims of a verified token with its caller.
+    pub fn keep_claims(&mut self, names: Vec<Box<str>>) {
+        self.keyed_claims = names;
     }
 
     /// Starts a fetcher thread for each issuer whose keys come from a
@@ -426,8 +437,25 @@ impl Issuers {
         let id = format!("jwt:{}:{sub}", issuer.name);
         let tenant = format!("{}{tenant}", issuer.tenant_prefix);
         // Header values: printable, or refused.
-        Credential::new(&id, &tenant, plan).ok_or(Failure::BadClaims)
+        let mut caller = Credential::new(&id, &tenant, plan).ok_or(Failure::BadClaims)?;
+        if !self.keyed_claims.is_empty() {
+            caller.vouched = Some(Arc::new(keyed_claims(&data.claims, &self.keyed_claims)));
+        }
+        Ok(caller)
     }
+}
+
+/// The claims limits key on, as their keys read them: a string as it is,
+/// an integer in its one decimal form; other values are absent.
+fn keyed_claims(claims: &Value, names: &[Box<str>]) -> crate::admission::values::Vouched {
+    let pairs = names
+        .iter()
+        .filter_map(|name| {
+            let value = crate::admission::values::json_value(claims.get(&**name)?)?;
+            Some((format!("claim.{name}"), value))
+        })
+        .collect();
+    crate::admission::values::Vouched::new(pairs)
 }
 
 /// Fetches an issuer's JWKS at once, every `refresh`, and when asked;

@@ -26,6 +26,9 @@ pub enum Rejection {
         /// What is wrong, shown as the problem's `detail`.
         detail: &'static str,
     },
+    /// A value a limit's key reads from the request cannot be used (400):
+    /// given twice, missing, not one the limit accepts, or malformed.
+    KeyValue(crate::admission::values::Refused),
     /// The request's head or body did not arrive in time (408).
     RequestTimeout,
     /// The request line and headers exceed `server.limits.max_header_bytes` (431).
@@ -72,7 +75,7 @@ impl Rejection {
             Rejection::Unauthorized => 401,
             Rejection::Forbidden => 403,
             Rejection::NotFound => 404,
-            Rejection::BadRequest { .. } => 400,
+            Rejection::BadRequest { .. } | Rejection::KeyValue(_) => 400,
             Rejection::RequestTimeout => 408,
             Rejection::PayloadTooLarge => 413,
             Rejection::HeaderTooLarge => 431,
@@ -92,6 +95,7 @@ impl Rejection {
             Rejection::Forbidden => Outcome::Forbidden,
             Rejection::NotFound => Outcome::NotFound,
             Rejection::BadRequest { .. }
+            | Rejection::KeyValue(_)
             | Rejection::RequestTimeout
             | Rejection::HeaderTooLarge
             | Rejection::PayloadTooLarge => Outcome::BadRequest,
@@ -128,6 +132,16 @@ impl Rejection {
                 "No route matches this request.".into(),
             ),
             Rejection::BadRequest { detail } => ("bad-request", "Bad Request", (*detail).into()),
+            Rejection::KeyValue(r) => (
+                r.problem.kind(),
+                "Bad Request",
+                format!(
+                    "The request's {} for the {} limit {}.",
+                    r.dim,
+                    r.limit,
+                    r.problem.says()
+                ),
+            ),
             Rejection::RequestTimeout => (
                 "request-timeout",
                 "Request Timeout",

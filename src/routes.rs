@@ -150,6 +150,28 @@ impl PathTemplate {
         parts.next().is_none()
     }
 
+    /// The segment of a path this template matched that its `{name}`
+    /// placeholder stands for.
+    pub fn param<'p>(&self, path: &'p str, name: &str) -> Option<&'p str> {
+        let mut parts = path.strip_prefix('/')?.split('/');
+        for segment in &self.segments {
+            let part = parts.next()?;
+            match segment {
+                Segment::Param(p) if p == name => return Some(part),
+                Segment::Rest => return None,
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Whether the template has a `{name}` placeholder.
+    pub fn has_param(&self, name: &str) -> bool {
+        self.segments
+            .iter()
+            .any(|s| matches!(s, Segment::Param(p) if p == name))
+    }
+
     /// The original template text.
     pub fn as_str(&self) -> &str {
         &self.text
@@ -315,6 +337,17 @@ impl<R> Router<R> {
     /// [`request_host`]; `None` matches only routes without hosts), then the
     /// path, which must already be normalized.
     pub fn find(&self, method: &str, host: Option<&str>, path: &str) -> Option<&R> {
+        self.find_with_template(method, host, path).map(|(r, _)| r)
+    }
+
+    /// [`Router::find`], with the template that matched (its placeholders
+    /// name segments of the path).
+    pub fn find_with_template(
+        &self,
+        method: &str,
+        host: Option<&str>,
+        path: &str,
+    ) -> Option<(&R, &PathTemplate)> {
         self.entries
             .iter()
             .find(|e| {
@@ -323,7 +356,17 @@ impl<R> Router<R> {
                         || host.is_some_and(|h| e.hosts.iter().any(|p| p.matches(h))))
                     && e.template.matches_as(path, self.matching)
             })
-            .map(|e| &e.route)
+            .map(|e| (&e.route, &e.template))
+    }
+
+    /// The template of the route at `index`, in insertion order.
+    pub fn template(&self, index: usize) -> Option<&PathTemplate> {
+        self.entries.get(index).map(|e| &e.template)
+    }
+
+    /// Routes with their templates, in insertion order.
+    pub fn with_templates(&self) -> impl Iterator<Item = (&R, &PathTemplate)> {
+        self.entries.iter().map(|e| (&e.route, &e.template))
     }
 
     /// Number of routes.

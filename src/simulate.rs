@@ -357,7 +357,11 @@ impl Simulation {
         };
         let path = path.as_ref();
         let host = line.host.as_deref().map(request_host);
-        let Some(route) = self.policy.routes.find(&line.method, host.as_deref(), path) else {
+        let found = self
+            .policy
+            .routes
+            .find_with_template(&line.method, host.as_deref(), path);
+        let Some((route, template)) = found else {
             self.skipped += 1;
             return;
         };
@@ -388,8 +392,29 @@ impl Simulation {
             (Some(id), _) => self.credentials.get(id).cloned(),
             (None, _) => None,
         };
-        let (charges, authenticated) =
-            admission::charges(&self.policy, route, network, credential.as_deref(), None);
+        // A log line has the path, not the headers, query or body: limits
+        // keyed by those read their values as absent.
+        let headers = http::HeaderMap::new();
+        let view = admission::values::RequestView {
+            template: Some(template),
+            ..admission::values::RequestView::of_head(&headers, path, None)
+        };
+        let charged = match admission::charges(
+            &self.policy,
+            route,
+            network,
+            credential.as_deref(),
+            None,
+            &view,
+        ) {
+            Ok(charged) => charged,
+            Err(_) => {
+                self.skipped += 1;
+                return;
+            }
+        };
+        let (charges, authenticated, refused) =
+            (charged.charges, charged.authenticated, charged.refused);
         let verdicts = self.store.decide_now(&charges, Gate::Open).0;
         if self.models_holds {
             let charged = gate(&charges, |i| verdicts[i].allowed, Gate::Open);
@@ -415,6 +440,7 @@ impl Simulation {
             charges,
             authenticated,
             lookup: None,
+            refused,
         };
         let concluded = admission::conclude(
             &plan,

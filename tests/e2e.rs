@@ -359,8 +359,9 @@ routes:
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     assert_eq!(r.header("cache-control"), Some("no-store"));
     assert_eq!(r.json()["title"], "Bad Gateway");
-    // Admitted, then forwarding failed: counted as admitted (DESIGN §7 has
-    // no outcome for it; the status is in the upstream histogram and logs).
+    // Admitted, then forwarding failed: counted as admitted (no value of the
+    // `outcome` label stands for it; the status is in the upstream histogram
+    // and logs).
     let counted = eventually(Duration::from_secs(5), || {
         gw.metric("tollgate_requests_total{outcome=\"allowed\",route=\"dead\"}") == 1.0
     });

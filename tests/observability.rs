@@ -259,7 +259,8 @@ routes:
     assert!(missing.is_empty(), "not exported: {missing:?}");
 
     // And the other way round: every family the gateway exports is on the
-    // dashboard (DESIGN §18), with the process's CPU, RSS and open fds.
+    // dashboard (as docs/src/monitoring.md promises), with the process's
+    // CPU, RSS and open fds.
     let families: BTreeSet<&str> = exported
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -199,6 +199,8 @@ pub struct Limit {
     pub lease: Option<crate::limits::LeaseTerms>,
     /// `on_limit: delay`: the longest wait a request is held for; 0 refuses.
     pub max_delay_ms: u64,
+    /// The part of its key read from the request (`header.*`, `path.*`, …).
+    pub values: crate::admission::values::ValueKey,
 }
 
 /// An upstream pool.

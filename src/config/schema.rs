@@ -656,20 +656,6 @@ pub enum Scope {
     Request,
 }
 
-/// One part of a limit's `key`: what its budgets are counted per.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Dimension {
-    /// The client IP (IPv6 by its `client_ip.ipv6_prefix` network).
-    Ip,
-    /// The credential id.
-    Credential,
-    /// The credential's tenant.
-    Tenant,
-    /// The route class.
-    Route,
-}
-
 /// The values of `limits.*.algorithm`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -723,9 +709,24 @@ pub struct RawLimit {
     /// `pre_auth` or `request`; `request` when absent.
     #[serde(default)]
     pub scope: Scope,
-    /// What budgets are counted per; `[]` is one global budget.
+    /// What budgets are counted per; `[]` is one global budget. Each part
+    /// is `ip`, `credential`, `tenant`, `route`, or a value the request
+    /// carries: `header.NAME`, `path.PARAM` (a `{PARAM}` of the route's
+    /// template), `query.NAME`, `claim.NAME` (the caller's JWT),
+    /// `auth.NAME` (a header of forward auth's answer) or `body.FIELD` (a
+    /// JSON body's member, by dotted path).
     #[serde(default)]
-    pub key: Vec<Dimension>,
+    pub key: Vec<String>,
+    /// With a key read from the request: what a request without a value
+    /// gets: `skip` (the limit does not apply; the default), `bucket` (one
+    /// bucket for all of them) or `reject` (400 `missing-key-value`).
+    pub absent: Option<crate::admission::values::Absent>,
+    /// With a key of one value read from the request: parameters per value,
+    /// as a plan overrides a limit's.
+    pub values: Option<UniqueMap<RawOverride>>,
+    /// With `values`: a value not listed uses the limit's own parameters
+    /// (`default`) or is refused 400 `unknown-key-value` (`reject`).
+    pub other: Option<crate::admission::values::Other>,
     /// The algorithm; `token_bucket` when absent.
     #[serde(default)]
     pub algorithm: AlgorithmName,

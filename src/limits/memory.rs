@@ -93,8 +93,13 @@ impl<C: Clock> MemoryStore<C> {
         // Each charge's check, the delay it is admitted after (0: now) and
         // the expired holds it found.
         let mut checks = Vec::with_capacity(shard_ids.len());
+        // Keys this decision made: dropped again unless it charges them.
+        let mut made: Vec<&str> = Vec::new();
         for (c, &s) in charges().zip(&shard_ids) {
-            let slot = self.slot(locked(&mut guards, s), c, now);
+            let (slot, new) = self.slot(locked(&mut guards, s), c, now);
+            if new {
+                made.push(&c.key);
+            }
             let reclaimed = c.params.reclaim(&mut slot.state, now);
             c.params.refresh(&mut slot.state, now);
             let (check, delay) = delayed(c, c.params.check(&slot.state, c.cost, now));
@@ -104,6 +109,7 @@ impl<C: Clock> MemoryStore<C> {
         let admits = |i: usize| checks[i].0.allowed;
         let gate = super::gate(charges(), admits, blocked_from);
         let mut verdicts = Vec::with_capacity(shard_ids.len());
+        let mut charged: Vec<&str> = Vec::new();
         for ((c, &s), &(check, delay_ms, reclaimed)) in charges().zip(&shard_ids).zip(&checks) {
             let slot = locked(&mut guards, s)
                 .slots
@@ -128,6 +134,9 @@ impl<C: Clock> MemoryStore<C> {
                 }
                 _ => {}
             }
+            if spend || c.op.is_force() {
+                charged.push(&c.key);
+            }
             let remaining = if c.op.is_force() {
                 c.params.check(&slot.state, 0, now).remaining
             } else if spend || delay_ms > 0 {
@@ -145,6 +154,14 @@ impl<C: Clock> MemoryStore<C> {
                     .with_uncharged(uncharged)
                     .with_reclaimed(reclaimed),
             );
+        }
+        // A refused request leaves no key behind: the keys a client can
+        // make are bounded by what it is admitted.
+        for key in made.into_iter().filter(|k| !charged.contains(k)) {
+            let s = self.shard_of(key);
+            if locked(&mut guards, s).slots.remove(key).is_some() {
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         for (_, guard) in guards.iter_mut() {
             guard.decisions += 1;
@@ -253,9 +270,11 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// The slot of a charge's key, created fresh or adapted to new numbers.
-    fn slot<'a>(&self, shard: &'a mut Shard, c: &Charge, now: u64) -> &'a mut Slot {
+    /// Also says whether the slot is new.
+    fn slot<'a>(&self, shard: &'a mut Shard, c: &Charge, now: u64) -> (&'a mut Slot, bool) {
         // Look up before inserting: the key is copied only for a new slot.
-        if !shard.slots.contains_key(&c.key) {
+        let new = !shard.slots.contains_key(&c.key);
+        if new {
             self.keys.fetch_add(1, Ordering::Relaxed);
             let fresh = Slot {
                 params: c.params,
@@ -273,7 +292,7 @@ impl<C: Clock> MemoryStore<C> {
             slot.state = c.params.adopt(&slot.params, old, now);
             slot.params = c.params;
         }
-        slot
+        (slot, new)
     }
 
     fn sweep_shard(&self, shard: &mut Shard, now: u64) {

@@ -7,6 +7,7 @@ pub(super) fn auth(
     raw: RawAuth,
     base: &Path,
     plan_ids: &HashMap<String, PlanId>,
+    limits: &[Limit],
 ) -> Result<AuthSettings, ConfigError> {
     let header_text = raw.header.unwrap_or_else(|| "authorization".into());
     let header = match http::HeaderName::from_bytes(header_text.to_ascii_lowercase().as_bytes()) {
@@ -41,10 +42,27 @@ pub(super) fn auth(
         }
     }
     let keys = keys.finish(c);
-    let jwt = jwt_issuers(c, raw.jwt, base);
+    // What the limits key on from the identity sources, kept with the
+    // callers the sources name.
+    let keyed = || limits.iter().flat_map(|l| l.values.dims.iter());
+    let mut claims: Vec<Box<str>> = Vec::new();
+    let mut headers: Vec<http::HeaderName> = Vec::new();
+    for dim in keyed() {
+        match dim {
+            ValueDim::Claim(name) if !claims.contains(name) => claims.push(name.clone()),
+            ValueDim::Auth(name) if !headers.contains(name) => headers.push(name.clone()),
+            _ => {}
+        }
+    }
+    let mut jwt = jwt_issuers(c, raw.jwt, base);
+    jwt.keep_claims(claims);
     let forward = raw
         .forward_auth
         .and_then(|f| forward_auth(c, f, &header, plan_ids))
+        .map(|mut s| {
+            s.keyed_headers = headers;
+            s
+        })
         .map(|s| std::sync::Arc::new(crate::forward_auth::ForwardAuth::new(s)));
     let store_keys = raw.store_keys.map(|s| crate::store_keys::Settings {
         cache_entries: c.bounded(
@@ -185,6 +203,7 @@ fn forward_auth(
         max_entries: max_entries as usize,
         max_in_flight: max_in_flight as usize,
         plans: plan_ids.clone(),
+        keyed_headers: Vec::new(),
     })
 }
 

@@ -131,26 +131,23 @@ pub(super) fn limits(
     for (name, l) in raw.0 {
         let path = format!("limits.{name}");
         c.name(&path, &name);
-        let mut key = KeyDims::default();
-        for (i, dim) in l.key.iter().enumerate() {
-            let slot = match dim {
-                Dimension::Ip => &mut key.ip,
-                Dimension::Credential => &mut key.credential,
-                Dimension::Tenant => &mut key.tenant,
-                Dimension::Route => &mut key.route,
-            };
-            if std::mem::replace(slot, true) {
-                c.fail(
-                    format!("{path}.key[{i}]"),
-                    format!("duplicate key dimension {dim:?}"),
-                );
-            }
-        }
+        let (key, dims) = key_dims(c, &path, &l.key);
         if l.scope == Scope::PreAuth && (key.credential || key.tenant) {
             c.fail(
                 format!("{path}.key"),
                 "a pre_auth limit runs before authentication: its key may only use ip and route",
             );
+        }
+        if l.scope == Scope::PreAuth {
+            if let Some(d) = dims.iter().find(|d| !d.before_identity()) {
+                c.fail(
+                    format!("{path}.key"),
+                    format!(
+                        "a pre_auth limit runs before the caller is identified and its body read: \
+                         {d} needs them; a pre_auth key may add header.* and path.*"
+                    ),
+                );
+            }
         }
         let numbers = RawOverride {
             capacity: l.capacity,
@@ -168,6 +165,7 @@ pub(super) fn limits(
         };
         let lease = lease(c, &path, &l, &params);
         let max_delay_ms = delay(c, &path, &l, &params);
+        let values = value_key(c, &path, &l, dims, l.algorithm, &params);
         ids.insert(name.clone(), (Some(out.len()), l.algorithm));
         out.push(Limit {
             name: name.into(),
@@ -179,9 +177,129 @@ pub(super) fn limits(
             mode: l.mode,
             lease,
             max_delay_ms,
+            values,
         });
     }
     (out, ids)
+}
+
+/// The dimensions a key lists: the four the gateway knows, and those read
+/// from the request, in order.
+fn key_dims(c: &mut Checker, path: &str, raw: &[String]) -> (KeyDims, Vec<ValueDim>) {
+    const WORDS: [&str; 10] = [
+        "ip",
+        "credential",
+        "tenant",
+        "route",
+        "header.",
+        "path.",
+        "query.",
+        "claim.",
+        "auth.",
+        "body.",
+    ];
+    let mut key = KeyDims::default();
+    let mut dims: Vec<ValueDim> = Vec::new();
+    for (i, word) in raw.iter().enumerate() {
+        let at = format!("{path}.key[{i}]");
+        let slot = match word.as_str() {
+            "ip" => &mut key.ip,
+            "credential" => &mut key.credential,
+            "tenant" => &mut key.tenant,
+            "route" => &mut key.route,
+            _ => {
+                match ValueDim::parse(word) {
+                    Some(Ok(d)) if dims.contains(&d) => {
+                        c.fail(at, format!("duplicate key dimension {word:?}"));
+                    }
+                    Some(Ok(d)) => dims.push(d),
+                    Some(Err(e)) => c.fail(at, format!("{word:?}: {e}")),
+                    None => {
+                        let kind = word.split('.').next().unwrap_or(word);
+                        let named = word.contains('.');
+                        let candidates = WORDS
+                            .iter()
+                            .filter(|w| w.ends_with('.') == named)
+                            .map(|w| w.trim_end_matches('.'));
+                        c.fail(
+                            at,
+                            with_nearest(
+                                format!(
+                                    "unknown key dimension {word:?}: ip, credential, tenant, route, \
+                                     or header.NAME, path.PARAM, query.NAME, claim.NAME, auth.NAME, \
+                                     body.FIELD"
+                                ),
+                                kind,
+                                candidates,
+                            ),
+                        );
+                    }
+                }
+                continue;
+            }
+        };
+        if std::mem::replace(slot, true) {
+            c.fail(at, format!("duplicate key dimension {word:?}"));
+        }
+    }
+    (key, dims)
+}
+
+/// The part of a limit's key read from the request, with `absent`,
+/// `values` and `other`.
+fn value_key(
+    c: &mut Checker,
+    path: &str,
+    l: &RawLimit,
+    dims: Vec<ValueDim>,
+    algorithm: AlgorithmName,
+    own: &Params,
+) -> ValueKey {
+    if dims.is_empty() {
+        for (field, set) in [
+            ("absent", l.absent.is_some()),
+            ("values", l.values.is_some()),
+            ("other", l.other.is_some()),
+        ] {
+            if set {
+                c.fail(
+                    format!("{path}.{field}"),
+                    "only read with a key read from the request (header.*, path.*, query.*, \
+                     claim.*, auth.*, body.*)",
+                );
+            }
+        }
+        return ValueKey::default();
+    }
+    let values = l.values.as_ref().map(|raw| {
+        if dims.len() != 1 {
+            c.fail(
+                format!("{path}.values"),
+                "values name parameters per value of one dimension: the key reads more than one",
+            );
+        }
+        let mut out = HashMap::new();
+        for (value, numbers) in &raw.0 {
+            let at = format!("{path}.values.{value}");
+            if crate::admission::values::check(value).is_err() || value.is_empty() {
+                c.fail(&at, "a value is 1 to 256 bytes without control characters");
+            }
+            let numbers = limit_owned(c, &at, own, numbers.clone(), "a value");
+            if let Some(p) = params(c, &at, algorithm, &numbers) {
+                out.insert(Box::from(value.as_str()), p);
+            }
+        }
+        Arc::new(out)
+    });
+    if l.other.is_some() && values.is_none() {
+        c.fail(format!("{path}.other"), "only read with values");
+    }
+    ValueKey {
+        dims: dims.into(),
+        absent: l.absent.unwrap_or_default(),
+        values,
+        other: l.other.unwrap_or_default(),
+    }
 }
 
 /// `on_limit: delay` and its bound, for the algorithms that can schedule an

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -20,6 +21,7 @@ use super::schema::*;
 use super::suggest::with_nearest;
 use super::{load_keys_file, ConfigError, KeysFile, Problem};
 use crate::access_log::{AccessLogSettings, Destination};
+use crate::admission::values::{ValueDim, ValueKey};
 use crate::auth::{parse_digest, Credential, KeyTable, KeyTableBuilder, Tenant};
 use crate::client_ip::{ClientIpConfig, ForwardHeader};
 use crate::edge::{EdgeSettings, EncodedSlash, PathRules};
@@ -167,13 +169,15 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
     let memory = store.backend == Backend::Memory;
     let (limits, limit_ids) = limits(&mut c, raw.limits, memory);
     let (plans, plan_ids) = plans(&mut c, raw.plans, &limits, &limit_ids);
-    let auth = auth(&mut c, raw.auth, base, &plan_ids)?;
+    let auth = auth(&mut c, raw.auth, base, &plan_ids, &limits)?;
     let (upstreams, pool_ids) = upstreams(&mut c, raw.upstreams, base);
     let ctx = RouteContext {
         limits: &limits,
         limit_ids: &limit_ids,
         plans: &plans,
         pool_ids: &pool_ids,
+        jwt: !auth.jwt.is_empty(),
+        forward: auth.forward.is_some(),
     };
     let routes = routes(
         &mut c,

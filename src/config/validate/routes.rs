@@ -61,6 +61,10 @@ pub(super) struct RouteContext<'a> {
     pub(super) limit_ids: &'a LimitNames,
     pub(super) plans: &'a [Plan],
     pub(super) pool_ids: &'a HashMap<String, PoolId>,
+    /// Whether callers may come with a JWT (`claim.*` keys).
+    pub(super) jwt: bool,
+    /// Whether callers may be named by forward auth (`auth.*` keys).
+    pub(super) forward: bool,
 }
 
 pub(super) fn routes(
@@ -104,6 +108,9 @@ pub(super) fn routes(
             .map_or(cost, |f| f.max as u64);
         let (pre_auth, request) =
             route_limits(c, &path, &r.limits, admitted_cost, auth_required, ctx);
+        if let Some(t) = &template {
+            read_values(c, &path, t, auth_required, &pre_auth, &request, ctx);
+        }
         let cost_from_response = r.cost_from_response.and_then(|raw| {
             let limits = pre_auth.iter().chain(&request).map(|&id| &ctx.limits[id]);
             cost_from_response(c, &path, raw, cost, limits)
@@ -277,6 +284,82 @@ pub(super) fn route_limits(
         }
     }
     (pre, req)
+}
+
+/// The keys a route's limits read from its requests: each must be there
+/// to read, and each a client chooses must be bounded, so that the keys a
+/// client can make are bounded by what it is admitted.
+fn read_values(
+    c: &mut Checker,
+    path: &str,
+    template: &PathTemplate,
+    auth_required: bool,
+    pre_auth: &[LimitId],
+    request: &[LimitId],
+    ctx: &RouteContext<'_>,
+) {
+    let groups = [(0, pre_auth), (1, request)];
+    let limits = || {
+        groups
+            .iter()
+            .flat_map(|&(g, ids)| ids.iter().map(move |&id| (g, &ctx.limits[id])))
+    };
+    for (group, limit) in limits() {
+        let at = format!("{path}.limits");
+        let name = &limit.name;
+        for dim in limit.values.dims.iter() {
+            match dim {
+                ValueDim::Path(p) if !template.has_param(p) => c.fail(
+                    &at,
+                    format!(
+                        "limit {name:?} is keyed by {dim}, but the route's path {:?} has no {{{p}}}",
+                        template.as_str()
+                    ),
+                ),
+                ValueDim::Claim(_) if !(auth_required && ctx.jwt) => c.fail(
+                    &at,
+                    format!("limit {name:?} is keyed by {dim}, but no caller of the route can have a JWT (auth.jwt and auth: required)"),
+                ),
+                ValueDim::Auth(_) if !(auth_required && ctx.forward) => c.fail(
+                    &at,
+                    format!("limit {name:?} is keyed by {dim}, but no caller of the route is named by forward auth (auth.forward_auth and auth: required)"),
+                ),
+                _ => {}
+            }
+        }
+        if !limit.values.unbounded() {
+            continue;
+        }
+        // An enforced limit per caller, decided with it or before it, and
+        // not failing open, bounds how many requests (and so keys) a
+        // caller gets admitted.
+        let bounded = limits().any(|(g, other)| {
+            g <= group
+                && other.mode == Mode::Enforce
+                && (other.key.credential || other.key.tenant || other.key.ip)
+                && other.values.is_empty()
+                && (other.local || other.on_store_error != OnStoreError::Open)
+        });
+        if !bounded {
+            c.fail(
+                &at,
+                format!(
+                    "limit {name:?} is keyed by a value the client chooses ({}), so each new value \
+                     would be a new budget: list its values with other: reject, or also apply an \
+                     enforced limit keyed by credential, tenant or ip, in the same or an earlier \
+                     scope, that does not fail open",
+                    limit
+                        .values
+                        .dims
+                        .iter()
+                        .filter(|d| d.client_chosen())
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+    }
 }
 
 /// `routes[].upgrade`: `true` is WebSocket; a list names HTTP tokens.

@@ -178,3 +178,25 @@ fn changed_parameters_keep_the_spent_budget() {
     assert!(v[0].allowed);
     assert_eq!(v[0].remaining, 1, "2 left of the old bucket, minus 1");
 }
+
+#[test]
+fn a_refused_request_leaves_no_new_key() {
+    let store = MemoryStore::new(ManualClock::new(1_000));
+    let spent = local_charge("credential", "c", bucket_params(1, 1), 1);
+    decide(&store, std::slice::from_ref(&spent));
+    assert_eq!(store.len(), 1);
+    // The credential is spent: every new end user is refused with it, and
+    // none of them is kept.
+    for i in 0..20 {
+        let user = local_charge("end-user", &format!("u{i}"), bucket_params(5, 1), 1);
+        let v = decide(&store, &[spent.clone(), user]);
+        assert!(!v[0].allowed && v[1].allowed);
+    }
+    assert_eq!(store.len(), 1);
+    // A refused key that held state keeps it.
+    let user = local_charge("end-user", "kept", bucket_params(5, 1), 1);
+    decide(&store, std::slice::from_ref(&user));
+    decide(&store, &[spent.clone(), user.clone()]);
+    assert_eq!(store.len(), 2);
+    assert_eq!(decide(&store, &[user])[0].remaining, 3);
+}

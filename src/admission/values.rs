@@ -1,0 +1,653 @@
+//! Key parts read from what a request says: a header, a path segment, a
+//! query parameter, a claim of the caller's JWT, a header of the
+//! forward-auth service's answer, or a field of a JSON body.
+//!
+//! A value becomes part of a limit's key, so it is read one way only, the
+//! way the upstream cannot read differently: a header sent twice, a query
+//! parameter given twice or a JSON member named twice is ambiguous (400,
+//! not the first or the last); a path segment is compared percent-decoded
+//! and a JSON member decoded; values over [`MAX_VALUE_BYTES`] or with
+//! control bytes are refused. Everything here is pure: the admission plan
+//! reads a [`RequestView`] and gets parts or a [`ValueProblem`].
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName};
+
+use crate::limits::algorithm::Params;
+use crate::routes::PathTemplate;
+
+/// The longest value a key takes, in bytes.
+pub const MAX_VALUE_BYTES: usize = 256;
+
+/// A part of a limit's key read from the request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ValueDim {
+    /// `header.NAME`: a request header (one field line).
+    Header(HeaderName),
+    /// `path.PARAM`: a `{PARAM}` segment of the route's template.
+    Path(Box<str>),
+    /// `query.NAME`: a query parameter.
+    Query(Box<str>),
+    /// `claim.NAME`: a top-level claim of the caller's JWT.
+    Claim(Box<str>),
+    /// `auth.NAME`: a header of the forward-auth service's 2xx answer.
+    Auth(HeaderName),
+    /// `body.FIELD`: a member of a JSON request body, by dotted path.
+    Body(Box<[Box<str>]>),
+}
+
+impl ValueDim {
+    /// Parses `kind.NAME`; `None` for a word that names no such dimension
+    /// (the caller reports it with the dimensions it could have meant).
+    pub fn parse(text: &str) -> Option<Result<ValueDim, String>> {
+        let (kind, name) = text.split_once('.')?;
+        let header = |name: &str| {
+            HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("{name:?} is not a header name"))
+        };
+        let word = |name: &str| {
+            let ok = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-$@:".contains(&b));
+            ok.then(|| Box::from(name))
+                .ok_or_else(|| format!("{name:?} is not a name (letters, digits, _ - $ @ :)"))
+        };
+        Some(match kind {
+            "header" => header(name).map(ValueDim::Header),
+            "auth" => header(name).map(ValueDim::Auth),
+            "path" => word(name).map(ValueDim::Path),
+            "query" => word(name).map(ValueDim::Query),
+            "claim" => word(name).map(ValueDim::Claim),
+            "body" => name
+                .split('.')
+                .map(word)
+                .collect::<Result<Box<[_]>, _>>()
+                .map(ValueDim::Body),
+            _ => return None,
+        })
+    }
+
+    /// Whether the client chooses the value freely: a header, a path
+    /// segment, a query parameter or a body field (a claim or a
+    /// forward-auth header is vouched for by the identity source).
+    pub fn client_chosen(&self) -> bool {
+        !matches!(self, ValueDim::Claim(_) | ValueDim::Auth(_))
+    }
+
+    /// Whether a pre-auth limit may use it: read from the request head, at
+    /// no cost and before anyone is identified.
+    pub fn before_identity(&self) -> bool {
+        matches!(self, ValueDim::Header(_) | ValueDim::Path(_))
+    }
+
+    /// Whether it is read from the request body.
+    pub fn in_body(&self) -> bool {
+        matches!(self, ValueDim::Body(_))
+    }
+}
+
+impl std::fmt::Display for ValueDim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ValueDim::Header(n) => write!(f, "header.{n}"),
+            ValueDim::Path(n) => write!(f, "path.{n}"),
+            ValueDim::Query(n) => write!(f, "query.{n}"),
+            ValueDim::Claim(n) => write!(f, "claim.{n}"),
+            ValueDim::Auth(n) => write!(f, "auth.{n}"),
+            ValueDim::Body(p) => write!(f, "body.{}", p.join(".")),
+        }
+    }
+}
+
+/// What a limit does with a request that has no value for one of its
+/// dimensions (`absent`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Absent {
+    /// The limit does not apply to the request: one shared bucket for
+    /// every request without a value would let one caller starve the rest.
+    #[default]
+    Skip,
+    /// One bucket for every request without a value.
+    Bucket,
+    /// 400 `missing-key-value`.
+    Reject,
+}
+
+/// What a value not in a limit's `values` gets (`other`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Other {
+    /// The limit's own parameters.
+    #[default]
+    Default,
+    /// 400 `unknown-key-value`.
+    Reject,
+}
+
+/// The part of a limit's key read from requests, as validated.
+#[derive(Debug, Clone, Default)]
+pub struct ValueKey {
+    /// The dimensions, in the order the key lists them (none: the limit
+    /// reads nothing from the request).
+    pub dims: Box<[ValueDim]>,
+    /// What a request without a value gets.
+    pub absent: Absent,
+    /// Parameters per value (`values`), for a key of one such dimension.
+    pub values: Option<Arc<HashMap<Box<str>, Params>>>,
+    /// What a value not listed gets.
+    pub other: Other,
+}
+
+impl ValueKey {
+    /// Whether the key reads nothing from the request.
+    pub fn is_empty(&self) -> bool {
+        self.dims.is_empty()
+    }
+
+    /// Whether the client chooses a value without bound: a client-chosen
+    /// dimension that no value list with `other: reject` closes.
+    pub fn unbounded(&self) -> bool {
+        let closed = self.values.is_some() && self.other == Other::Reject;
+        !closed && self.dims.iter().any(ValueDim::client_chosen)
+    }
+}
+
+/// Why a request's value cannot key a limit: each a 400.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueProblem {
+    /// Given twice (a header, a query parameter, a JSON member).
+    Ambiguous,
+    /// Absent, and the limit says `absent: reject`.
+    Missing,
+    /// Not in the limit's `values`, which says `other: reject`.
+    Unknown,
+    /// Over 256 bytes, with control bytes, or not UTF-8.
+    Invalid,
+}
+
+impl ValueProblem {
+    /// The problem type's last word (`urn:tollgate:problem:…`).
+    pub fn kind(self) -> &'static str {
+        match self {
+            ValueProblem::Ambiguous => "ambiguous-key-value",
+            ValueProblem::Missing => "missing-key-value",
+            ValueProblem::Unknown => "unknown-key-value",
+            ValueProblem::Invalid => "invalid-key-value",
+        }
+    }
+
+    /// What the problem's detail says of it (never the value itself).
+    pub fn says(self) -> &'static str {
+        match self {
+            ValueProblem::Ambiguous => "is given more than once",
+            ValueProblem::Missing => "is required",
+            ValueProblem::Unknown => "is not one this limit accepts",
+            ValueProblem::Invalid => "is over 256 bytes, holds control bytes or is not UTF-8",
+        }
+    }
+}
+
+/// A request's value for one limit that cannot be used: which limit and
+/// dimension, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The limit's name.
+    pub limit: Arc<str>,
+    /// The dimension, as the policy names it.
+    pub dim: String,
+    /// Why.
+    pub problem: ValueProblem,
+}
+
+/// Values an identity source vouched for, as the key dimensions name them
+/// (`claim.org_id`, `auth.x-org`): kept with the caller it named.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Vouched(Box<[(Box<str>, Box<str>)]>);
+
+impl Vouched {
+    /// From `(dimension, value)` pairs; values that cannot key a limit are
+    /// kept as refused (an empty value reads as absent).
+    pub fn new(pairs: Vec<(String, String)>) -> Self {
+        Self(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
+    }
+
+    /// The value named `dim` (e.g. `claim.org_id`).
+    pub fn get(&self, dim: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| &**k == dim).map(|(_, v)| &**v)
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// What a request says, as the key dimensions read it.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestView<'a> {
+    /// The request's headers.
+    pub headers: &'a HeaderMap,
+    /// The normalized path the route matched.
+    pub path: &'a str,
+    /// The matched route's template, for `path.*`.
+    pub template: Option<&'a PathTemplate>,
+    /// The query string, without its `?`.
+    pub query: Option<&'a str>,
+    /// What the caller's identity source vouched for (`claim.*`, `auth.*`).
+    pub vouched: Option<&'a Vouched>,
+    /// The JSON body's values, when the route reads them.
+    pub body: Option<&'a BodyValues>,
+}
+
+impl<'a> RequestView<'a> {
+    /// A view of the head alone.
+    pub fn of_head(headers: &'a HeaderMap, path: &'a str, query: Option<&'a str>) -> Self {
+        Self {
+            headers,
+            path,
+            template: None,
+            query,
+            vouched: None,
+            body: None,
+        }
+    }
+}
+
+/// The values of a JSON body at the paths the route's limits read: each
+/// decoded, or why it cannot be used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BodyValues(pub Vec<(FieldPath, BodyValue)>);
+
+/// A JSON body member's dotted path, one name per level.
+pub type FieldPath = Box<[Box<str>]>;
+
+/// A JSON body member's value as a key reads it (`Ok(None)`: absent).
+pub type BodyValue = Result<Option<String>, ValueProblem>;
+
+impl BodyValues {
+    /// The value at `path` (`Ok(None)`: absent).
+    pub fn get(&self, path: &[Box<str>]) -> Result<Option<&str>, ValueProblem> {
+        match self.0.iter().find(|(p, _)| &**p == path) {
+            Some((_, Ok(v))) => Ok(v.as_deref()),
+            Some((_, Err(e))) => Err(*e),
+            None => Ok(None),
+        }
+    }
+}
+
+/// One part of a key: a value, or `None` for an absent one in a limit
+/// that says `absent: bucket`.
+pub type Part<'a> = Option<Cow<'a, str>>;
+
+/// What one limit reads from a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read<'a> {
+    /// The limit does not apply: a value is absent and it says `skip`.
+    Skip,
+    /// Its key's parts, in order, and the parameters of a `values` entry
+    /// that matched.
+    Key {
+        /// The parts.
+        parts: Vec<Part<'a>>,
+        /// A matched entry's parameters.
+        params: Option<Params>,
+    },
+}
+
+/// Reads a limit's key parts from a request.
+pub fn read<'a>(key: &ValueKey, view: &RequestView<'a>) -> Result<Read<'a>, ValueProblem> {
+    let mut parts = Vec::with_capacity(key.dims.len());
+    for dim in key.dims.iter() {
+        match value(dim, view)? {
+            Some(v) => parts.push(Some(v)),
+            None => match key.absent {
+                Absent::Skip => return Ok(Read::Skip),
+                Absent::Bucket => parts.push(None),
+                Absent::Reject => return Err(ValueProblem::Missing),
+            },
+        }
+    }
+    let params = match (&key.values, parts.as_slice()) {
+        (Some(values), [Some(v)]) => match values.get(&**v) {
+            Some(p) => Some(*p),
+            None if key.other == Other::Reject => return Err(ValueProblem::Unknown),
+            None => None,
+        },
+        _ => None,
+    };
+    Ok(Read::Key { parts, params })
+}
+
+/// One dimension's value in a request (`None`: absent).
+fn value<'a>(dim: &ValueDim, view: &RequestView<'a>) -> Result<Option<Cow<'a, str>>, ValueProblem> {
+    let found: Option<Cow<'a, str>> = match dim {
+        ValueDim::Header(name) => {
+            let mut lines = view.headers.get_all(name).iter();
+            let first = lines.next();
+            if lines.next().is_some() {
+                return Err(ValueProblem::Ambiguous);
+            }
+            match first {
+                Some(v) => Some(Cow::Borrowed(
+                    std::str::from_utf8(v.as_bytes()).map_err(|_| ValueProblem::Invalid)?,
+                )),
+                None => None,
+            }
+        }
+        ValueDim::Path(param) => match view.template.and_then(|t| t.param(view.path, param)) {
+            Some(raw) => Some(percent_decoded(raw)?),
+            None => None,
+        },
+        ValueDim::Query(name) => {
+            let mut found = None;
+            for (k, v) in form_urlencoded::parse(view.query.unwrap_or("").as_bytes()) {
+                if k == **name {
+                    if found.is_some() {
+                        return Err(ValueProblem::Ambiguous);
+                    }
+                    found = Some(Cow::Owned(v.into_owned()));
+                }
+            }
+            found
+        }
+        ValueDim::Claim(_) | ValueDim::Auth(_) => view
+            .vouched
+            .and_then(|v| v.get(&dim.to_string()))
+            .map(|v| Cow::Owned(v.to_owned())),
+        ValueDim::Body(path) => match view.body {
+            Some(body) => body.get(path)?.map(|v| Cow::Owned(v.to_owned())),
+            None => None,
+        },
+    };
+    match found {
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => {
+            check(&v)?;
+            Ok(Some(v))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Refuses a value over [`MAX_VALUE_BYTES`] or with control bytes.
+pub fn check(value: &str) -> Result<(), ValueProblem> {
+    let control = value.bytes().any(|b| b < 0x20 || b == 0x7f);
+    if value.len() > MAX_VALUE_BYTES || control {
+        return Err(ValueProblem::Invalid);
+    }
+    Ok(())
+}
+
+/// A path segment with its `%XX` escapes decoded, as the upstream reads
+/// it: `%61bc` and `abc` are one project.
+fn percent_decoded(raw: &str) -> Result<Cow<'_, str>, ValueProblem> {
+    if !raw.contains('%') {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).and_then(|&b| hex(b)),
+            bytes.get(i + 2).and_then(|&b| hex(b)),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out)
+        .map(Cow::Owned)
+        .map_err(|_| ValueProblem::Invalid)
+}
+
+/// Appends a key's parts to its raw key, each length-prefixed so that no
+/// value can imitate another split: `3:abc`, or `-` for an absent one.
+pub fn push_parts(key: &mut String, parts: &[Part<'_>]) {
+    for part in parts {
+        key.push('\u{1f}');
+        match part {
+            Some(v) => {
+                key.push_str(itoa::Buffer::new().format(v.len()));
+                key.push(':');
+                key.push_str(v);
+            }
+            None => key.push('-'),
+        }
+    }
+}
+
+/// A JSON member's value as a key reads it: a string decoded, an integer
+/// in its one canonical form; anything else (a float, an object, an array,
+/// `null`, `true`) is absent.
+pub fn json_value(value: &serde_json::Value) -> Option<String> {
+    match value {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dim(text: &str) -> ValueDim {
+        ValueDim::parse(text).unwrap().unwrap()
+    }
+
+    fn key(dims: &[&str], absent: Absent) -> ValueKey {
+        ValueKey {
+            dims: dims.iter().map(|d| dim(d)).collect(),
+            absent,
+            values: None,
+            other: Other::Default,
+        }
+    }
+
+    fn headers(lines: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in lines {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    fn parts(read: Read<'_>) -> Vec<Option<String>> {
+        match read {
+            Read::Key { parts, .. } => parts
+                .into_iter()
+                .map(|p| p.map(|v| v.into_owned()))
+                .collect(),
+            Read::Skip => panic!("skipped"),
+        }
+    }
+
+    #[test]
+    fn dimensions_parse_by_kind_and_name() {
+        assert_eq!(
+            dim("header.X-End-User"),
+            ValueDim::Header(HeaderName::from_static("x-end-user"))
+        );
+        assert_eq!(dim("path.project"), ValueDim::Path("project".into()));
+        assert_eq!(
+            dim("body.metadata.user"),
+            ValueDim::Body(vec!["metadata".into(), "user".into()].into())
+        );
+        assert_eq!(dim("body.model").to_string(), "body.model");
+        assert!(ValueDim::parse("tenant").is_none());
+        assert!(ValueDim::parse("cookie.x").is_none());
+        assert!(ValueDim::parse("header.bad name").unwrap().is_err());
+        assert!(ValueDim::parse("body.a..b").unwrap().is_err());
+        assert!(ValueDim::parse("path.").unwrap().is_err());
+    }
+
+    #[test]
+    fn a_header_is_read_from_its_one_line() {
+        let k = key(&["header.x-end-user"], Absent::Skip);
+        let h = headers(&[("x-end-user", "alice")]);
+        let view = RequestView::of_head(&h, "/", None);
+        assert_eq!(parts(read(&k, &view).unwrap()), [Some("alice".into())]);
+
+        let twice = headers(&[("x-end-user", "alice"), ("x-end-user", "bob")]);
+        let view = RequestView::of_head(&twice, "/", None);
+        assert_eq!(read(&k, &view), Err(ValueProblem::Ambiguous));
+    }
+
+    #[test]
+    fn absent_values_skip_share_a_bucket_or_are_refused() {
+        let h = HeaderMap::new();
+        let view = RequestView::of_head(&h, "/", None);
+        assert_eq!(
+            read(&key(&["header.x-u"], Absent::Skip), &view),
+            Ok(Read::Skip)
+        );
+        assert_eq!(
+            parts(read(&key(&["header.x-u"], Absent::Bucket), &view).unwrap()),
+            [None]
+        );
+        assert_eq!(
+            read(&key(&["header.x-u"], Absent::Reject), &view),
+            Err(ValueProblem::Missing)
+        );
+        // An empty value is absent too.
+        let empty = headers(&[("x-u", "")]);
+        let view = RequestView::of_head(&empty, "/", None);
+        assert_eq!(
+            read(&key(&["header.x-u"], Absent::Skip), &view),
+            Ok(Read::Skip)
+        );
+    }
+
+    #[test]
+    fn long_or_control_values_are_refused() {
+        let k = key(&["query.user"], Absent::Skip);
+        let h = HeaderMap::new();
+        let long = format!("user={}", "a".repeat(257));
+        let view = RequestView::of_head(&h, "/", Some(&long));
+        assert_eq!(read(&k, &view), Err(ValueProblem::Invalid));
+        let just = format!("user={}", "a".repeat(256));
+        let view = RequestView::of_head(&h, "/", Some(&just));
+        assert!(read(&k, &view).is_ok());
+        let view = RequestView::of_head(&h, "/", Some("user=a%0Ab"));
+        assert_eq!(read(&k, &view), Err(ValueProblem::Invalid));
+        let view = RequestView::of_head(&h, "/", Some("user=a&user=b"));
+        assert_eq!(read(&k, &view), Err(ValueProblem::Ambiguous));
+        let view = RequestView::of_head(&h, "/", Some("other=1&user=a+b"));
+        assert_eq!(parts(read(&k, &view).unwrap()), [Some("a b".into())]);
+    }
+
+    #[test]
+    fn a_path_segment_is_read_decoded() {
+        let t = PathTemplate::parse("/v1/projects/{project}/items").unwrap();
+        let k = key(&["path.project"], Absent::Skip);
+        let h = HeaderMap::new();
+        let mut view = RequestView::of_head(&h, "/v1/projects/%61bc/items", None);
+        view.template = Some(&t);
+        assert_eq!(parts(read(&k, &view).unwrap()), [Some("abc".into())]);
+        view.path = "/v1/projects/abc/items";
+        assert_eq!(parts(read(&k, &view).unwrap()), [Some("abc".into())]);
+        view.path = "/v1/projects/%FF/items";
+        assert_eq!(read(&k, &view), Err(ValueProblem::Invalid));
+    }
+
+    #[test]
+    fn vouched_values_key_claims_and_forward_auth_headers() {
+        let vouched = Vouched::new(vec![
+            ("claim.org_id".into(), "42".into()),
+            ("auth.x-org".into(), "acme".into()),
+        ]);
+        let h = HeaderMap::new();
+        let mut view = RequestView::of_head(&h, "/", None);
+        view.vouched = Some(&vouched);
+        let k = key(&["claim.org_id", "auth.x-org"], Absent::Reject);
+        assert_eq!(
+            parts(read(&k, &view).unwrap()),
+            [Some("42".into()), Some("acme".into())]
+        );
+        assert_eq!(
+            read(&key(&["claim.sub"], Absent::Reject), &view),
+            Err(ValueProblem::Missing)
+        );
+    }
+
+    #[test]
+    fn values_choose_parameters_and_other_may_refuse() {
+        let gpt = Params::TokenBucket(crate::limits::algorithm::Bucket {
+            capacity: 40_000_000_000,
+            per_ms: 400,
+        });
+        let mut k = key(&["header.x-model"], Absent::Skip);
+        k.values = Some(Arc::new(HashMap::from([(Box::from("gpt-4o"), gpt)])));
+        let h = headers(&[("x-model", "gpt-4o")]);
+        let view = RequestView::of_head(&h, "/", None);
+        assert!(matches!(read(&k, &view), Ok(Read::Key { params: Some(p), .. }) if p == gpt));
+        let h = headers(&[("x-model", "gpt-5")]);
+        let view = RequestView::of_head(&h, "/", None);
+        assert!(matches!(
+            read(&k, &view),
+            Ok(Read::Key { params: None, .. })
+        ));
+        assert!(k.unbounded());
+        k.other = Other::Reject;
+        assert_eq!(read(&k, &view), Err(ValueProblem::Unknown));
+        assert!(!k.unbounded());
+    }
+
+    #[test]
+    fn parts_are_length_prefixed_so_no_value_imitates_a_split() {
+        let key_of = |parts: &[Option<&str>]| {
+            let parts: Vec<Part<'_>> = parts.iter().map(|p| p.map(Cow::Borrowed)).collect();
+            let mut key = String::from("l");
+            push_parts(&mut key, &parts);
+            key
+        };
+        assert_ne!(
+            key_of(&[Some("a\u{1f}1:b")]),
+            key_of(&[Some("a"), Some("b")])
+        );
+        assert_ne!(key_of(&[Some("-")]), key_of(&[None]));
+        assert_ne!(
+            key_of(&[Some("ab"), Some("c")]),
+            key_of(&[Some("a"), Some("bc")])
+        );
+    }
+
+    #[test]
+    fn json_values_are_strings_or_whole_numbers() {
+        use serde_json::json;
+        assert_eq!(json_value(&json!("gpt-4o")), Some("gpt-4o".into()));
+        assert_eq!(json_value(&json!(42)), Some("42".into()));
+        assert_eq!(json_value(&json!(-7)), Some("-7".into()));
+        for absent in [
+            json!(1.5),
+            json!(null),
+            json!(true),
+            json!([1]),
+            json!({"a": 1}),
+        ] {
+            assert_eq!(json_value(&absent), None, "{absent}");
+        }
+    }
+}
