@@ -136,6 +136,9 @@ pub struct Plan<'a> {
     /// charges are not made, and the refusal comes after the pre-auth
     /// limits and authentication, in their order.
     pub refused: Option<Refused>,
+    /// The request's estimate: what it names (`cost_from_request`), or the
+    /// route's cost.
+    pub estimate: u64,
 }
 
 /// The work that may name a caller the local lookups do not know, made
@@ -227,7 +230,8 @@ fn plan_into<'a>(
     facts.route = Some(route.name.clone());
     facts.route_id = Some(route.id);
     facts.route_header = Some(route.class_header.clone());
-    facts.cost = route.cost;
+    let estimate = route.estimate(&req.headers);
+    facts.cost = estimate;
     facts.max_body_bytes = route.max_body_bytes;
     facts.upgrade = route.upgrade.clone();
     facts.upstream_timeout = route.timeout;
@@ -286,6 +290,7 @@ fn plan_into<'a>(
         authenticated: charged.authenticated,
         lookup,
         refused: charged.refused,
+        estimate,
     })
 }
 
@@ -366,7 +371,7 @@ async fn look_up(
         &who,
         plan_of(&rt.policy, tuned.as_deref(), Some(&credential), None),
         tuned.as_deref(),
-        route.admission_cost(),
+        route.admission_cost_of(plan.estimate),
         Group::Request,
         &view,
     ) {
@@ -413,13 +418,14 @@ pub fn charges(
     };
     // A tenant's override may name another plan, and numbers of its own.
     let plan = plan_of(policy, tuned, credential, None);
+    let cost = route.admission_cost_of(route.estimate(view.headers));
     let mut charges = build_charges(
         policy,
         &route.pre_auth,
         &who,
         None,
         None,
-        route.admission_cost(),
+        cost,
         Group::PreAuth,
         view,
     )?;
@@ -431,7 +437,7 @@ pub fn charges(
             &who,
             plan,
             tuned,
-            route.admission_cost(),
+            cost,
             Group::Request,
             view,
         ) {
@@ -588,11 +594,11 @@ pub fn conclude(
     }
     check(Group::Request).inspect_err(|r| facts.note(r))?;
     if let Some(spec) = &plan.route.cost_from_response {
-        facts.hidden_cost_header = (!spec.expose).then(|| spec.header.clone());
+        facts.hidden_cost_header = spec.source.header().filter(|_| !spec.expose).cloned();
         facts.reconcile = Some(Reconcile {
             spec: spec.clone(),
-            estimate: plan.route.cost,
-            reserved: plan.route.admission_cost(),
+            estimate: plan.estimate,
+            reserved: plan.route.admission_cost_of(plan.estimate),
             route: plan.route.name.clone(),
             charged: plan
                 .charges
@@ -652,7 +658,8 @@ impl Reconcile {
     pub fn actual(&self, headers: &http::HeaderMap) -> Option<u64> {
         let mut largest: Option<u64> = None;
         let mut unreadable = false;
-        for value in headers.get_all(&self.spec.header) {
+        let header = self.spec.source.header()?;
+        for value in headers.get_all(header) {
             for item in value.as_bytes().split(|&b| b == b',') {
                 match reported_cost(item, self.spec.max) {
                     Reported::Empty => {}
@@ -672,9 +679,26 @@ impl Reconcile {
     /// What a response that ended without reporting its cost is settled
     /// at.
     pub fn unreported(&self, end: Unreported) -> u64 {
+        let metered = matches!(self.spec.source, crate::config::CostSource::Body(_));
         match (end, self.spec.on_abandon) {
             (Unreported::Abandoned, OnAbandon::Max) => self.spec.max,
+            // A body that completes without its usage, or that the upstream
+            // breaks off, is charged the most: otherwise a client would
+            // hide its usage by asking for none.
+            (Unreported::Missing, _) if metered => self.spec.max,
             _ => self.estimate,
+        }
+    }
+
+    /// A meter for the response's body, when the cost is read from it;
+    /// `event_stream` says whether the body is a `text/event-stream`.
+    pub fn meter(&self, event_stream: bool) -> Option<crate::limits::meter::Meter> {
+        match &self.spec.source {
+            crate::config::CostSource::Body(reader) => Some(crate::limits::meter::Meter::new(
+                reader.clone(),
+                event_stream,
+            )),
+            crate::config::CostSource::Header(_) => None,
         }
     }
 
@@ -721,7 +745,10 @@ mod reported_costs {
     fn reconcile() -> Reconcile {
         Reconcile {
             spec: crate::config::CostFromResponse {
-                header: http::HeaderName::from_static("x-usage-tokens"),
+                source: crate::config::CostSource::Header(http::HeaderName::from_static(
+                    "x-usage-tokens",
+                )),
+                include_usage: false,
                 max: 1000,
                 expose: false,
                 on_abandon: OnAbandon::Max,

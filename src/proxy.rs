@@ -24,6 +24,7 @@ use crate::config::UpstreamProtocol;
 use crate::drain::{Drain, InFlight};
 use crate::edge::body::{self, BodyReservation};
 use crate::edge::headers::{self, Forwarding};
+use crate::limits::meter::{Meter, MAX_HELD};
 use crate::metrics::Outcome;
 use crate::pools::{PoolPermit, PoolRefusal, Retry};
 use crate::respond::Rejection;
@@ -68,6 +69,9 @@ pub struct RequestCtx {
     upstream_status: Option<u16>,
     /// An answer read whole before it goes on (see [`HeldAnswer`]).
     held: Option<HeldAnswer>,
+    /// Reads the usage out of a metered answer's body as it passes, with
+    /// the share of `buffered_bytes_total` the piece it holds may take.
+    meter: Option<(Meter, Option<BodyReservation>)>,
 }
 
 /// An upstream answer of a declared length within the pool's
@@ -245,6 +249,52 @@ fn settle(ctx: &mut RequestCtx, headers: &http::HeaderMap) -> Option<http::Heade
         spawn_settlement(rt, reconcile, actual, false);
     }
     hidden
+}
+
+/// A meter for an answer whose cost its body reports: JSON, or an event
+/// stream. An answer the upstream encoded (despite `Accept-Encoding:
+/// identity`) cannot be read, and settles as one without usage.
+fn meter_for(
+    response: &ResponseHeader,
+    ctx: &RequestCtx,
+) -> Option<(Meter, Option<BodyReservation>)> {
+    let reconcile = ctx.facts.reconcile.as_ref()?;
+    let header = |name| {
+        response
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim().to_ascii_lowercase())
+    };
+    if header(http::header::CONTENT_ENCODING).is_some_and(|e| e != "identity") {
+        return None;
+    }
+    let event_stream =
+        header(http::header::CONTENT_TYPE).is_some_and(|t| t.starts_with("text/event-stream"));
+    let meter = reconcile.meter(event_stream)?;
+    // The piece a meter holds is counted with the bodies the gateway holds,
+    // when there is room; the answer is metered either way (it is already
+    // admitted, and its pool's permits bound how many are metered at once).
+    let reservation = ctx.runtime.as_ref().and_then(|rt| {
+        let total = rt.policy.server.buffered_bytes_total;
+        rt.services.body_budget.reserve(MAX_HELD as u64, total)
+    });
+    Some((meter, reservation))
+}
+
+/// Settles a metered answer that came whole: at the usage its body
+/// reported. One that reported none is left to [`settle_unreported`],
+/// which charges the most.
+fn settle_metered(ctx: &mut RequestCtx) {
+    let Some((meter, _)) = ctx.meter.take() else {
+        return;
+    };
+    if let (Some(usage), Some(rt)) = (meter.finish(true), &ctx.runtime) {
+        if let Some(reconcile) = ctx.facts.reconcile.take() {
+            let settled = usage.min(reconcile.spec.max);
+            spawn_settlement(rt, reconcile, settled, false);
+        }
+    }
 }
 
 /// Settles a response that ended without reporting its cost: at `max` when
@@ -569,6 +619,15 @@ impl ProxyHttp for Gateway {
         if let Some(class) = &ctx.facts.route_header {
             upstream.insert_header(ROUTE_CLASS, class.clone())?;
         }
+        let metered = ctx
+            .facts
+            .reconcile
+            .as_ref()
+            .is_some_and(|r| r.spec.source.header().is_none());
+        if metered {
+            // The usage is read from the body as it passes: not compressed.
+            upstream.insert_header(http::header::ACCEPT_ENCODING, "identity")?;
+        }
         if let Some(trace) = &ctx.facts.trace {
             // This gateway's span is the upstream's parent; a state that
             // came with a trace the gateway did not continue is not its.
@@ -625,6 +684,7 @@ impl ProxyHttp for Gateway {
         ctx.answered = true;
         ctx.upstream_status = Some(response.status.as_u16());
         ctx.held = hold_answer(session, response, ctx);
+        ctx.meter = meter_for(response, ctx);
         Ok(())
     }
 
@@ -635,6 +695,12 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
+        if let (Some((meter, _)), Some(chunk)) = (&mut ctx.meter, body.as_ref()) {
+            meter.feed(chunk);
+        }
+        if end_of_stream {
+            settle_metered(ctx);
+        }
         let mut complete = end_of_stream;
         if let Some(held) = &mut ctx.held {
             match held.take(body.take(), end_of_stream) {

@@ -441,6 +441,7 @@ impl Simulation {
             authenticated,
             lookup: None,
             refused,
+            estimate: route.cost,
         };
         let concluded = admission::conclude(
             &plan,

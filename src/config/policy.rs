@@ -329,23 +329,73 @@ pub struct Route {
     pub priority: Priority,
     /// The actual cost, reported by the upstream after the response.
     pub cost_from_response: Option<CostFromResponse>,
+    /// Where a request names its own estimate (`cost_from_request`).
+    pub cost_from_request: Option<CostFromRequest>,
+}
+
+/// `routes[].cost_from_request`, validated: a request's estimate, clamped
+/// to `[1, max]`, `default` when it names none.
+#[derive(Debug, Clone)]
+pub struct CostFromRequest {
+    /// The request header holding the estimate.
+    pub header: http::HeaderName,
+    /// The largest estimate.
+    pub max: u64,
+    /// The estimate of a request that names none.
+    pub default: u64,
+}
+
+impl CostFromRequest {
+    /// The estimate a request's `headers` name: a whole number, clamped to
+    /// `[1, max]` (a number too large to hold is `max`); `default` when
+    /// the header is absent, given twice or not a whole number.
+    pub fn estimate(&self, headers: &http::HeaderMap) -> u64 {
+        let mut lines = headers.get_all(&self.header).iter();
+        let (Some(value), None) = (lines.next(), lines.next()) else {
+            return self.default;
+        };
+        let digits = value.as_bytes().trim_ascii();
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return self.default;
+        }
+        let n = digits.iter().try_fold(0u64, |n, d| {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        });
+        n.map_or(self.max, |n| n.clamp(1, self.max))
+    }
 }
 
 impl Route {
     /// What admission charges: the route's cost, or `max` when the cost
     /// comes from the response and `reserve: max`.
     pub fn admission_cost(&self) -> u64 {
+        self.admission_cost_of(self.cost)
+    }
+
+    /// What admission charges a request whose estimate is `estimate`.
+    pub fn admission_cost_of(&self, estimate: u64) -> u64 {
         self.cost_from_response
             .as_ref()
-            .map_or(self.cost, |f| f.admission_cost(self.cost))
+            .map_or(estimate, |f| f.admission_cost(estimate))
+    }
+
+    /// The estimate of a request with these headers: its own
+    /// (`cost_from_request`), or the route's cost.
+    pub fn estimate(&self, headers: &http::HeaderMap) -> u64 {
+        self.cost_from_request
+            .as_ref()
+            .map_or(self.cost, |c| c.estimate(headers))
     }
 }
 
 /// `routes[].cost_from_response`, validated.
 #[derive(Debug, Clone)]
 pub struct CostFromResponse {
-    /// The response header (or trailer) holding the actual cost.
-    pub header: http::HeaderName,
+    /// Where the actual cost is read.
+    pub source: CostSource,
+    /// Whether a streamed chat/completions request is sent asking for its
+    /// usage (`include_usage`, with `format: openai`).
+    pub include_usage: bool,
     /// The most a response is charged.
     pub max: u64,
     /// Whether the client sees the header.
@@ -356,6 +406,25 @@ pub struct CostFromResponse {
     pub reserve: Reserve,
     /// How deep into debt a settlement may push each limit.
     pub max_debt: DebtBound,
+}
+
+/// Where a response reports its actual cost.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CostSource {
+    /// A header, or a trailer, holding a whole number.
+    Header(http::HeaderName),
+    /// The body, read as it streams past: JSON paths, or an API's usage.
+    Body(crate::limits::meter::Reader),
+}
+
+impl CostSource {
+    /// The header that reports the cost, for a header source.
+    pub fn header(&self) -> Option<&http::HeaderName> {
+        match self {
+            CostSource::Header(h) => Some(h),
+            CostSource::Body(_) => None,
+        }
+    }
 }
 
 /// `cost_from_response.on_abandon`: what a response is settled at when its

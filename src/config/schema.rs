@@ -859,8 +859,22 @@ pub struct RawUpstream {
 #[serde(deny_unknown_fields)]
 pub struct RawCostFromResponse {
     /// The response header (or trailer) holding the actual cost, a whole
-    /// number.
-    pub header: String,
+    /// number. Exactly one of `header`, `json` and `format`.
+    pub header: Option<String>,
+    /// Dotted paths of whole numbers in a JSON response body, summed
+    /// (`usage.total_tokens`, or a list), read as the body streams past.
+    pub json: Option<OneOrMany>,
+    /// An LLM API's usage, from a JSON body or the events of a
+    /// `text/event-stream`: `openai` or `anthropic`.
+    pub format: Option<crate::limits::meter::FormatName>,
+    /// With `format: openai`: a streamed chat/completions request is sent
+    /// with `stream_options.include_usage: true`, so that its stream ends
+    /// with the usage (its client then gets one more chunk, with
+    /// `choices: []`).
+    #[serde(default)]
+    pub include_usage: bool,
+    /// With `format`: the price of an input and of an output token.
+    pub weights: Option<RawWeights>,
     /// The most a response may be charged, whatever it reports.
     #[schemars(transform = bounds::amount)]
     pub max: f64,
@@ -877,6 +891,32 @@ pub struct RawCostFromResponse {
     /// 10 × (`max` − cost), at least the limit's capacity.
     #[schemars(transform = bounds::amount)]
     pub max_debt: Option<f64>,
+}
+
+/// One dotted path, or a list of them.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// One path.
+    One(String),
+    /// Several, summed.
+    Many(Vec<String>),
+}
+
+/// The `cost_from_response.weights` section.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawWeights {
+    /// Units charged per input (prompt) token; default 1.
+    #[serde(default = "one")]
+    pub input: u64,
+    /// Units charged per output (completion) token; default 1.
+    #[serde(default = "one")]
+    pub output: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// The `upstreams.*.reserve` section.
@@ -1009,6 +1049,27 @@ pub struct RawRoute {
     /// The cost as the upstream reports it in a response header (or
     /// trailer), charged or given back after the response.
     pub cost_from_response: Option<RawCostFromResponse>,
+    /// The estimate charged at admission, as the request names it (e.g.
+    /// its `max_tokens`), instead of `cost`: only beside
+    /// `cost_from_response`, which corrects it.
+    pub cost_from_request: Option<RawCostFromRequest>,
+}
+
+/// The `routes[].cost_from_request` section.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCostFromRequest {
+    /// A request header holding a whole number. One of `header` and `json`.
+    pub header: Option<String>,
+    /// A whole number in a JSON request body, by dotted path.
+    pub json: Option<String>,
+    /// The most an estimate may be; larger ones are clamped to it.
+    #[schemars(transform = bounds::amount)]
+    pub max: f64,
+    /// The estimate of a request that names none; the route's `cost` when
+    /// absent.
+    #[schemars(transform = bounds::amount)]
+    pub default: Option<f64>,
 }
 
 /// The `routes[].respond` section: a response made by the gateway.

@@ -40,6 +40,16 @@
 use memchr::memchr2;
 use serde_json::{Map, Value};
 
+/// The API formats whose usage a meter reads (`cost_from_response.format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FormatName {
+    /// OpenAI's chat/completions, completions and Responses API.
+    Openai,
+    /// Anthropic's messages API.
+    Anthropic,
+}
+
 /// Where the usage is read.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reader {

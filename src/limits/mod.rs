@@ -11,6 +11,7 @@ pub mod keys;
 pub mod lease;
 pub mod limiter;
 pub mod memory;
+pub mod meter;
 pub mod plan;
 pub mod redis;
 

@@ -1,6 +1,7 @@
 //! `routes`: templates, hosts, targets, costs and the limits each route applies.
 
 use super::*;
+use crate::limits::meter::{FormatName, Reader, Weights};
 use std::sync::Arc;
 
 /// `routes[].cost_from_response`: a header name, a bound no smaller than
@@ -13,14 +14,27 @@ pub(super) fn cost_from_response<'a>(
     limits: impl Iterator<Item = &'a Limit>,
 ) -> Option<CostFromResponse> {
     let path = format!("{path}.cost_from_response");
-    let header = http::HeaderName::from_bytes(raw.header.as_bytes())
-        .map_err(|_| {
-            c.fail(
-                format!("{path}.header"),
-                format!("{:?} is not a header name", raw.header),
-            )
-        })
-        .ok();
+    let source = cost_source(c, &path, &raw);
+    if raw.include_usage && raw.format != Some(FormatName::Openai) {
+        c.fail(
+            format!("{path}.include_usage"),
+            "asks an OpenAI upstream for a stream's usage: only with format: openai",
+        );
+    } else if raw.include_usage {
+        // Refused rather than accepted and ignored: a stream without its
+        // usage settles at `max`.
+        c.fail(
+            format!("{path}.include_usage"),
+            "request bodies are not rewritten yet: have clients send \
+             stream_options.include_usage: true (a stream without usage settles at max)",
+        );
+    }
+    if raw.weights.is_some() && raw.format.is_none() {
+        c.fail(
+            format!("{path}.weights"),
+            "weighs the input and output tokens a format reports: only with format",
+        );
+    }
     let max = c.whole(&format!("{path}.max"), raw.max, MAX_AMOUNT);
     if let Some(max) = max.filter(|&m| m < estimate) {
         c.fail(
@@ -44,7 +58,8 @@ pub(super) fn cost_from_response<'a>(
         .map(|d| c.whole(&format!("{path}.max_debt"), d, MAX_AMOUNT));
     let max = max?;
     Some(CostFromResponse {
-        header: header?,
+        source: source?,
+        include_usage: raw.include_usage,
         max,
         expose: raw.expose,
         on_abandon: raw.on_abandon.unwrap_or_default(),
@@ -53,6 +68,123 @@ pub(super) fn cost_from_response<'a>(
             explicit: explicit.map(|d| d.unwrap_or_default()),
             default: max.saturating_sub(estimate).saturating_mul(10),
         },
+    })
+}
+
+/// Where a route's response reports its cost: exactly one of a header, JSON
+/// paths and an API format.
+fn cost_source(c: &mut Checker, path: &str, raw: &RawCostFromResponse) -> Option<CostSource> {
+    let given = [
+        raw.header.is_some(),
+        raw.json.is_some(),
+        raw.format.is_some(),
+    ];
+    if given.iter().filter(|g| **g).count() != 1 {
+        c.fail(path, "takes exactly one of header, json and format");
+        return None;
+    }
+    if let Some(name) = &raw.header {
+        return http::HeaderName::from_bytes(name.as_bytes())
+            .map(CostSource::Header)
+            .map_err(|_| {
+                c.fail(
+                    format!("{path}.header"),
+                    format!("{name:?} is not a header name"),
+                )
+            })
+            .ok();
+    }
+    if let Some(json) = &raw.json {
+        let paths = match json {
+            OneOrMany::One(p) => vec![p.clone()],
+            OneOrMany::Many(ps) => ps.clone(),
+        };
+        if paths.is_empty() {
+            c.fail(format!("{path}.json"), "names no path");
+        }
+        let mut split = Vec::new();
+        for (i, p) in paths.iter().enumerate() {
+            let parts: Vec<String> = p.split('.').map(str::to_owned).collect();
+            if parts.iter().any(String::is_empty) {
+                c.fail(
+                    format!("{path}.json[{i}]"),
+                    format!("{p:?} is not a dotted path (e.g. usage.total_tokens)"),
+                );
+            }
+            split.push(parts);
+        }
+        return Some(CostSource::Body(Reader::Json(split)));
+    }
+    let weights = raw.weights.map_or(Weights::default(), |w| Weights {
+        input: w.input,
+        output: w.output,
+    });
+    Some(CostSource::Body(match raw.format? {
+        FormatName::Openai => Reader::OpenAi(weights),
+        FormatName::Anthropic => Reader::Anthropic(weights),
+    }))
+}
+
+/// `routes[].cost_from_request`: a header, and bounds; only beside
+/// `cost_from_response`, whose default `max_debt` becomes ten times its
+/// `max` (an estimate varies from request to request).
+fn cost_from_request(
+    c: &mut Checker,
+    path: &str,
+    raw: RawCostFromRequest,
+    cost: u64,
+    response: Option<&mut CostFromResponse>,
+) -> Option<CostFromRequest> {
+    let path = format!("{path}.cost_from_request");
+    let Some(response) = response else {
+        c.fail(
+            &path,
+            "a cost the client names is only an estimate the response corrects: add cost_from_response",
+        );
+        return None;
+    };
+    let max = c.whole(&format!("{path}.max"), raw.max, MAX_AMOUNT)?;
+    if max == 0 {
+        c.fail(format!("{path}.max"), "must be at least 1");
+    }
+    let default = match raw.default {
+        Some(d) => c.whole(&format!("{path}.default"), d, MAX_AMOUNT)?,
+        None => cost,
+    };
+    if default == 0 || default > max {
+        c.fail(
+            format!("{path}.default"),
+            format!("must be between 1 and max ({max}), got {default}"),
+        );
+    }
+    let header = match (raw.header, raw.json) {
+        (Some(name), None) => http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| {
+                c.fail(
+                    format!("{path}.header"),
+                    format!("{name:?} is not a header name"),
+                )
+            })
+            .ok()?,
+        (None, Some(_)) => {
+            c.fail(
+                format!("{path}.json"),
+                "an estimate from the request body is not read yet: name it in a header",
+            );
+            return None;
+        }
+        _ => {
+            c.fail(&path, "takes exactly one of header and json");
+            return None;
+        }
+    };
+    if response.max_debt.explicit.is_none() {
+        response.max_debt.default = response.max.saturating_mul(10);
+    }
+    Some(CostFromRequest {
+        header,
+        max,
+        default,
     })
 }
 
@@ -111,10 +243,13 @@ pub(super) fn routes(
         if let Some(t) = &template {
             read_values(c, &path, t, auth_required, &pre_auth, &request, ctx);
         }
-        let cost_from_response = r.cost_from_response.and_then(|raw| {
+        let mut cost_from_response = r.cost_from_response.and_then(|raw| {
             let limits = pre_auth.iter().chain(&request).map(|&id| &ctx.limits[id]);
             cost_from_response(c, &path, raw, cost, limits)
         });
+        let cost_from_request = r
+            .cost_from_request
+            .and_then(|raw| cost_from_request(c, &path, raw, cost, cost_from_response.as_mut()));
         let max_body_bytes = c.bounded(
             &format!("{path}.max_body_bytes"),
             r.max_body_bytes.or(Some(max_body_bytes)),
@@ -145,6 +280,7 @@ pub(super) fn routes(
                 }),
                 priority: r.priority,
                 cost_from_response,
+                cost_from_request,
             };
             router.push(methods, hosts, template, route);
         }
