@@ -117,7 +117,7 @@ impl Admin {
         action: &'static str,
         body: &[u8],
     ) -> Response<Vec<u8>> {
-        let k: KeyOf = match body::parse(body) {
+        let k = match body::parse(body).and_then(KeyOf::from_json) {
             Ok(k) => k,
             Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
         };
@@ -981,6 +981,33 @@ struct KeyOf {
     units: Option<u64>,
     /// Why, for the audit log.
     reason: Option<String>,
+    /// Values of the dimensions read from requests, by name
+    /// (`"header.x-end-user": "alice"`).
+    #[serde(skip)]
+    values: std::collections::HashMap<String, String>,
+}
+
+impl KeyOf {
+    /// From a JSON object whose members are the fields above, and values
+    /// of the dimensions read from requests named as the key names them.
+    fn from_json(mut object: serde_json::Map<String, serde_json::Value>) -> Result<Self, String> {
+        let mut values = std::collections::HashMap::new();
+        let named: Vec<String> = object
+            .keys()
+            .filter(|k| crate::admission::values::names_a_value(k))
+            .cloned()
+            .collect();
+        for name in named {
+            match object.remove(&name) {
+                Some(serde_json::Value::String(v)) => values.insert(name, v),
+                _ => return Err(format!("{name:?} takes a string")),
+            };
+        }
+        let mut k: KeyOf =
+            serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| e.to_string())?;
+        k.values = values;
+        Ok(k)
+    }
 }
 
 /// The charge naming `k`'s key (of `cost`), or the problem with `k`.
@@ -1033,7 +1060,7 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
         tenant: tenant.as_ref(),
         route: k.route.as_deref().unwrap_or(""),
     };
-    Ok(crate::admission::charge(
+    let charge = crate::admission::charge(
         policy,
         id,
         &who,
@@ -1041,7 +1068,14 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
         tuned.as_deref(),
         cost,
         Group::Request,
-    ))
+    );
+    let overridden = tuned.as_deref().and_then(|o| o.params(id)).is_some();
+    crate::explain::with_values(&limit.values, &k.values, charge, overridden).map_err(|dims| {
+        bad(
+            400,
+            format!("limit {:?} is keyed by {dims}: give it", k.limit),
+        )
+    })
 }
 
 /// `GET /admin/explain?path=…`: the route a request takes and, for every
@@ -1147,6 +1181,22 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
     // (a failing one is a 503 here, whatever the limit's failure mode).
     let probe =
         crate::admission::charge(policy, id, &who, plan, tuned.as_deref(), 0, Group::Request);
+    let named: std::collections::HashMap<String, String> = args
+        .iter()
+        .filter(|(k, _)| crate::admission::values::names_a_value(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let overridden = tuned.as_deref().and_then(|o| o.params(id)).is_some();
+    let probe = match crate::explain::with_values(&limit.values, &named, probe, overridden) {
+        Ok(p) => p,
+        Err(dims) => {
+            return problem(
+                400,
+                "admin-bad-request",
+                &format!("limit {name:?} is keyed by {dims}: add &{dims}=VALUE"),
+            )
+        }
+    };
     // The quota's numbers as this tenant's charges carry them (plan and
     // override applied).
     let Params::Quota(quota) = probe.params else {

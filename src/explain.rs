@@ -41,6 +41,9 @@ pub struct Query {
     /// A caller already identified (a verified JWT, for `tollgate explain
     /// --key -`), used instead of looking `credential` up in the keys.
     pub verified: Option<Arc<Credential>>,
+    /// Values of the dimensions read from requests, by name
+    /// (`header.x-end-user=alice`).
+    pub values: std::collections::HashMap<String, String>,
 }
 
 /// Why a query cannot be explained: a status and what to say.
@@ -93,6 +96,9 @@ impl Query {
                             .map_err(|_| bad(format!("cost {value:?} is not a whole number")))?,
                     )
                 }
+                other if admission::values::names_a_value(other) => {
+                    q.values.insert(other.to_owned(), value);
+                }
                 other => return Err(bad(format!("unknown parameter {other:?}"))),
             }
         }
@@ -114,7 +120,7 @@ pub struct Explained<'a> {
     pub plan: Option<PlanId>,
     /// Per limit, in the route's order (pre-auth first): its id, and its
     /// charge or the dimension its key needs.
-    pub limits: Vec<(LimitId, Result<Charge, &'static str>)>,
+    pub limits: Vec<(LimitId, Result<Charge, String>)>,
 }
 
 /// A caller an operator names: its credential, if any, and its tenant.
@@ -221,16 +227,13 @@ pub fn resolve<'a>(
                 None
             };
             let charge = match needs {
-                Some(dim) => Err(dim),
-                None => Ok(admission::charge(
-                    policy,
-                    id,
-                    &who,
-                    plan,
-                    tuned.as_deref(),
-                    cost,
-                    group,
-                )),
+                Some(dim) => Err(dim.to_owned()),
+                None => with_values(
+                    &policy.limits[id].values,
+                    &q.values,
+                    admission::charge(policy, id, &who, plan, tuned.as_deref(), cost, group),
+                    tuned.as_deref().and_then(|o| o.params(id)).is_some(),
+                ),
             };
             (id, charge)
         })
@@ -240,6 +243,38 @@ pub fn resolve<'a>(
         plan,
         limits,
     })
+}
+
+/// `charge` keyed by the values of the dimensions read from requests that
+/// the operator named, with a listed value's numbers (unless the tenant's
+/// override sets them: `overridden`); else the dimension it needs.
+pub fn with_values(
+    key: &admission::values::ValueKey,
+    named: &std::collections::HashMap<String, String>,
+    mut charge: Charge,
+    overridden: bool,
+) -> Result<Charge, String> {
+    if key.is_empty() {
+        return Ok(charge);
+    }
+    let names = || {
+        key.dims
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match admission::values::given(key, named) {
+        Ok(admission::values::Read::Key { parts, params }) => {
+            admission::values::push_parts(&mut charge.key, &parts);
+            if let Some(p) = params.filter(|_| !overridden) {
+                charge.params = p;
+            }
+            Ok(charge)
+        }
+        Ok(admission::values::Read::Skip) => Err(names()),
+        Err(problem) => Err(format!("{} that {}", names(), problem.says())),
+    }
 }
 
 /// A limit's parameters as the policy writes them.
@@ -429,7 +464,10 @@ pub fn to_text(
         );
         match charge {
             Err(dim) => {
-                let _ = writeln!(out, "    store key: needs the caller's {dim} (--{dim})");
+                let _ = match dim.contains('.') {
+                    true => writeln!(out, "    store key: needs {dim}"),
+                    false => writeln!(out, "    store key: needs the caller's {dim} (--{dim})"),
+                };
             }
             Ok(c) => {
                 let key = match keys {

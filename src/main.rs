@@ -131,6 +131,10 @@ struct ExplainArgs {
     /// The cost to explain for; the route's when absent.
     #[arg(long)]
     cost: Option<u64>,
+    /// A value of a dimension read from requests, as `header.x-end-user=alice`
+    /// (repeatable).
+    #[arg(long = "value", value_name = "DIMENSION=VALUE")]
+    values: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -344,6 +348,15 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<String> {
         plan: None,
         cost: args.cost,
         verified,
+        values: args
+            .values
+            .iter()
+            .map(|v| {
+                v.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .ok_or_else(|| anyhow::anyhow!("--value takes DIMENSION=VALUE, got {v:?}"))
+            })
+            .collect::<anyhow::Result<_>>()?,
     };
     anyhow::ensure!(q.path.starts_with('/'), "--path must start with \"/\"");
     let explained = resolve(&policy, &q, |_| None).map_err(|p| anyhow::anyhow!("{}", p.detail))?;

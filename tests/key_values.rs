@@ -15,7 +15,7 @@ fn policy(store: &str) -> String {
     format!(
         r#"
 version: 1
-server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1 }}
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, admin_tokens: [{{ name: oncall, sha256: "{admin}", role: write }}] }}
 store: {store}
 auth:
   keys:
@@ -48,6 +48,7 @@ routes:
 "#,
         c1 = digest("key-c1"),
         c2 = digest("key-c2"),
+        admin = digest("admin-token"),
     )
 }
 
@@ -139,12 +140,39 @@ fn unusable_values_are_refused(gw: &Gateway) {
     assert_eq!(gw.get("/v1/users", &twice[1..]).status, 401);
 }
 
+/// `/admin/explain` and `/admin/reset` name a key read from requests by its
+/// dimension, as the request carries it.
+fn operators_name_values_by_dimension(gw: &Gateway) {
+    let explain = |query: &str| {
+        let token = [("authorization", "Bearer admin-token")];
+        let r = support::get(gw.admin, &format!("/admin/explain?{query}"), &token);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["limits"].clone()
+    };
+    let limits = explain("path=/v1/users&credential=c1&header.x-end-user=alice");
+    assert_eq!(limits[1]["name"], "per-end-user");
+    assert_eq!(limits[1]["remaining"], 0);
+    let limits = explain("path=/v1/users&credential=c1&header.x-end-user=zed");
+    assert_eq!(limits[1]["remaining"], 2);
+    let limits = explain("path=/v1/users&credential=c1");
+    assert_eq!(limits[1]["state"], "needs header.x-end-user");
+
+    let reset = |body: &str| support::admin_call(gw, "POST", "/admin/reset", "admin-token", body);
+    let r = reset(r#"{"limit": "per-end-user", "credential": "c1"}"#);
+    assert_eq!(r.status, 400, "{}", r.body);
+    let r = reset(r#"{"limit": "per-end-user", "credential": "c1", "header.x-end-user": "alice"}"#);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let alice = [C1, ("x-end-user", "alice")];
+    assert_eq!(statuses(gw, "/v1/users", &alice, 3), [200, 200, 429]);
+}
+
 #[test]
 fn memory_keys_from_headers_paths_and_queries() {
     let upstream = Upstream::start();
     let gw = Gateway::start(&policy("{ backend: memory }"), Some(&upstream));
     each_value_has_its_budget(&gw);
     unusable_values_are_refused(&gw);
+    operators_name_values_by_dimension(&gw);
     // (That a refused request leaves no key in this store is a unit test
     // of the store: it has no count to read from outside.)
 }

@@ -306,9 +306,35 @@ pub enum Read<'a> {
 
 /// Reads a limit's key parts from a request.
 pub fn read<'a>(key: &ValueKey, view: &RequestView<'a>) -> Result<Read<'a>, ValueProblem> {
+    read_with(key, |dim| value(dim, view))
+}
+
+/// A limit's key parts from values an operator names by dimension
+/// (`header.x-end-user` → `alice`), for explain, reset and credit: read as
+/// a request's would be, a dimension not named being absent.
+pub fn given<'a>(
+    key: &ValueKey,
+    named: &'a HashMap<String, String>,
+) -> Result<Read<'a>, ValueProblem> {
+    read_with(key, |dim| match named.get(&dim.to_string()) {
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => check(v).map(|()| Some(Cow::Borrowed(v.as_str()))),
+        None => Ok(None),
+    })
+}
+
+/// Whether `name` names a dimension read from requests (`header.…`).
+pub fn names_a_value(name: &str) -> bool {
+    ValueDim::parse(name).is_some()
+}
+
+fn read_with<'a>(
+    key: &ValueKey,
+    mut value: impl FnMut(&ValueDim) -> Result<Option<Cow<'a, str>>, ValueProblem>,
+) -> Result<Read<'a>, ValueProblem> {
     let mut parts = Vec::with_capacity(key.dims.len());
     for dim in key.dims.iter() {
-        match value(dim, view)? {
+        match value(dim)? {
             Some(v) => parts.push(Some(v)),
             None => match key.absent {
                 Absent::Skip => return Ok(Read::Skip),
