@@ -1101,7 +1101,7 @@ fn check_group(
 }
 
 /// Counts every limit decision by limit and outcome, and a decision the
-/// gateway shed (§5) once, by why.
+/// gateway shed once, by why.
 fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
     if let Some(Source::Shed(why)) = verdicts.first().map(|v| v.source) {
         rt.all_metrics().overload_shed(why.reason());

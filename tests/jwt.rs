@@ -575,3 +575,36 @@ fn forged_tokens_beyond_the_ip_guard_cost_no_signature_check() {
         5.0
     );
 }
+
+#[test]
+fn a_claim_keys_a_limit_per_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let rsa = Signer::rsa(dir.path(), "rsa-1");
+    write_jwks(&dir.path().join("main.json"), &[&rsa]);
+    write_jwks(&dir.path().join("partner.json"), &[&rsa]);
+    let policy = policy(dir.path()).replace(
+        "routes:\n",
+        "limits:\n  per-project: { key: [claim.project], capacity: 2, refill_per_second: 0.001, absent: reject }\nroutes:\n  - { name: claimed, path: /claimed, respond: { status: 200 }, limits: [per-project] }\n",
+    );
+    let gw = Gateway::start(&policy, None);
+    let token = |sub: &str, project: Value| {
+        let mut c = claims(MAIN, sub, "acme");
+        c["project"] = project;
+        rsa.sign(&c)
+    };
+    let call = |token: &str| {
+        gw.get("/claimed", &[("authorization", &format!("Bearer {token}"))])
+            .status
+    };
+    // Two callers of one project share its budget; an integer claim reads
+    // as its decimal form.
+    assert_eq!(call(&token("alice", json!("p1"))), 200);
+    assert_eq!(call(&token("bob", json!("p1"))), 200);
+    assert_eq!(call(&token("alice", json!("p1"))), 429);
+    assert_eq!(call(&token("alice", json!(7))), 200);
+    assert_eq!(call(&token("bob", json!(7))), 200);
+    assert_eq!(call(&token("carol", json!(7))), 429);
+    // A claim that is absent (or not a string or integer) is refused.
+    assert_eq!(call(&token("alice", json!(1.5))), 400);
+    assert_eq!(call(&rsa.sign(&claims(MAIN, "alice", "acme"))), 400);
+}

@@ -1,4 +1,4 @@
-//! One client connection, guarded at the transport: the bounds of §11 that
+//! One client connection, guarded at the transport: the edge bounds (`server.limits`) that
 //! hold whatever the request says, enforced under Pingora's HTTP parser.
 //!
 //! [`Guarded`] wraps the accepted stream. It reads a request head into its

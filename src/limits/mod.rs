@@ -387,7 +387,7 @@ pub enum Decision {
     },
     /// The store is failing and an enforced limit says `closed`.
     Unavailable,
-    /// The gateway could not have the decision made in time (§5): shed.
+    /// The gateway could not have the decision made in time: shed.
     Shed(Overload),
 }
 
