@@ -994,7 +994,7 @@ impl KeyOf {
         let mut values = std::collections::HashMap::new();
         let named: Vec<String> = object
             .keys()
-            .filter(|k| crate::admission::values::names_a_value(k))
+            .filter(|k| crate::key_values::names_a_value(k))
             .cloned()
             .collect();
         for name in named {
@@ -1183,7 +1183,7 @@ async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
         crate::admission::charge(policy, id, &who, plan, tuned.as_deref(), 0, Group::Request);
     let named: std::collections::HashMap<String, String> = args
         .iter()
-        .filter(|(k, _)| crate::admission::values::names_a_value(k))
+        .filter(|(k, _)| crate::key_values::names_a_value(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let overridden = tuned.as_deref().and_then(|o| o.params(id)).is_some();

@@ -12,6 +12,7 @@ use crate::auth::{self, Credential};
 use crate::client_ip;
 use crate::config::{LimitId, Mode, OnAbandon, PlanId, Policy, PoolId, Route, RouteId, Target};
 use crate::edge::target;
+use crate::key_values::{self as values, Refused, RequestView};
 use crate::limits::{combine, Charge, Decision, Group, Identity, Op, Source, Verdict};
 use crate::metrics::DecisionOutcome;
 use crate::overrides::Resolved;
@@ -20,7 +21,6 @@ use crate::respond::{RateHeaders, Rejection};
 use crate::routes;
 use crate::runtime::Runtime;
 use crate::top::Caller;
-use values::{Refused, RequestView};
 
 /// What the request path learned about one request.
 #[derive(Debug, Default)]
@@ -283,7 +283,7 @@ fn plan_into<'a>(
         tuned.as_deref(),
         &view,
     )
-    .map_err(Rejection::KeyValue)?;
+    .map_err(|r| key_value(&r))?;
     Ok(Plan {
         route,
         charges: charged.charges,
@@ -590,7 +590,7 @@ pub fn conclude(
         return Err(Rejection::Unauthorized);
     }
     if let Some(refused) = &plan.refused {
-        return Err(Rejection::KeyValue(refused.clone()));
+        return Err(key_value(refused));
     }
     check(Group::Request).inspect_err(|r| facts.note(r))?;
     if let Some(spec) = &plan.route.cost_from_response {
@@ -679,7 +679,7 @@ impl Reconcile {
     /// What a response that ended without reporting its cost is settled
     /// at.
     pub fn unreported(&self, end: Unreported) -> u64 {
-        let metered = matches!(self.spec.source, crate::config::CostSource::Body(_));
+        let metered = self.metered();
         match (end, self.spec.on_abandon) {
             (Unreported::Abandoned, OnAbandon::Max) => self.spec.max,
             // A body that completes without its usage, or that the upstream
@@ -688,6 +688,11 @@ impl Reconcile {
             (Unreported::Missing, _) if metered => self.spec.max,
             _ => self.estimate,
         }
+    }
+
+    /// Whether the cost is read from the response's body.
+    pub fn metered(&self) -> bool {
+        matches!(self.spec.source, crate::config::CostSource::Body(_))
     }
 
     /// A meter for the response's body, when the cost is read from it;
@@ -992,6 +997,14 @@ impl Facts {
     }
 }
 
+/// The 400 of a value a limit's key cannot use.
+fn key_value(refused: &Refused) -> Rejection {
+    Rejection::KeyValue {
+        kind: refused.problem.kind(),
+        detail: refused.detail(),
+    }
+}
+
 /// The charges of limits `ids` for caller `who`, each keyed by what it
 /// reads from `view`; a limit whose value is absent and says `skip` is
 /// left out.
@@ -1122,8 +1135,6 @@ fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
         rt.metrics().decision(c.limit, outcome);
     }
 }
-
-pub mod values;
 
 #[cfg(test)]
 mod tests;

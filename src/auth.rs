@@ -25,7 +25,7 @@ pub struct Credential {
     /// What the identity source vouched for beside the caller's name (a
     /// JWT's claims, forward auth's headers) that the policy's limits key
     /// on; `None` for the policy's own keys.
-    pub vouched: Option<Arc<crate::admission::values::Vouched>>,
+    pub vouched: Option<Arc<crate::key_values::Vouched>>,
 }
 
 impl Credential {

@@ -96,7 +96,7 @@ impl Query {
                             .map_err(|_| bad(format!("cost {value:?} is not a whole number")))?,
                     )
                 }
-                other if admission::values::names_a_value(other) => {
+                other if crate::key_values::names_a_value(other) => {
                     q.values.insert(other.to_owned(), value);
                 }
                 other => return Err(bad(format!("unknown parameter {other:?}"))),
@@ -249,7 +249,7 @@ pub fn resolve<'a>(
 /// the operator named, with a listed value's numbers (unless the tenant's
 /// override sets them: `overridden`); else the dimension it needs.
 pub fn with_values(
-    key: &admission::values::ValueKey,
+    key: &crate::key_values::ValueKey,
     named: &std::collections::HashMap<String, String>,
     mut charge: Charge,
     overridden: bool,
@@ -264,15 +264,15 @@ pub fn with_values(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    match admission::values::given(key, named) {
-        Ok(admission::values::Read::Key { parts, params }) => {
-            admission::values::push_parts(&mut charge.key, &parts);
+    match crate::key_values::given(key, named) {
+        Ok(crate::key_values::Read::Key { parts, params }) => {
+            crate::key_values::push_parts(&mut charge.key, &parts);
             if let Some(p) = params.filter(|_| !overridden) {
                 charge.params = p;
             }
             Ok(charge)
         }
-        Ok(admission::values::Read::Skip) => Err(names()),
+        Ok(crate::key_values::Read::Skip) => Err(names()),
         Err(problem) => Err(format!("{} that {}", names(), problem.says())),
     }
 }

@@ -319,7 +319,7 @@ impl ForwardAuth {
 /// The answer's headers limits key on, each when it has one line that is
 /// text; a header given twice keeps the pair out (its value would be
 /// ambiguous), so the limit reads it as absent.
-fn keyed_headers(headers: &HeaderMap, names: &[HeaderName]) -> crate::admission::values::Vouched {
+fn keyed_headers(headers: &HeaderMap, names: &[HeaderName]) -> crate::key_values::Vouched {
     let pairs = names
         .iter()
         .filter_map(|name| {
@@ -332,7 +332,7 @@ fn keyed_headers(headers: &HeaderMap, names: &[HeaderName]) -> crate::admission:
             Some((format!("auth.{name}"), value.to_owned()))
         })
         .collect();
-    crate::admission::values::Vouched::new(pairs)
+    crate::key_values::Vouched::new(pairs)
 }
 
 #[cfg(test)]

@@ -447,15 +447,15 @@ impl Issuers {
 
 /// The claims limits key on, as their keys read them: a string as it is,
 /// an integer in its one decimal form; other values are absent.
-fn keyed_claims(claims: &Value, names: &[Box<str>]) -> crate::admission::values::Vouched {
+fn keyed_claims(claims: &Value, names: &[Box<str>]) -> crate::key_values::Vouched {
     let pairs = names
         .iter()
         .filter_map(|name| {
-            let value = crate::admission::values::json_value(claims.get(&**name)?)?;
+            let value = crate::key_values::json_value(claims.get(&**name)?)?;
             Some((format!("claim.{name}"), value))
         })
         .collect();
-    crate::admission::values::Vouched::new(pairs)
+    crate::key_values::Vouched::new(pairs)
 }
 
 /// Fetches an issuer's JWKS at once, every `refresh`, and when asked;

@@ -16,6 +16,7 @@ pub mod explain;
 pub mod forward_auth;
 pub mod health;
 pub mod jwt;
+pub mod key_values;
 pub mod limits;
 pub mod logs;
 pub mod metrics;

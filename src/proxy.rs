@@ -306,9 +306,15 @@ fn settle_unreported(ctx: &mut RequestCtx, e: Option<&Error>) {
     };
     // A client that leaves while the upstream works (before its answer or
     // during it) abandoned a response that may have cost the max.
+    // An error answer of a metered route (a 4xx or 5xx of the API) spent
+    // no tokens it reports: it keeps the estimate rather than the most.
+    let metered = reconcile.metered();
+    let failed = ctx
+        .upstream_status
+        .is_some_and(|s| !(200..300).contains(&s));
     let end = if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
         admission::Unreported::Abandoned
-    } else if !ctx.answered {
+    } else if !ctx.answered || (metered && failed) {
         admission::Unreported::Unanswered
     } else {
         admission::Unreported::Missing

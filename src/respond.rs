@@ -28,7 +28,12 @@ pub enum Rejection {
     },
     /// A value a limit's key reads from the request cannot be used (400):
     /// given twice, missing, not one the limit accepts, or malformed.
-    KeyValue(crate::admission::values::Refused),
+    KeyValue {
+        /// The problem type's last word (`ambiguous-key-value`, …).
+        kind: &'static str,
+        /// Which limit and dimension, and why (never the value).
+        detail: String,
+    },
     /// The request's head or body did not arrive in time (408).
     RequestTimeout,
     /// The request line and headers exceed `server.limits.max_header_bytes` (431).
@@ -75,7 +80,7 @@ impl Rejection {
             Rejection::Unauthorized => 401,
             Rejection::Forbidden => 403,
             Rejection::NotFound => 404,
-            Rejection::BadRequest { .. } | Rejection::KeyValue(_) => 400,
+            Rejection::BadRequest { .. } | Rejection::KeyValue { .. } => 400,
             Rejection::RequestTimeout => 408,
             Rejection::PayloadTooLarge => 413,
             Rejection::HeaderTooLarge => 431,
@@ -95,7 +100,7 @@ impl Rejection {
             Rejection::Forbidden => Outcome::Forbidden,
             Rejection::NotFound => Outcome::NotFound,
             Rejection::BadRequest { .. }
-            | Rejection::KeyValue(_)
+            | Rejection::KeyValue { .. }
             | Rejection::RequestTimeout
             | Rejection::HeaderTooLarge
             | Rejection::PayloadTooLarge => Outcome::BadRequest,
@@ -132,16 +137,7 @@ impl Rejection {
                 "No route matches this request.".into(),
             ),
             Rejection::BadRequest { detail } => ("bad-request", "Bad Request", (*detail).into()),
-            Rejection::KeyValue(r) => (
-                r.problem.kind(),
-                "Bad Request",
-                format!(
-                    "The request's {} for the {} limit {}.",
-                    r.dim,
-                    r.limit,
-                    r.problem.says()
-                ),
-            ),
+            Rejection::KeyValue { kind, detail } => (kind, "Bad Request", detail.clone()),
             Rejection::RequestTimeout => (
                 "request-timeout",
                 "Request Timeout",

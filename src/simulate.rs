@@ -395,9 +395,9 @@ impl Simulation {
         // A log line has the path, not the headers, query or body: limits
         // keyed by those read their values as absent.
         let headers = http::HeaderMap::new();
-        let view = admission::values::RequestView {
+        let view = crate::key_values::RequestView {
             template: Some(template),
-            ..admission::values::RequestView::of_head(&headers, path, None)
+            ..crate::key_values::RequestView::of_head(&headers, path, None)
         };
         let charged = match admission::charges(
             &self.policy,

@@ -116,8 +116,15 @@ fn serve(conn: TcpStream, release: &Mutex<mpsc::Receiver<()>>, seen: &Mutex<Vec<
             ("application/json", OPENAI_JSON)
         };
         if content_type == "application/json" {
+            let (status, answer) = match path.ends_with("/error") {
+                true => (
+                    "429 Too Many Requests",
+                    r#"{"error":{"type":"rate_limit"}}"#,
+                ),
+                false => ("200 OK", answer),
+            };
             let reply = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n{answer}",
+                "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n{answer}",
                 answer.len()
             );
             conn.write_all(reply.as_bytes()).unwrap();
@@ -223,6 +230,15 @@ fn openai_answers_settle_at_their_usage() {
     let r = call(&gw, "/v1/openai-stream-no-usage", 3, &[]);
     assert_eq!(r.status, 200);
     assert!(settles_at(&gw, 3, 1000 - 500));
+
+    // An error answer of the API reports no usage and spent none: the
+    // request's estimate stands.
+    let r = call(&gw, "/v1/error", 5, &[("x-max-tokens", "200")]);
+    assert_eq!(r.status, 429);
+    // (Followed by a stream of 77 tokens: 723 left is reached only if the
+    // error kept its 200; settled at the most, it would be 423.)
+    assert_eq!(call(&gw, "/v1/openai-stream", 5, &[]).status, 200);
+    assert!(settles_at(&gw, 5, 1000 - 200 - 77));
 
     // Metered answers are asked for without compression.
     let seen = llm.seen.lock().unwrap().join("");

@@ -200,7 +200,7 @@ pub struct Limit {
     /// `on_limit: delay`: the longest wait a request is held for; 0 refuses.
     pub max_delay_ms: u64,
     /// The part of its key read from the request (`header.*`, `path.*`, …).
-    pub values: crate::admission::values::ValueKey,
+    pub values: crate::key_values::ValueKey,
 }
 
 /// An upstream pool.

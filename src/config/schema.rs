@@ -649,7 +649,8 @@ pub struct RawOverride {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
-    /// Before authentication; the key may only use `ip` and `route`.
+    /// Before authentication; the key may use `ip`, `route`, `header.*`
+    /// and `path.*`.
     PreAuth,
     /// After authentication, with the other request limits.
     #[default]
@@ -720,13 +721,13 @@ pub struct RawLimit {
     /// With a key read from the request: what a request without a value
     /// gets: `skip` (the limit does not apply; the default), `bucket` (one
     /// bucket for all of them) or `reject` (400 `missing-key-value`).
-    pub absent: Option<crate::admission::values::Absent>,
+    pub absent: Option<crate::key_values::Absent>,
     /// With a key of one value read from the request: parameters per value,
     /// as a plan overrides a limit's.
     pub values: Option<UniqueMap<RawOverride>>,
     /// With `values`: a value not listed uses the limit's own parameters
     /// (`default`) or is refused 400 `unknown-key-value` (`reject`).
-    pub other: Option<crate::admission::values::Other>,
+    pub other: Option<crate::key_values::Other>,
     /// The algorithm; `token_bucket` when absent.
     #[serde(default)]
     pub algorithm: AlgorithmName,

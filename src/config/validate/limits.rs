@@ -281,7 +281,7 @@ fn value_key(
         let mut out = HashMap::new();
         for (value, numbers) in &raw.0 {
             let at = format!("{path}.values.{value}");
-            if crate::admission::values::check(value).is_err() || value.is_empty() {
+            if crate::key_values::check(value).is_err() || value.is_empty() {
                 c.fail(&at, "a value is 1 to 256 bytes without control characters");
             }
             let numbers = limit_owned(c, &at, own, numbers.clone(), "a value");

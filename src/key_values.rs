@@ -204,6 +204,18 @@ pub struct Refused {
     pub problem: ValueProblem,
 }
 
+impl Refused {
+    /// The problem's detail: which limit and dimension, and why.
+    pub fn detail(&self) -> String {
+        format!(
+            "The request's {} for the {} limit {}.",
+            self.dim,
+            self.limit,
+            self.problem.says()
+        )
+    }
+}
+
 /// Values an identity source vouched for, as the key dimensions name them
 /// (`claim.org_id`, `auth.x-org`): kept with the caller it named.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
