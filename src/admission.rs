@@ -267,14 +267,7 @@ fn plan_into<'a>(
     let tuned = credential
         .as_ref()
         .and_then(|c| rt.tenant_override(&c.tenant, now));
-    let view = RequestView {
-        headers: &req.headers,
-        path: &target.path,
-        template: Some(template),
-        query: req.uri.query(),
-        vouched: credential.as_ref().and_then(|c| c.vouched.as_deref()),
-        body: None,
-    };
+    let view = view_of(req, &target.path, Some(template), credential.as_deref());
     let charged = charges(
         policy,
         route,
@@ -356,14 +349,8 @@ async fn look_up(
         tenant: Some(&credential.tenant),
         route: &route.name,
     };
-    let view = RequestView {
-        headers: &req.headers,
-        path: &path,
-        template: rt.policy.routes.template(route.id),
-        query: req.uri.query(),
-        vouched: credential.vouched.as_deref(),
-        body: None,
-    };
+    let template = rt.policy.routes.template(route.id);
+    let view = view_of(req, &path, template, Some(&credential));
     let start = plan.charges.len();
     match build_charges(
         &rt.policy,
@@ -380,6 +367,24 @@ async fn look_up(
     }
     plan.authenticated = true;
     Ok(Some(start))
+}
+
+/// What a request's head says, for its limits' keys: `path` normalized,
+/// matched by `template`, from the caller `credential` names.
+fn view_of<'a>(
+    req: &'a RequestHeader,
+    path: &'a str,
+    template: Option<&'a crate::routes::PathTemplate>,
+    credential: Option<&'a Credential>,
+) -> RequestView<'a> {
+    RequestView {
+        headers: &req.headers,
+        path,
+        template,
+        query: req.uri.query(),
+        vouched: credential.and_then(|c| c.vouched.as_deref()),
+        body: None,
+    }
 }
 
 /// A request's charges on `route`, and whether it may go past
@@ -730,17 +735,13 @@ enum Reported {
 /// is `max`: an upstream that reports it spent that much is not let off
 /// with the estimate.
 fn reported_cost(item: &[u8], max: u64) -> Reported {
-    let digits = item.trim_ascii();
-    if digits.is_empty() {
+    if item.trim_ascii().is_empty() {
         return Reported::Empty;
     }
-    if !digits.iter().all(u8::is_ascii_digit) {
-        return Reported::Unreadable;
+    match crate::config::decimal(item) {
+        Some(n) => Reported::Cost(n.map_or(max, |n| n.min(max))),
+        None => Reported::Unreadable,
     }
-    let n = digits.iter().try_fold(0u64, |n, d| {
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    });
-    Reported::Cost(n.map_or(max, |n| n.min(max)))
 }
 
 #[cfg(test)]
@@ -1027,15 +1028,10 @@ fn build_charges(
             continue;
         }
         match values::read(&l.values, view) {
-            Ok(values::Read::Skip) => {}
-            Ok(values::Read::Key { parts, params }) => {
-                let mut c = charge(policy, id, who, plan, tuned, cost, group);
-                values::push_parts(&mut c.key, &parts);
-                // A value's own numbers, unless the tenant's override sets some.
-                if let Some(p) = params.filter(|_| tuned.and_then(|o| o.params(id)).is_none()) {
-                    c.params = p;
-                }
-                out.push(c);
+            Ok(read) => {
+                let overridden = tuned.and_then(|o| o.params(id)).is_some();
+                let c = charge(policy, id, who, plan, tuned, cost, group);
+                out.extend(read.keyed(c, overridden));
             }
             Err(problem) => {
                 let dim = l.values.dims.iter().map(ToString::to_string);

@@ -251,12 +251,9 @@ pub fn resolve<'a>(
 pub fn with_values(
     key: &crate::key_values::ValueKey,
     named: &std::collections::HashMap<String, String>,
-    mut charge: Charge,
+    charge: Charge,
     overridden: bool,
 ) -> Result<Charge, String> {
-    if key.is_empty() {
-        return Ok(charge);
-    }
     let names = || {
         key.dims
             .iter()
@@ -265,14 +262,7 @@ pub fn with_values(
             .join(", ")
     };
     match crate::key_values::given(key, named) {
-        Ok(crate::key_values::Read::Key { parts, params }) => {
-            crate::key_values::push_parts(&mut charge.key, &parts);
-            if let Some(p) = params.filter(|_| !overridden) {
-                charge.params = p;
-            }
-            Ok(charge)
-        }
-        Ok(crate::key_values::Read::Skip) => Err(names()),
+        Ok(read) => read.keyed(charge, overridden).ok_or_else(names),
         Err(problem) => Err(format!("{} that {}", names(), problem.says())),
     }
 }
@@ -300,7 +290,7 @@ pub fn params_json(params: &Params) -> Value {
 }
 
 /// The dimensions a limit's key is made of, as the policy names them.
-pub fn key_dims(l: &crate::config::Limit) -> Vec<&'static str> {
+pub fn key_dims(l: &crate::config::Limit) -> Vec<String> {
     [
         (l.key.ip, "ip"),
         (l.key.credential, "credential"),
@@ -308,7 +298,9 @@ pub fn key_dims(l: &crate::config::Limit) -> Vec<&'static str> {
         (l.key.route, "route"),
     ]
     .into_iter()
-    .filter_map(|(on, dim)| on.then_some(dim))
+    .filter(|(on, _)| *on)
+    .map(|(_, dim)| dim.to_owned())
+    .chain(l.values.dims.iter().map(ToString::to_string))
     .collect()
 }
 

@@ -329,7 +329,10 @@ fn keyed_headers(headers: &HeaderMap, names: &[HeaderName]) -> crate::key_values
                 return None;
             }
             let value = first.to_str().ok()?;
-            Some((format!("auth.{name}"), value.to_owned()))
+            Some((
+                crate::key_values::ValueDim::Auth(name.clone()),
+                value.to_owned(),
+            ))
         })
         .collect();
     crate::key_values::Vouched::new(pairs)

@@ -452,7 +452,7 @@ fn keyed_claims(claims: &Value, names: &[Box<str>]) -> crate::key_values::Vouche
         .iter()
         .filter_map(|name| {
             let value = crate::key_values::json_value(claims.get(&**name)?)?;
-            Some((format!("claim.{name}"), value))
+            Some((crate::key_values::ValueDim::Claim(name.clone()), value))
         })
         .collect();
     crate::key_values::Vouched::new(pairs)

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName};
 
 use crate::limits::algorithm::Params;
+use crate::limits::Charge;
 use crate::routes::PathTemplate;
 
 /// The longest value a key takes, in bytes.
@@ -216,31 +217,20 @@ impl Refused {
     }
 }
 
-/// Values an identity source vouched for, as the key dimensions name them
-/// (`claim.org_id`, `auth.x-org`): kept with the caller it named.
+/// Values an identity source vouched for beside the caller it named (a
+/// JWT's claims, forward auth's headers), by the dimension that reads them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Vouched(Box<[(Box<str>, Box<str>)]>);
+pub struct Vouched(Box<[(ValueDim, Box<str>)]>);
 
 impl Vouched {
-    /// From `(dimension, value)` pairs; values that cannot key a limit are
-    /// kept as refused (an empty value reads as absent).
-    pub fn new(pairs: Vec<(String, String)>) -> Self {
-        Self(
-            pairs
-                .into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
-                .collect(),
-        )
+    /// From `(dimension, value)` pairs.
+    pub fn new(pairs: Vec<(ValueDim, String)>) -> Self {
+        Self(pairs.into_iter().map(|(d, v)| (d, v.into())).collect())
     }
 
-    /// The value named `dim` (e.g. `claim.org_id`).
-    pub fn get(&self, dim: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| &**k == dim).map(|(_, v)| &**v)
-    }
-
-    /// Whether it holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+    /// The value `dim` reads.
+    pub fn get(&self, dim: &ValueDim) -> Option<&str> {
+        self.0.iter().find(|(d, _)| d == dim).map(|(_, v)| &**v)
     }
 }
 
@@ -314,6 +304,22 @@ pub enum Read<'a> {
         /// A matched entry's parameters.
         params: Option<Params>,
     },
+}
+
+impl Read<'_> {
+    /// `charge` keyed by these parts, with a matched value's numbers
+    /// unless the tenant's override sets its own (`overridden`); `None`
+    /// when the limit does not apply.
+    pub fn keyed(self, mut charge: Charge, overridden: bool) -> Option<Charge> {
+        let Read::Key { parts, params } = self else {
+            return None;
+        };
+        push_parts(&mut charge.key, &parts);
+        if let Some(p) = params.filter(|_| !overridden) {
+            charge.params = p;
+        }
+        Some(charge)
+    }
 }
 
 /// Reads a limit's key parts from a request.
@@ -398,10 +404,9 @@ fn value<'a>(dim: &ValueDim, view: &RequestView<'a>) -> Result<Option<Cow<'a, st
             }
             found
         }
-        ValueDim::Claim(_) | ValueDim::Auth(_) => view
-            .vouched
-            .and_then(|v| v.get(&dim.to_string()))
-            .map(|v| Cow::Owned(v.to_owned())),
+        ValueDim::Claim(_) | ValueDim::Auth(_) => {
+            view.vouched.and_then(|v| v.get(dim)).map(Cow::Borrowed)
+        }
         ValueDim::Body(path) => match view.body {
             Some(body) => body.get(path)?.map(|v| Cow::Owned(v.to_owned())),
             None => None,
@@ -613,8 +618,8 @@ mod tests {
     #[test]
     fn vouched_values_key_claims_and_forward_auth_headers() {
         let vouched = Vouched::new(vec![
-            ("claim.org_id".into(), "42".into()),
-            ("auth.x-org".into(), "acme".into()),
+            (dim("claim.org_id"), "42".into()),
+            (dim("auth.x-org"), "acme".into()),
         ]);
         let h = HeaderMap::new();
         let mut view = RequestView::of_head(&h, "/", None);

@@ -408,10 +408,13 @@ impl Simulation {
             &view,
         ) {
             Ok(charged) => charged,
-            Err(_) => {
-                self.skipped += 1;
-                return;
-            }
+            // Refused before any limit is charged, as the gateway refuses
+            // it (a pre-auth key's value it must have): nothing to decide.
+            Err(refused) => admission::Charges {
+                charges: Vec::new(),
+                authenticated: !route.auth_required || credential.is_some(),
+                refused: Some(refused),
+            },
         };
         let (charges, authenticated, refused) =
             (charged.charges, charged.authenticated, charged.refused);

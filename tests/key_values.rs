@@ -151,6 +151,10 @@ fn operators_name_values_by_dimension(gw: &Gateway) {
     };
     let limits = explain("path=/v1/users&credential=c1&header.x-end-user=alice");
     assert_eq!(limits[1]["name"], "per-end-user");
+    assert_eq!(
+        limits[1]["key"],
+        serde_json::json!(["credential", "header.x-end-user"])
+    );
     assert_eq!(limits[1]["remaining"], 0);
     let limits = explain("path=/v1/users&credential=c1&header.x-end-user=zed");
     assert_eq!(limits[1]["remaining"], 2);

@@ -354,15 +354,25 @@ impl CostFromRequest {
         let (Some(value), None) = (lines.next(), lines.next()) else {
             return self.default;
         };
-        let digits = value.as_bytes().trim_ascii();
-        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return self.default;
+        match decimal(value.as_bytes()) {
+            Some(n) => n.map_or(self.max, |n| n.clamp(1, self.max)),
+            None => self.default,
         }
-        let n = digits.iter().try_fold(0u64, |n, d| {
-            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-        });
-        n.map_or(self.max, |n| n.clamp(1, self.max))
     }
+}
+
+/// A whole number written in decimal digits, with spaces around it:
+/// `Some(None)` for one too large for 64 bits, `None` for empty text or
+/// anything else (a sign, a fraction, letters). The costs a request or a
+/// response names are read this way.
+pub fn decimal(text: &[u8]) -> Option<Option<u64>> {
+    let digits = text.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(digits.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    }))
 }
 
 impl Route {

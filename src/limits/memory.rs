@@ -93,12 +93,13 @@ impl<C: Clock> MemoryStore<C> {
         // Each charge's check, the delay it is admitted after (0: now) and
         // the expired holds it found.
         let mut checks = Vec::with_capacity(shard_ids.len());
-        // Keys this decision made: dropped again unless it charges them.
-        let mut made: Vec<&str> = Vec::new();
-        for (c, &s) in charges().zip(&shard_ids) {
+        // The charges whose keys this decision made: dropped again unless
+        // it charges them (empty, and so never allocated, for known keys).
+        let mut made: Vec<usize> = Vec::new();
+        for (i, (c, &s)) in charges().zip(&shard_ids).enumerate() {
             let (slot, new) = self.slot(locked(&mut guards, s), c, now);
             if new {
-                made.push(&c.key);
+                made.push(i);
             }
             let reclaimed = c.params.reclaim(&mut slot.state, now);
             c.params.refresh(&mut slot.state, now);
@@ -134,7 +135,7 @@ impl<C: Clock> MemoryStore<C> {
                 }
                 _ => {}
             }
-            if spend || c.op.is_force() {
+            if !made.is_empty() && (spend || c.op.is_force()) {
                 charged.push(&c.key);
             }
             let remaining = if c.op.is_force() {
@@ -157,9 +158,15 @@ impl<C: Clock> MemoryStore<C> {
         }
         // A refused request leaves no key behind: the keys a client can
         // make are bounded by what it is admitted.
-        for key in made.into_iter().filter(|k| !charged.contains(k)) {
-            let s = self.shard_of(key);
-            if locked(&mut guards, s).slots.remove(key).is_some() {
+        for (i, c) in charges().enumerate().filter(|(i, _)| made.contains(i)) {
+            if charged.contains(&c.key.as_str()) {
+                continue;
+            }
+            if locked(&mut guards, shard_ids[i])
+                .slots
+                .remove(&c.key)
+                .is_some()
+            {
                 self.keys.fetch_sub(1, Ordering::Relaxed);
             }
         }

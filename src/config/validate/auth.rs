@@ -10,16 +10,9 @@ pub(super) fn auth(
     limits: &[Limit],
 ) -> Result<AuthSettings, ConfigError> {
     let header_text = raw.header.unwrap_or_else(|| "authorization".into());
-    let header = match http::HeaderName::from_bytes(header_text.to_ascii_lowercase().as_bytes()) {
-        Ok(h) => h,
-        Err(_) => {
-            c.fail(
-                "auth.header",
-                format!("{header_text:?} is not a header name"),
-            );
-            http::header::AUTHORIZATION
-        }
-    };
+    let header = c
+        .header_name("auth.header", &header_text)
+        .unwrap_or(http::header::AUTHORIZATION);
     let mut keys = KeysLoader::new(plan_ids);
     for (i, k) in raw.keys.iter().enumerate() {
         keys.add(c, &format!("auth.keys[{i}]"), Entry::from(k));
@@ -44,10 +37,9 @@ pub(super) fn auth(
     let keys = keys.finish(c);
     // What the limits key on from the identity sources, kept with the
     // callers the sources name.
-    let keyed = || limits.iter().flat_map(|l| l.values.dims.iter());
     let mut claims: Vec<Box<str>> = Vec::new();
     let mut headers: Vec<http::HeaderName> = Vec::new();
-    for dim in keyed() {
+    for dim in limits.iter().flat_map(|l| l.values.dims.iter()) {
         match dim {
             ValueDim::Claim(name) if !claims.contains(name) => claims.push(name.clone()),
             ValueDim::Auth(name) if !headers.contains(name) => headers.push(name.clone()),
@@ -95,17 +87,12 @@ fn forward_auth(
     plan_ids: &HashMap<String, PlanId>,
 ) -> Option<crate::forward_auth::Settings> {
     let path = "auth.forward_auth";
-    let header = |c: &mut Checker, at: String, name: &str| {
-        http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
-            .map_err(|_| c.fail(at, format!("{name:?} is not a header name")))
-            .ok()
-    };
     let headers: Vec<_> = match &raw.headers {
         None => vec![auth_header.clone()],
         Some(list) => list
             .iter()
             .enumerate()
-            .filter_map(|(i, h)| header(c, format!("{path}.headers[{i}]"), h))
+            .filter_map(|(i, h)| c.header_name(format!("{path}.headers[{i}]"), h))
             .collect(),
     };
     if raw.headers.as_ref().is_some_and(Vec::is_empty) {
@@ -114,14 +101,11 @@ fn forward_auth(
             "needs at least one header: the service would be asked with nothing to tell callers apart",
         );
     }
-    let tenant_header = header(c, format!("{path}.tenant_header"), &raw.tenant_header);
-    let credential_header = header(
-        c,
-        format!("{path}.credential_header"),
-        &raw.credential_header,
-    );
+    let tenant_header = c.header_name(format!("{path}.tenant_header"), &raw.tenant_header);
+    let credential_header =
+        c.header_name(format!("{path}.credential_header"), &raw.credential_header);
     let plan_header = match &raw.plan_header {
-        Some(h) => Some(header(c, format!("{path}.plan_header"), h)?),
+        Some(h) => Some(c.header_name(format!("{path}.plan_header"), h)?),
         None => None,
     };
     let timeout_ms = c.bounded(

@@ -134,6 +134,13 @@ impl Checker {
         value
     }
 
+    /// A header name, or the problem at `path`.
+    fn header_name(&mut self, path: impl Into<String>, name: &str) -> Option<http::HeaderName> {
+        http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .map_err(|_| self.fail(path, format!("{name:?} is not a header name")))
+            .ok()
+    }
+
     fn name(&mut self, path: &str, name: &str) {
         let ok = !name.is_empty()
             && name.len() <= 64

@@ -84,15 +84,9 @@ fn cost_source(c: &mut Checker, path: &str, raw: &RawCostFromResponse) -> Option
         return None;
     }
     if let Some(name) = &raw.header {
-        return http::HeaderName::from_bytes(name.as_bytes())
-            .map(CostSource::Header)
-            .map_err(|_| {
-                c.fail(
-                    format!("{path}.header"),
-                    format!("{name:?} is not a header name"),
-                )
-            })
-            .ok();
+        return c
+            .header_name(format!("{path}.header"), name)
+            .map(CostSource::Header);
     }
     if let Some(json) = &raw.json {
         let paths = match json {
@@ -158,14 +152,7 @@ fn cost_from_request(
         );
     }
     let header = match (raw.header, raw.json) {
-        (Some(name), None) => http::HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| {
-                c.fail(
-                    format!("{path}.header"),
-                    format!("{name:?} is not a header name"),
-                )
-            })
-            .ok()?,
+        (Some(name), None) => c.header_name(format!("{path}.header"), &name)?,
         (None, Some(_)) => {
             c.fail(
                 format!("{path}.json"),
