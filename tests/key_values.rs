@@ -200,4 +200,29 @@ fn redis_keys_from_headers_paths_and_queries() {
     assert_eq!(redis.keys().len(), before);
     // No value reaches a key in the clear.
     assert!(redis.keys().iter().all(|k| !k.contains("alice")));
+    many_values_at_once_each_get_exactly_their_budget(&gw);
+}
+
+/// Ten end users, eight requests each, all at once from ten clients: each
+/// user gets exactly its two, whatever the interleaving.
+fn many_values_at_once_each_get_exactly_their_budget(gw: &Gateway) {
+    let addr = gw.addr;
+    let admitted: Vec<usize> = (0..10)
+        .map(|u| {
+            std::thread::spawn(move || {
+                let user = format!("load-{u}");
+                let headers = [
+                    ("authorization", "Bearer key-c1"),
+                    ("x-end-user", user.as_str()),
+                ];
+                (0..8)
+                    .filter(|_| support::get(addr, "/v1/users", &headers).status == 200)
+                    .count()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert_eq!(admitted, [2; 10]);
 }

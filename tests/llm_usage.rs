@@ -291,3 +291,29 @@ fn anthropic_streams_settle_at_input_plus_the_last_output() {
     assert_eq!(r.body, ANTHROPIC_STREAM);
     assert!(settles_at(&gw, 6, 1000 - 30));
 }
+
+#[test]
+fn concurrent_streams_of_one_tenant_settle_exactly() {
+    let llm = Llm::start();
+    let gw = Gateway::start(&policy(&llm), None);
+    let addr = gw.addr;
+    // Ten streams at once, each reserving its estimate of 80 and settling
+    // at 77: the budget ends exactly 770 lower, whatever the interleaving.
+    let streams: Vec<_> = (0..10)
+        .map(|_| {
+            thread::spawn(move || {
+                support::get(
+                    addr,
+                    "/v1/openai-stream",
+                    &[("authorization", "Bearer key-1"), ("x-max-tokens", "80")],
+                )
+            })
+        })
+        .collect();
+    for s in streams {
+        let r = s.join().unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, OPENAI_STREAM);
+    }
+    assert!(settles_at(&gw, 1, 1000 - 770));
+}
