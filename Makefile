@@ -18,19 +18,35 @@ CONFIG ?= config/quickstart.yaml
 # deploy/kubernetes with kubectl 1.22 or later, which is not listed here:
 # Debian's kubernetes-client (1.20) cannot render it; install kubectl from
 # pkgs.k8s.io (the test fails, never skips, without it).
+# The `openai` Python package is the real client of tests/llm_usage.rs (the
+# test fails without it). No Debian package has it, so `python-deps` takes
+# it from PyPI into target/pylib, beside the build: Debian marks its own
+# interpreter's packages externally managed. It is installed for the
+# `python3` on PATH, the one the test runs (some of its dependencies are
+# compiled for one Python version), with that interpreter's pip; Debian's
+# python3-pip only when it has none.
 SYSTEM_DEPS := cmake=cmake redis-server=redis-server openssl=openssl curl=curl \
 	/usr/lib/python3/dist-packages/grpc/__init__.py=python3-grpcio h2load=nghttp2-client \
 	/usr/lib/python3/dist-packages/jsonschema/__init__.py=python3-jsonschema \
 	/usr/lib/python3/dist-packages/yaml/__init__.py=python3-yaml promtool=prometheus
+PIP_DEPS := /usr/lib/python3/dist-packages/pip/__init__.py=python3-pip
+PYLIB := target/pylib
 # The benchmark's contenders, its load generator and its profilers (valgrind, perf).
 BENCH_DEPS := nginx=nginx-light wrk=wrk h2load=nghttp2-client valgrind=valgrind perf=linux-perf /usr/lib/nginx/modules/ngx_http_lua_module.so=libnginx-mod-http-lua
 
-.PHONY: run test build release deps bench-deps install bench check-config lint
+.PHONY: run test build release deps python-deps bench-deps install bench check-config lint
 
 # Installs what is missing with apt-get when it can (root or sudo), and
 # otherwise says what to install.
 deps:
 	@$(MAKE) --no-print-directory install PAIRS="$(SYSTEM_DEPS)"
+
+python-deps: deps
+	@PYTHONPATH=$(PYLIB) python3 -c 'import openai' 2>/dev/null && exit 0; \
+	python3 -m pip --version >/dev/null 2>&1 || \
+	  $(MAKE) --no-print-directory install PAIRS="$(PIP_DEPS)" || exit 1; \
+	echo "installing: openai (pip, into $(PYLIB))"; \
+	python3 -m pip install --quiet --disable-pip-version-check --target $(PYLIB) 'openai>=1.40,<2'
 
 bench-deps: deps
 	@$(MAKE) --no-print-directory install PAIRS="$(BENCH_DEPS)"
@@ -67,7 +83,7 @@ check-config: build
 # Runs every test (unit, binary and integration tests; the benches and the
 # example are not built here, `make lint` checks that they compile), then
 # sums the per-binary results into one closing line.
-test: deps
+test: deps python-deps
 	@mkdir -p target
 	@set -o pipefail; $(CARGO) test --lib --bins --tests 2>&1 | tee target/test.log
 	@awk '/^test result:/ { passed += $$4; failed += $$6 } \

@@ -81,6 +81,23 @@ pub struct Line<'a> {
     pub bytes_out: u64,
     /// The request's trace (W3C Trace Context), 32 hex digits.
     pub trace_id: Option<String>,
+    /// The values its limits' keys read from it (`header.x-end-user`…),
+    /// each as a keyed digest of this process, never in the clear;
+    /// omitted when none did.
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "as_map")]
+    pub key_values: Vec<(String, String)>,
+    /// The `values` entries of its limits that matched, by limit, as the
+    /// policy names them; omitted when none did.
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "as_map")]
+    pub values: Vec<(&'a str, &'a str)>,
+}
+
+/// Pairs written as a JSON object.
+fn as_map<S: serde::Serializer, K: serde::Serialize, V: serde::Serialize>(
+    pairs: &[(K, V)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
 }
 
 /// The access log of the process.
@@ -278,6 +295,8 @@ mod tests {
             bytes_in: 0,
             bytes_out: 12,
             trace_id: None,
+            key_values: vec![("header.x-end-user".into(), "4f1c2a9b0e3d".into())],
+            values: vec![("per-model", "gpt-4o")],
         };
         log.log(&line);
         let written = || std::fs::read_to_string(&path).unwrap_or_default();
@@ -288,6 +307,14 @@ mod tests {
         let parsed: serde_json::Value = serde_json::from_str(written().trim()).unwrap();
         assert_eq!(parsed["credential"], "c1");
         assert_eq!(parsed["violated"], serde_json::json!([]));
+        assert_eq!(
+            parsed["key_values"],
+            serde_json::json!({ "header.x-end-user": "4f1c2a9b0e3d" })
+        );
+        assert_eq!(
+            parsed["values"],
+            serde_json::json!({ "per-model": "gpt-4o" })
+        );
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -326,6 +353,8 @@ mod tests {
             cost: 1,
             violated: vec![],
             upstream: None,
+            key_values: vec![],
+            values: vec![],
             duration_ms: 0.1,
             bytes_in: 0,
             bytes_out: 0,

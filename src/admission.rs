@@ -12,7 +12,7 @@ use crate::auth::{self, Credential};
 use crate::client_ip;
 use crate::config::{LimitId, Mode, OnAbandon, PlanId, Policy, PoolId, Route, RouteId, Target};
 use crate::edge::target;
-use crate::key_values::{self as values, Refused, RequestView};
+use crate::key_values::{self as values, BodyValues, Refused, RequestView, Used};
 use crate::limits::{combine, Charge, Decision, Group, Identity, Op, Source, Verdict};
 use crate::metrics::DecisionOutcome;
 use crate::overrides::Resolved;
@@ -75,6 +75,11 @@ pub struct Facts {
     pub decided: Option<(std::time::Instant, std::time::Instant)>,
     /// The store calls that decided a sampled request.
     pub store_calls: Vec<crate::trace::CallRef>,
+    /// The body to send instead of the client's: asking for a stream's
+    /// usage (`include_usage`).
+    pub rewritten_body: Option<Bytes>,
+    /// The values its limits' keys read from it.
+    pub used: Used,
 }
 
 impl Facts {
@@ -139,6 +144,9 @@ pub struct Plan<'a> {
     /// The request's estimate: what it names (`cost_from_request`), or the
     /// route's cost.
     pub estimate: u64,
+    /// On a route that reads its body, the request's normalized path: its
+    /// request charges wait for the body ([`admit_body`]).
+    pub body_path: Option<String>,
 }
 
 /// The work that may name a caller the local lookups do not know, made
@@ -230,7 +238,9 @@ fn plan_into<'a>(
     facts.route = Some(route.name.clone());
     facts.route_id = Some(route.id);
     facts.route_header = Some(route.class_header.clone());
-    let estimate = route.estimate(&req.headers);
+    // A route that reads its estimate from the body charges its pre-auth
+    // limits the default, before the body is read.
+    let estimate = route.estimate(&req.headers, None);
     facts.cost = estimate;
     facts.max_body_bytes = route.max_body_bytes;
     facts.upgrade = route.upgrade.clone();
@@ -268,15 +278,21 @@ fn plan_into<'a>(
         .as_ref()
         .and_then(|c| rt.tenant_override(&c.tenant, now));
     let view = view_of(req, &target.path, Some(template), credential.as_deref());
-    let charged = charges(
-        policy,
-        route,
-        network,
-        credential.as_deref(),
-        tuned.as_deref(),
-        &view,
-    )
-    .map_err(|r| key_value(&r))?;
+    let mut charged = pre_auth_charges(policy, route, network, credential.as_deref(), &view)
+        .map_err(|r| key_value(&r))?;
+    let body_path = route.body.as_ref().map(|_| target.path.to_string());
+    if charged.authenticated && body_path.is_none() {
+        add_request_charges(
+            &mut charged,
+            policy,
+            route,
+            network,
+            credential.as_deref(),
+            tuned.as_deref(),
+            &view,
+        );
+    }
+    facts.used = charged.used;
     Ok(Plan {
         route,
         charges: charged.charges,
@@ -284,6 +300,7 @@ fn plan_into<'a>(
         lookup,
         refused: charged.refused,
         estimate,
+        body_path,
     })
 }
 
@@ -341,6 +358,11 @@ async fn look_up(
     let Some(credential) = credential else {
         return Ok(None);
     };
+    plan.authenticated = true;
+    if plan.body_path.is_some() {
+        // Its request charges wait for the body.
+        return Ok(None);
+    }
     let tuned = rt.tenant_override(&credential.tenant, now);
     let route = plan.route;
     let who = Identity {
@@ -361,11 +383,11 @@ async fn look_up(
         route.admission_cost_of(plan.estimate),
         Group::Request,
         &view,
+        &mut facts.used,
     ) {
         Ok(charges) => plan.charges.extend(charges),
         Err(refused) => plan.refused = Some(refused),
     }
-    plan.authenticated = true;
     Ok(Some(start))
 }
 
@@ -384,6 +406,7 @@ fn view_of<'a>(
         query: req.uri.query(),
         vouched: credential.and_then(|c| c.vouched.as_deref()),
         body: None,
+        named: None,
     }
 }
 
@@ -398,6 +421,8 @@ pub struct Charges {
     /// A value a request limit's key cannot use: the request charges are
     /// left out, and the request is refused after the pre-auth limits.
     pub refused: Option<Refused>,
+    /// The values its limits read.
+    pub used: Used,
 }
 
 /// A request's charges on `route`, from the client network `network`, with
@@ -414,47 +439,93 @@ pub fn charges(
     tuned: Option<&Resolved>,
     view: &RequestView<'_>,
 ) -> Result<Charges, Refused> {
-    let authenticated = !route.auth_required || credential.is_some();
-    let who = Identity {
+    let mut charged = pre_auth_charges(policy, route, network, credential, view)?;
+    if charged.authenticated {
+        add_request_charges(
+            &mut charged,
+            policy,
+            route,
+            network,
+            credential,
+            tuned,
+            view,
+        );
+    }
+    Ok(charged)
+}
+
+/// The caller `who` a request's charges are keyed for.
+fn who<'a>(
+    route: &'a Route,
+    network: ipnet::IpNet,
+    credential: Option<&'a Credential>,
+) -> Identity<'a> {
+    Identity {
         ip: Some(network),
         credential: credential.map(|c| c.id.as_ref()),
         tenant: credential.map(|c| &c.tenant),
         route: &route.name,
-    };
-    // A tenant's override may name another plan, and numbers of its own.
-    let plan = plan_of(policy, tuned, credential, None);
-    let cost = route.admission_cost_of(route.estimate(view.headers));
-    let mut charges = build_charges(
+    }
+}
+
+/// A request's pre-auth charges (see [`charges`]), and whether it may go
+/// past authentication.
+fn pre_auth_charges(
+    policy: &Policy,
+    route: &Route,
+    network: ipnet::IpNet,
+    credential: Option<&Credential>,
+    view: &RequestView<'_>,
+) -> Result<Charges, Refused> {
+    let cost = route.admission_cost_of(route.estimate(view.headers, view.body));
+    let mut used = Used::default();
+    let charges = build_charges(
         policy,
         &route.pre_auth,
-        &who,
+        &who(route, network, credential),
         None,
         None,
         cost,
         Group::PreAuth,
         view,
+        &mut used,
     )?;
-    let mut refused = None;
-    if authenticated {
-        match build_charges(
-            policy,
-            &route.request,
-            &who,
-            plan,
-            tuned,
-            cost,
-            Group::Request,
-            view,
-        ) {
-            Ok(request) => charges.extend(request),
-            Err(r) => refused = Some(r),
-        }
-    }
     Ok(Charges {
         charges,
-        authenticated,
-        refused,
+        authenticated: !route.auth_required || credential.is_some(),
+        refused: None,
+        used,
     })
+}
+
+/// Adds an authenticated request's request charges (see [`charges`]) to
+/// `charged`, or the value that refuses them.
+fn add_request_charges(
+    charged: &mut Charges,
+    policy: &Policy,
+    route: &Route,
+    network: ipnet::IpNet,
+    credential: Option<&Credential>,
+    tuned: Option<&Resolved>,
+    view: &RequestView<'_>,
+) {
+    // A tenant's override may name another plan, and numbers of its own.
+    let plan = plan_of(policy, tuned, credential, None);
+    let cost = route.admission_cost_of(route.estimate(view.headers, view.body));
+    match build_charges(
+        policy,
+        &route.request,
+        &who(route, network, credential),
+        plan,
+        tuned,
+        cost,
+        Group::Request,
+        view,
+        &mut charged.used,
+    ) {
+        Ok(request) => charged.charges.extend(request),
+        Err(r) => charged.refused = Some(r),
+    }
 }
 
 /// What the sources at hand say of a request's caller.
@@ -831,18 +902,24 @@ pub enum Unreported {
 
 /// The whole request path up to pool admission: [`plan`], the one store
 /// call, the decisions counted, then [`conclude`].
-pub async fn admit(
-    rt: &Runtime,
+pub async fn admit<'a>(
+    rt: &'a Runtime,
     peer: IpAddr,
     req: &RequestHeader,
     facts: &mut Facts,
-) -> Result<Admitted, Rejection> {
+) -> Result<Admission<'a>, Rejection> {
     let planned = plan(rt, peer, req);
     *facts = planned.facts;
     let mut plan = planned.plan?;
     let mut verdicts = decide(rt, &plan.charges, facts).await;
-    let pre_auth_admits = || check_group(&plan.charges, &verdicts, Group::PreAuth, 0).is_ok();
-    if let Some(pending) = plan.lookup.take().filter(|_| pre_auth_admits()) {
+    let pre_auth_admits = |plan: &Plan<'_>, verdicts: &[Verdict]| {
+        check_group(&plan.charges, verdicts, Group::PreAuth, 0).is_ok()
+    };
+    if let Some(pending) = plan
+        .lookup
+        .take()
+        .filter(|_| pre_auth_admits(&plan, &verdicts))
+    {
         // Boxed: a lookup's state (a store or an HTTP call) is ten times
         // the rest of the decision's, and most requests never make one.
         match Box::pin(look_up(rt, &mut plan, pending, req, facts)).await {
@@ -855,11 +932,129 @@ pub async fn admit(
         }
     }
     record_decisions(rt, &plan.charges, &verdicts);
+    if plan.body_path.is_some() && plan.authenticated && pre_auth_admits(&plan, &verdicts) {
+        return Ok(Admission::ReadBody(BodyWait { plan, verdicts }));
+    }
+    conclude(&plan, &verdicts, Conclusion::of(rt), facts).map(Admission::Decided)
+}
+
+/// Where [`admit`] got to.
+#[derive(Debug)]
+pub enum Admission<'a> {
+    /// Decided.
+    Decided(Admitted),
+    /// Past its pre-auth limits and authentication, on a route that reads
+    /// its body: its request limits wait for the body ([`admit_body`]).
+    ReadBody(BodyWait<'a>),
+}
+
+/// A request whose request limits wait for its body.
+#[derive(Debug)]
+pub struct BodyWait<'a> {
+    plan: Plan<'a>,
+    verdicts: Vec<Verdict>,
+}
+
+impl BodyWait<'_> {
+    /// What the route reads from the body.
+    pub fn reads(&self) -> &crate::config::BodyRead {
+        self.plan
+            .route
+            .body
+            .as_ref()
+            .expect("a request waits for its body only on a route that reads it")
+    }
+}
+
+/// A request's body, as read for its limits.
+#[derive(Debug)]
+pub enum BodyInput {
+    /// Read whole (empty when there is none).
+    Read(Bytes),
+    /// Too large to read whole, and `oversize: absent`.
+    Oversize,
+}
+
+/// Decides the request limits of a request that waited for its `body`:
+/// its values read, its estimate named, and on a route that asks for a
+/// stream's usage, the body to send instead (in `facts`). A body that is
+/// not JSON is a 400 before any request limit is charged.
+pub async fn admit_body(
+    rt: &Runtime,
+    wait: BodyWait<'_>,
+    req: &RequestHeader,
+    body: BodyInput,
+    facts: &mut Facts,
+) -> Result<Admitted, Rejection> {
+    let BodyWait {
+        mut plan,
+        mut verdicts,
+    } = wait;
+    let reads = plan.route.body.as_ref().expect("checked by admit");
+    let values = match &body {
+        BodyInput::Read(bytes) => {
+            BodyValues::parse(bytes, &reads.fields).map_err(|_| Rejection::BadRequest {
+                detail: "The request body is not JSON.",
+            })?
+        }
+        BodyInput::Oversize => BodyValues::oversize(),
+    };
+    if let (true, BodyInput::Read(bytes)) = (reads.include_usage, &body) {
+        if completions(&req.uri) {
+            facts.rewritten_body = crate::request_json::ask_for_usage(bytes)
+                .map_err(|_| Rejection::BadRequest {
+                    detail: "The request body names stream, stream_options or its \
+                             include_usage more than once.",
+                })?
+                .map(Bytes::from);
+        }
+    }
+    let credential = facts.credential.clone();
+    let now = credential.as_ref().map_or(0, |_| crate::clock::wall_ms());
+    let tuned = credential
+        .as_ref()
+        .and_then(|c| rt.tenant_override(&c.tenant, now));
+    let path = plan.body_path.take().unwrap_or_default();
+    let template = rt.policy.routes.template(plan.route.id);
+    let mut view = view_of(req, &path, template, credential.as_deref());
+    view.body = Some(&values);
+    plan.estimate = plan.route.estimate(&req.headers, Some(&values));
+    facts.cost = plan.estimate;
+    let mut charged = Charges {
+        charges: std::mem::take(&mut plan.charges),
+        authenticated: plan.authenticated,
+        refused: None,
+        used: Used::default(),
+    };
+    let start = charged.charges.len();
+    let ip = facts.client_ip.unwrap_or(IpAddr::from([0u8; 4]));
+    let network = client_ip::key_network(ip, rt.policy.client_ip.ipv6_prefix);
+    add_request_charges(
+        &mut charged,
+        &rt.policy,
+        plan.route,
+        network,
+        credential.as_deref(),
+        tuned.as_deref(),
+        &view,
+    );
+    plan.charges = charged.charges;
+    plan.refused = charged.refused;
+    facts.used.extend(charged.used);
+    if plan.refused.is_none() {
+        let fresh = decide(rt, &plan.charges[start..], facts).await;
+        record_decisions(rt, &plan.charges[start..], &fresh);
+        verdicts.extend(fresh);
+    }
     conclude(&plan, &verdicts, Conclusion::of(rt), facts)
 }
 
-/// The caller a JWT names, once its signature, issuer and times hold;
-/// else the `tollgate_auth_failures_total` reason.
+/// Whether a request goes to an OpenAI (chat) completions endpoint, the
+/// ones that take `stream_options`.
+fn completions(uri: &http::Uri) -> bool {
+    uri.path().trim_end_matches('/').ends_with("/completions")
+}
+
 fn verify_jwt(rt: &Runtime, headers: &http::HeaderMap) -> Result<Arc<Credential>, &'static str> {
     let policy = &rt.policy;
     let key = auth::presented_key(headers, &policy.auth.header).ok_or("missing")?;
@@ -1019,6 +1214,7 @@ fn build_charges(
     cost: u64,
     group: Group,
     view: &RequestView<'_>,
+    used: &mut Used,
 ) -> Result<Vec<Charge>, Refused> {
     let mut out = Vec::with_capacity(ids.len());
     for &id in ids {
@@ -1029,6 +1225,7 @@ fn build_charges(
         }
         match values::read(&l.values, view) {
             Ok(read) => {
+                used.note(&l.name, &l.values, &read);
                 let overridden = tuned.and_then(|o| o.params(id)).is_some();
                 let c = charge(policy, id, who, plan, tuned, cost, group);
                 out.extend(read.keyed(c, overridden));

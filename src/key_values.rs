@@ -15,6 +15,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName};
+use serde_json::value::RawValue;
+
+use crate::request_json::{self, NotJson};
 
 use crate::limits::algorithm::Params;
 use crate::limits::Charge;
@@ -249,6 +252,9 @@ pub struct RequestView<'a> {
     pub vouched: Option<&'a Vouched>,
     /// The JSON body's values, when the route reads them.
     pub body: Option<&'a BodyValues>,
+    /// Values named by dimension (`header.x-end-user` → its value), read
+    /// in place of the request's: a replayed log line's.
+    pub named: Option<&'a HashMap<String, String>>,
 }
 
 impl<'a> RequestView<'a> {
@@ -261,6 +267,7 @@ impl<'a> RequestView<'a> {
             query,
             vouched: None,
             body: None,
+            named: None,
         }
     }
 }
@@ -268,7 +275,13 @@ impl<'a> RequestView<'a> {
 /// The values of a JSON body at the paths the route's limits read: each
 /// decoded, or why it cannot be used.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BodyValues(pub Vec<(FieldPath, BodyValue)>);
+pub struct BodyValues {
+    /// The values, by path.
+    pub fields: Vec<(FieldPath, BodyValue)>,
+    /// The body was too large to read (`oversize: absent`): every value
+    /// is absent, and a cost read from it is the most.
+    pub oversize: bool,
+}
 
 /// A JSON body member's dotted path, one name per level.
 pub type FieldPath = Box<[Box<str>]>;
@@ -277,14 +290,53 @@ pub type FieldPath = Box<[Box<str>]>;
 pub type BodyValue = Result<Option<String>, ValueProblem>;
 
 impl BodyValues {
+    /// Reads the members at `paths` of a JSON `body`; an empty body has
+    /// none. A body that is not a JSON object holds no members.
+    pub fn parse(body: &[u8], paths: &[FieldPath]) -> Result<Self, NotJson> {
+        let fields = if body.trim_ascii().is_empty() {
+            paths.iter().map(|p| (p.clone(), Ok(None))).collect()
+        } else {
+            let root = request_json::parse(body)?;
+            paths.iter().map(|p| (p.clone(), field(root, p))).collect()
+        };
+        Ok(Self {
+            fields,
+            oversize: false,
+        })
+    }
+
+    /// A body too large to read: every value absent.
+    pub fn oversize() -> Self {
+        Self {
+            fields: Vec::new(),
+            oversize: true,
+        }
+    }
+
     /// The value at `path` (`Ok(None)`: absent).
     pub fn get(&self, path: &[Box<str>]) -> Result<Option<&str>, ValueProblem> {
-        match self.0.iter().find(|(p, _)| &**p == path) {
+        match self.fields.iter().find(|(p, _)| &**p == path) {
             Some((_, Ok(v))) => Ok(v.as_deref()),
             Some((_, Err(e))) => Err(*e),
             None => Ok(None),
         }
     }
+}
+
+/// The value at `path` in `root`: absent when a level is missing or not
+/// an object, ambiguous when a level names a member twice.
+fn field(root: &RawValue, path: &[Box<str>]) -> BodyValue {
+    let Some(at) = request_json::member_at(root, path).map_err(|_| ValueProblem::Ambiguous)? else {
+        return Ok(None);
+    };
+    // Only a string or a number can be a value: a large object or array
+    // at the path is not decoded to be found absent.
+    let text = at.get().trim_start();
+    if !text.starts_with(|c: char| c == '"' || c == '-' || c.is_ascii_digit()) {
+        return Ok(None);
+    }
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|_| ValueProblem::Invalid)?;
+    Ok(json_value(&value))
 }
 
 /// One part of a key: a value, or `None` for an absent one in a limit
@@ -322,9 +374,53 @@ impl Read<'_> {
     }
 }
 
+/// The values a request's limits read, for its access log line: each
+/// dimension's value (shown there only as a keyed digest), and the
+/// `values` entries that matched (shown as they are: the operator named
+/// them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Used {
+    /// Each dimension read, once, with its value.
+    pub values: Vec<(String, String)>,
+    /// Each limit whose `values` entry matched, with the entry.
+    pub matched: Vec<(Arc<str>, String)>,
+}
+
+impl Used {
+    /// Notes what limit `name` (keyed by `key`) read.
+    pub fn note(&mut self, name: &Arc<str>, key: &ValueKey, read: &Read<'_>) {
+        let Read::Key { parts, params } = read else {
+            return;
+        };
+        for (dim, part) in key.dims.iter().zip(parts) {
+            let Some(value) = part else { continue };
+            let dim = dim.to_string();
+            if !self.values.iter().any(|(d, _)| *d == dim) {
+                self.values.push((dim, value.to_string()));
+            }
+        }
+        if let (Some(_), [Some(value)]) = (params, parts.as_slice()) {
+            self.matched.push((name.clone(), value.to_string()));
+        }
+    }
+
+    /// Adds what `other` noted.
+    pub fn extend(&mut self, other: Used) {
+        for (dim, value) in other.values {
+            if !self.values.iter().any(|(d, _)| *d == dim) {
+                self.values.push((dim, value));
+            }
+        }
+        self.matched.extend(other.matched);
+    }
+}
+
 /// Reads a limit's key parts from a request.
 pub fn read<'a>(key: &ValueKey, view: &RequestView<'a>) -> Result<Read<'a>, ValueProblem> {
-    read_with(key, |dim| value(dim, view))
+    match view.named {
+        Some(named) => given(key, named),
+        None => read_with(key, |dim| value(dim, view)),
+    }
 }
 
 /// A limit's key parts from values an operator names by dimension
@@ -675,6 +771,47 @@ mod tests {
             key_of(&[Some("ab"), Some("c")]),
             key_of(&[Some("a"), Some("bc")])
         );
+    }
+
+    #[test]
+    fn a_body_is_read_at_its_paths_decoded_and_one_way_only() {
+        let paths: Vec<FieldPath> = ["model", "meta.user", "n", "gone.deeper"]
+            .iter()
+            .map(|p| p.split('.').map(Box::from).collect())
+            .collect();
+        let read = |body: &str| BodyValues::parse(body.as_bytes(), &paths);
+        let values = read(r#"{"model":"gpt-\u0034o","meta":{"user":12},"n":[1]}"#).unwrap();
+        assert_eq!(values.get(&paths[0]), Ok(Some("gpt-4o")));
+        assert_eq!(values.get(&paths[1]), Ok(Some("12")));
+        assert_eq!(values.get(&paths[2]), Ok(None), "an array is absent");
+        assert_eq!(values.get(&paths[3]), Ok(None));
+        // A name given twice on a read path is ambiguous; elsewhere, not.
+        let twice = read(r#"{"model":"a","mod\u0065l":"b","x":1,"x":2}"#).unwrap();
+        assert_eq!(twice.get(&paths[0]), Err(ValueProblem::Ambiguous));
+        assert_eq!(twice.get(&paths[1]), Ok(None));
+        let nested = read(r#"{"meta":{"user":"a","user":"b"}}"#).unwrap();
+        assert_eq!(nested.get(&paths[1]), Err(ValueProblem::Ambiguous));
+        // An empty body has no values; one that is not JSON is refused.
+        assert_eq!(read(" ").unwrap().get(&paths[0]), Ok(None));
+        assert_eq!(read("[1,2]").unwrap().get(&paths[0]), Ok(None));
+        assert_eq!(read(r#"{"model":"a""#), Err(NotJson));
+        assert_eq!(
+            BodyValues::parse(b"{\"model\":\"\xff\"}", &paths),
+            Err(NotJson)
+        );
+        // Floats, booleans and null are absent; a value is checked as any.
+        for absent in [r#"{"model":1.0}"#, r#"{"model":true}"#, r#"{"model":null}"#] {
+            assert_eq!(read(absent).unwrap().get(&paths[0]), Ok(None), "{absent}");
+        }
+        let long = format!(r#"{{"model":"{}"}}"#, "a".repeat(300));
+        let view = |values: &BodyValues| {
+            let h = HeaderMap::new();
+            let key = key(&["body.model"], Absent::Skip);
+            let mut view = RequestView::of_head(&h, "/", None);
+            view.body = Some(values);
+            read_with(&key, |d| value(d, &view)).map(|r| r == Read::Skip)
+        };
+        assert_eq!(view(&read(&long).unwrap()), Err(ValueProblem::Invalid));
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod pools;
 pub mod proxy;
 pub mod records;
 pub mod reload;
+pub mod request_json;
 pub mod respond;
 pub mod revocations;
 pub mod routes;

@@ -18,9 +18,9 @@ use pingora::protocols::l4::socket::SocketAddr as PeerAddr;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::access_log::{self, AccessLog, Line};
-use crate::admission::{self, Admitted, Facts};
-use crate::config::HostHeader;
+use crate::admission::{self, Admission, Admitted, BodyInput, Facts};
 use crate::config::UpstreamProtocol;
+use crate::config::{HostHeader, Oversize};
 use crate::drain::{Drain, InFlight};
 use crate::edge::body::{self, BodyReservation};
 use crate::edge::headers::{self, Forwarding};
@@ -29,6 +29,7 @@ use crate::metrics::Outcome;
 use crate::pools::{PoolPermit, PoolRefusal, Retry};
 use crate::respond::Rejection;
 use crate::runtime::Runtime;
+use crate::top::Caller;
 
 // Added headers are named by `&'static str`: Pingora then keeps the name as
 // given (no allocation), where a `HeaderName` of a non-standard header would
@@ -149,7 +150,19 @@ impl Gateway {
         let peer = peer_ip(session.client_addr());
         let admitted = match admission::admit(rt, peer, session.req_header(), &mut ctx.facts).await
         {
-            Ok(admitted) => admitted,
+            Ok(Admission::Decided(admitted)) => admitted,
+            Ok(Admission::ReadBody(wait)) => {
+                // Boxed, as a body read whole is below.
+                let body = match Box::pin(read_for_limits(rt, session, ctx, wait.reads())).await? {
+                    Ok(body) => body,
+                    Err(rejection) => return Ok(Err(rejection)),
+                };
+                let req = session.req_header();
+                match admission::admit_body(rt, wait, req, body, &mut ctx.facts).await {
+                    Ok(admitted) => admitted,
+                    Err(rejection) => return Ok(Err(rejection)),
+                }
+            }
             Err(rejection) => return Ok(Err(rejection)),
         };
         if ctx.facts.delay_ms > 0 {
@@ -192,21 +205,74 @@ impl Gateway {
 /// the request takes a pool permit, so that no client holds a permit by
 /// sending its body slowly; the proxy then sends it on from Pingora's
 /// retry buffer. Only once authenticated and admitted by the limits (an
-/// unknown caller never makes the gateway buffer), and within
-/// `buffered_bytes_total` over the process (beyond: 503 `overloaded`).
-/// `Expect: 100-continue` is answered here, and not passed on. `len` is
-/// the body's declared length, from [`small_body`].
+/// unknown caller never makes the gateway buffer). `len` is the body's
+/// declared length, from [`small_body`].
 async fn read_small_body(
     rt: &Runtime,
     session: &mut Session,
     ctx: &mut RequestCtx,
     len: u64,
 ) -> Result<Option<Rejection>> {
+    Ok(read_whole(rt, session, ctx, len, None).await?.err())
+}
+
+/// Reads the body of a request on a route whose request limits read it,
+/// once its pre-auth limits admitted it and its caller is known: whole,
+/// up to `server.limits.buffer_body_bytes` (Pingora's retry buffer sends
+/// it on). A body declared larger is 413 or, with `oversize: absent`,
+/// left unread to stream on; one that turns out larger as it comes (no
+/// length declared) is 413 whatever `oversize` says, since what was read
+/// of it could not be sent on.
+async fn read_for_limits(
+    rt: &Runtime,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    reads: &crate::config::BodyRead,
+) -> Result<Result<BodyInput, Rejection>> {
+    if session.is_body_empty() || session.is_body_done() {
+        return Ok(Ok(BodyInput::Read(Bytes::new())));
+    }
+    let limit = rt.policy.server.edge.buffer_body_bytes;
+    let declared = admission::declared_length(session.req_header());
+    match declared {
+        Some(0) => return Ok(Ok(BodyInput::Read(Bytes::new()))),
+        Some(n) if n > limit => {
+            return Ok(match reads.oversize {
+                Oversize::Reject => Err(Rejection::PayloadTooLarge),
+                Oversize::Absent => Ok(BodyInput::Oversize),
+            })
+        }
+        _ => {}
+    }
+    let caller = ctx.facts.caller(rt.policy.client_ip.ipv6_prefix);
+    let body = read_whole(rt, session, ctx, declared.unwrap_or(limit), caller).await?;
+    Ok(body.map(|b| BodyInput::Read(b.unwrap_or_default())))
+}
+
+/// Reads a body whole into Pingora's retry buffer, within
+/// `buffered_bytes_total` over the process (beyond: 503 `overloaded`) and,
+/// for a `caller`, within its share of it; `reserve` bytes are held until
+/// the request ends. `Expect: 100-continue` is answered here, and not
+/// passed on. For a `caller` the body is kept and returned, and one over
+/// `buffer_body_bytes` is 413.
+async fn read_whole(
+    rt: &Runtime,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    reserve: u64,
+    caller: Option<Caller>,
+) -> Result<Result<Option<Bytes>, Rejection>> {
     let server = &rt.policy.server;
     let budget = &rt.services.body_budget;
-    let Some(reservation) = budget.reserve(len, server.buffered_bytes_total) else {
+    let total = server.buffered_bytes_total;
+    let limit = server.edge.buffer_body_bytes;
+    let reservation = match &caller {
+        Some(who) => budget.reserve_for(who.digest(), reserve, total, limit),
+        None => budget.reserve(reserve, total),
+    };
+    let Some(reservation) = reservation else {
         rt.all_metrics().overload_shed("body_buffer");
-        return Ok(Some(Rejection::Overloaded { retry_after: 1 }));
+        return Ok(Err(Rejection::Overloaded { retry_after: 1 }));
     };
     let expects = session
         .req_header()
@@ -221,12 +287,19 @@ async fn read_small_body(
     }
     session.enable_retry_buffering();
     body::started();
+    let mut kept = caller.map(|_| bytes::BytesMut::new());
     while let Some(chunk) = session.read_request_body().await? {
         body::read(chunk.len(), false);
+        if let Some(kept) = &mut kept {
+            if (kept.len() + chunk.len()) as u64 > limit {
+                return Ok(Err(Rejection::PayloadTooLarge));
+            }
+            kept.extend_from_slice(&chunk);
+        }
     }
     body::read(0, true);
     ctx.body_buffer = Some(reservation);
-    Ok(None)
+    Ok(Ok(kept.map(bytes::BytesMut::freeze)))
 }
 
 /// The declared length of a body to read whole before the request takes
@@ -339,18 +412,39 @@ fn spawn_settlement(rt: &Runtime, reconcile: admission::Reconcile, settled: u64,
             .with_label_values(&[&reconcile.route, "missing"])
             .inc();
     }
-    if delta == 0 {
+    if delta == 0
+        && reconcile
+            .charged
+            .iter()
+            .all(|(c, _)| c.cost == reconcile.reserved)
+    {
         return;
     }
     tokio::spawn(async move {
-        let uncharged = limiter
-            .reconcile(&reconcile.charged, delta, reconcile.spec.max_debt)
-            .await;
-        let direction = if delta > 0 { "charged" } else { "refunded" };
-        metrics
-            .cost_reconciled
-            .with_label_values(&[&reconcile.route, direction])
-            .inc();
+        // Each charge moves from what it was charged to `settled`: the
+        // pre-auth limits of a route that reads its estimate from the body
+        // were charged before the body named it.
+        let mut uncharged = 0;
+        let mut charged = reconcile.charged;
+        while !charged.is_empty() {
+            let cost = charged[0].0.cost;
+            let (same, rest): (Vec<_>, Vec<_>) =
+                charged.into_iter().partition(|(c, _)| c.cost == cost);
+            charged = rest;
+            let delta = settled as i64 - cost as i64;
+            uncharged = uncharged.max(
+                limiter
+                    .reconcile(&same, delta, reconcile.spec.max_debt)
+                    .await,
+            );
+        }
+        if delta != 0 {
+            let direction = if delta > 0 { "charged" } else { "refunded" };
+            metrics
+                .cost_reconciled
+                .with_label_values(&[&reconcile.route, direction])
+                .inc();
+        }
         if uncharged > 0 {
             metrics
                 .cost_uncharged
@@ -634,6 +728,11 @@ impl ProxyHttp for Gateway {
             // The usage is read from the body as it passes: not compressed.
             upstream.insert_header(http::header::ACCEPT_ENCODING, "identity")?;
         }
+        if let Some(body) = &ctx.facts.rewritten_body {
+            // The body sent is the one asking for the stream's usage.
+            upstream.remove_header(&http::header::TRANSFER_ENCODING);
+            upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
+        }
         if let Some(trace) = &ctx.facts.trace {
             // This gateway's span is the upstream's parent; a state that
             // came with a trace the gateway did not continue is not its.
@@ -662,6 +761,13 @@ impl ProxyHttp for Gateway {
         if ctx.body_bytes > ctx.facts.max_body_bytes {
             ctx.outcome = Some(Outcome::BadRequest);
             return Error::e_explain(ErrorType::HTTPStatus(413), "request body too large");
+        }
+        if let Some(rewritten) = &ctx.facts.rewritten_body {
+            // The body was read whole, and is sent from the retry buffer in
+            // one piece (again on a retry): that piece becomes the new one.
+            if len > 0 {
+                *body = Some(rewritten.clone());
+            }
         }
         Ok(())
     }
@@ -924,6 +1030,12 @@ fn access(
         bytes_in: ctx.body_bytes,
         bytes_out: session.body_bytes_sent() as u64,
         trace_id: ctx.facts.trace.as_ref().map(|t| t.trace_id_hex()),
+        key_values: (ctx.facts.used.values.iter())
+            .map(|(dim, value)| (dim.clone(), rt.services.redactor.tag(value)))
+            .collect(),
+        values: (ctx.facts.used.matched.iter())
+            .map(|(limit, value)| (limit.as_ref(), value.as_str()))
+            .collect(),
     });
 }
 

@@ -62,6 +62,15 @@ pub struct LogLine {
     /// `time`. Concurrency limits are modelled from it.
     #[serde(default)]
     pub duration_ms: Option<f64>,
+    /// The values its limits' keys read, by dimension, as digests: a
+    /// replay keys each value by its digest, one budget per value as the
+    /// gateway had.
+    #[serde(default)]
+    pub key_values: HashMap<String, String>,
+    /// The `values` entries that matched, by limit, in the clear: a
+    /// replay gives them their own numbers.
+    #[serde(default)]
+    pub values: HashMap<String, String>,
 }
 
 impl LogLine {
@@ -193,6 +202,8 @@ impl LogReader {
             client: Some(addr.to_owned()),
             target: Some(target.to_owned()),
             duration_ms: None,
+            key_values: HashMap::new(),
+            values: HashMap::new(),
         };
         Some((line, at))
     }
@@ -324,6 +335,20 @@ impl Simulation {
         }
     }
 
+    /// The values a line's limits read, by dimension: digests, and in
+    /// place of its digest the listed value a limit keyed by that
+    /// dimension alone matched.
+    fn named(&self, line: &LogLine) -> HashMap<String, String> {
+        let mut named = line.key_values.clone();
+        for (limit, value) in &line.values {
+            let listed = self.policy.limits.iter().find(|l| *l.name == **limit);
+            if let Some([dim]) = listed.map(|l| &*l.values.dims) {
+                named.insert(dim.to_string(), value.clone());
+            }
+        }
+        named
+    }
+
     /// Replays one request at `at_ms` (ms since the epoch); the clock never
     /// goes back, so lines slightly out of order are taken at the latest
     /// time seen.
@@ -393,10 +418,13 @@ impl Simulation {
             (None, _) => None,
         };
         // A log line has the path, not the headers, query or body: limits
-        // keyed by those read their values as absent.
+        // keyed by those read the digests of their values, or a listed
+        // value's name.
         let headers = http::HeaderMap::new();
+        let named = self.named(line);
         let view = crate::key_values::RequestView {
             template: Some(template),
+            named: Some(&named),
             ..crate::key_values::RequestView::of_head(&headers, path, None)
         };
         let charged = match admission::charges(
@@ -414,6 +442,7 @@ impl Simulation {
                 charges: Vec::new(),
                 authenticated: !route.auth_required || credential.is_some(),
                 refused: Some(refused),
+                used: Default::default(),
             },
         };
         let (charges, authenticated, refused) =
@@ -445,6 +474,7 @@ impl Simulation {
             lookup: None,
             refused,
             estimate: route.cost,
+            body_path: None,
         };
         let concluded = admission::conclude(
             &plan,

@@ -61,6 +61,17 @@ pub enum Caller {
     Ip(ipnet::IpNet),
 }
 
+impl Caller {
+    /// A digest of who it is, to count what it holds by (not kept, not
+    /// shown).
+    pub fn digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.hash(&mut h);
+        h.finish()
+    }
+}
+
 impl fmt::Display for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

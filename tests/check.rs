@@ -81,7 +81,7 @@ const FIXTURES: &[(&str, &str)] = &[
     ("schema_threads_zero", "tests/config/schema_threads_zero.yaml: server.threads: must be between 1 and 256, got 0"),
     ("schema_routes_not_a_list", "tests/config/schema_routes_not_a_list.yaml:3:3: routes: invalid type: map, expected a sequence"),
     ("unbounded_key_value", "tests/config/unbounded_key_value.yaml: routes[0].limits: limit \"per-end-user\" is keyed by a value the client chooses (header.x-end-user), so each new value would be a new budget: list its values with other: reject, or also apply an enforced limit keyed by credential, tenant or ip, in the same or an earlier scope, that does not fail open"),
-    ("key_value_misplaced", "tests/config/key_value_misplaced.yaml: limits.early-model.key: a pre_auth limit runs before the caller is identified and its body read: body.model needs them; a pre_auth key may add header.* and path.*\ntests/config/key_value_misplaced.yaml: limits.typo.key[0]: unknown key dimension \"tenent\": ip, credential, tenant, route, or header.NAME, path.PARAM, query.NAME, claim.NAME, auth.NAME, body.FIELD; did you mean \"tenant\"?\ntests/config/key_value_misplaced.yaml: limits.typo.key[1]: unknown key dimension \"heder.x\": ip, credential, tenant, route, or header.NAME, path.PARAM, query.NAME, claim.NAME, auth.NAME, body.FIELD; did you mean \"header\"?\ntests/config/key_value_misplaced.yaml: routes[0].limits: limit \"per-project\" is keyed by path.project, but the route's path \"/v1/{id}\" has no {project}\ntests/config/key_value_misplaced.yaml: routes[0].limits: limit \"per-org\" is keyed by claim.org_id, but no caller of the route can have a JWT (auth.jwt and auth: required)"),
+    ("key_value_misplaced", "tests/config/key_value_misplaced.yaml: limits.early-model.key: a pre_auth limit runs before the caller is identified and its body read: body.model needs them; a pre_auth key may add header.* and path.*\ntests/config/key_value_misplaced.yaml: limits.typo.key[0]: unknown key dimension \"tenent\": ip, credential, tenant, route, or header.NAME, path.PARAM, query.NAME, claim.NAME, auth.NAME, body.FIELD; did you mean \"tenant\"?\ntests/config/key_value_misplaced.yaml: limits.typo.key[1]: unknown key dimension \"heder.x\": ip, credential, tenant, route, or header.NAME, path.PARAM, query.NAME, claim.NAME, auth.NAME, body.FIELD; did you mean \"header\"?\ntests/config/key_value_misplaced.yaml: routes[0].limits: limit \"per-project\" is keyed by path.project, but the route's path \"/v1/{id}\" has no {project}\ntests/config/key_value_misplaced.yaml: routes[0].limits: limit \"per-org\" is keyed by claim.org_id, but no caller of the route can have a JWT (auth.jwt and auth: required)\ntests/config/key_value_misplaced.yaml: routes[1].oversize: the route reads no request body (no body.* key, cost_from_request.json or include_usage)"),
 ];
 
 #[test]
@@ -107,12 +107,19 @@ fn every_fixture_fails_with_its_message() {
     }
 }
 
-#[test]
-fn costs_above_a_fallback_share_are_warned_about_but_valid() {
+/// `check` of `policy` written to a file of its own: its exit code,
+/// stdout, stderr, and the file's name as `check` shows it.
+fn check_policy(policy: &str) -> (i32, String, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");
-    std::fs::write(
-        &file,
+    std::fs::write(&file, policy).unwrap();
+    let (code, stdout, stderr) = check(file.to_str().unwrap());
+    (code, stdout, stderr, file.display().to_string())
+}
+
+#[test]
+fn costs_above_a_fallback_share_are_warned_about_but_valid() {
+    let (code, stdout, stderr, file) = check_policy(
         r#"
 version: 1
 store: { backend: redis, urls: ["redis://127.0.0.1:6379/0"], expected_instances: 4 }
@@ -121,17 +128,14 @@ limits:
 routes:
   - { name: export, path: /export, cost: 10, respond: { status: 200 }, limits: [per-tenant] }
 "#,
-    )
-    .unwrap();
-    let (code, stdout, stderr) = check(file.to_str().unwrap());
+    );
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains(" ok: "));
     assert_eq!(
         stderr.trim_end(),
         format!(
-            "{}: warning: route \"export\": cost 10 exceeds the local fallback share (5) of limit \"per-tenant\" \
+            "{file}: warning: route \"export\": cost 10 exceeds the local fallback share (5) of limit \"per-tenant\" \
              (1/4 of its budget): while the store is failing these requests get 429",
-            file.display()
         )
     );
 }
@@ -176,6 +180,36 @@ fn an_admin_listener_beyond_loopback_without_a_token_is_warned_about_but_valid()
         let (code, _, stderr) = check_with(&quiet);
         assert_eq!((code, stderr.as_str()), (0, ""), "{quiet}");
     }
+}
+
+#[test]
+fn an_estimate_a_request_may_name_beyond_a_budget_is_warned_about() {
+    let (code, _, stderr, file) = check_policy(
+        r#"
+version: 1
+limits:
+  tokens: { key: [ip], capacity: 1000, refill_per_second: 1 }
+upstreams:
+  llm: { servers: ["127.0.0.1:9"] }
+routes:
+  - name: chat
+    path: /v1/chat/completions
+    upstream: llm
+    auth: none
+    limits: [tokens]
+    oversize: absent
+    cost_from_request: { json: max_tokens, max: 4000, default: 100 }
+    cost_from_response: { format: openai, max: 800, include_usage: true }
+"#,
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "{file}: warning: route \"chat\": cost_from_request.max (4000) exceeds the capacity (1000) \
+             of limit \"tokens\": a request naming that much is refused even by a full budget",
+        )
+    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Limits keyed by what the request says — a header, a path segment, a
-//! query parameter — through the real binary, on the memory store and on
+//! query parameter, a JSON body's member — through the real binary, on the memory store and on
 //! a real Redis: one budget per value, absent values skipped, a value
 //! given twice or not listed refused with 400, and a refused request that
 //! leaves no state behind.
@@ -15,7 +15,7 @@ fn policy(store: &str) -> String {
     format!(
         r#"
 version: 1
-server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, admin_tokens: [{{ name: oncall, sha256: "{admin}", role: write }}] }}
+server: {{ listen: ["{{listen}}"], admin_listen: "{{admin}}", threads: 1, http2: true, admin_tokens: [{{ name: oncall, sha256: "{admin}", role: write }}] }}
 store: {store}
 auth:
   keys:
@@ -36,6 +36,12 @@ limits:
       small: {{ capacity: 3, refill_per_second: 0.001 }}
     other: reject
   per-user-bucket: {{ key: [credential, header.x-user], absent: bucket, capacity: 1, refill_per_second: 0.001 }}
+  per-body-model:
+    key: [tenant, body.model]
+    capacity: 2
+    refill_per_second: 0.001
+    values:
+      big: {{ capacity: 1, refill_per_second: 0.001 }}
 upstreams:
   api: {{ servers: ["{{upstream}}"] }}
 routes:
@@ -45,6 +51,7 @@ routes:
   - {{ name: models, path: /v1/models, upstream: api, limits: [per-model] }}
   - {{ name: buckets, path: /v1/buckets, upstream: api, limits: [per-credential, per-user-bucket] }}
   - {{ name: crowded, path: /v1/crowded, upstream: api, limits: [tight-credential, per-end-user] }}
+  - {{ name: chat, path: /v1/chat, upstream: api, limits: [per-credential, per-body-model] }}
 "#,
         c1 = digest("key-c1"),
         c2 = digest("key-c2"),
@@ -140,6 +147,128 @@ fn unusable_values_are_refused(gw: &Gateway) {
     assert_eq!(gw.get("/v1/users", &twice[1..]).status, 401);
 }
 
+/// A JSON body's member keys a limit: read decoded (an escape and an
+/// integer are the value they spell), sent on byte for byte, whether the
+/// body came with a length or chunked; a member named twice or a body
+/// that is not JSON is 400, one too large to read is 413.
+fn body_members_key_limits(gw: &Gateway) {
+    let post = |body: &str| {
+        let headers = [C1, ("content-type", "application/json")];
+        support::request_with_body(gw.addr, "POST", "/v1/chat", &headers, body.as_bytes())
+    };
+    let status = |body: &str| post(body).status;
+    let first = r#"{ "model" : "a", "messages": [{"role": "user", "content": "h\u0069"}] }"#;
+    let r = post(first);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["body"],
+        first,
+        "the upstream reads what the client sent"
+    );
+    assert_eq!(status(r#"{"model":"a"}"#), 200);
+    assert_eq!(status(r#"{"model":"\u0061"}"#), 429, "decoded, a is a");
+    assert_eq!(
+        status(r#"{"model":"b"}"#),
+        200,
+        "another value, another budget"
+    );
+    assert_eq!(status(r#"{"model":"big"}"#), 200);
+    assert_eq!(
+        status(r#"{"model":"big"}"#),
+        429,
+        "a listed value's numbers"
+    );
+    assert_eq!(status(r#"{"model":7}"#), 200);
+    assert_eq!(status(r#"{"model":7}"#), 200);
+    assert_eq!(
+        status(r#"{"model":"7"}"#),
+        429,
+        "an integer is its decimal string"
+    );
+    // Absent (skip): no member, a float, an object, or no body at all.
+    for absent in [
+        r#"{"messages":[]}"#,
+        r#"{"model":1.5}"#,
+        r#"{"model":{}}"#,
+        "",
+        "[1]",
+    ] {
+        assert_eq!(status(absent), 200, "{absent}");
+        assert_eq!(status(absent), 200, "{absent}");
+        assert_eq!(status(absent), 200, "{absent}");
+    }
+    let kind = |r: support::Reply| {
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        r.json()["type"].as_str().unwrap_or_default().to_owned()
+    };
+    let r = post(r#"{"model":"c","model":"d"}"#);
+    assert_eq!(r.status, 400);
+    assert_eq!(kind(r), "urn:tollgate:problem:ambiguous-key-value");
+    let r = post("model=c");
+    assert_eq!(r.status, 400);
+    assert_eq!(kind(r), "urn:tollgate:problem:bad-request");
+    assert_eq!(
+        status(&format!(r#"{{"model":"{}"}}"#, "c".repeat(257))),
+        400
+    );
+    // Chunked, in two pieces.
+    let chunked = |model: &str| {
+        let body = format!(r#"{{"model":"{model}"}}"#);
+        let (a, b) = body.split_at(5);
+        let raw = format!(
+            "POST /v1/chat HTTP/1.1\r\nhost: test\r\nauthorization: Bearer key-c1\r\n\
+             transfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+             {:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        );
+        support::raw(gw.addr, raw.as_bytes())
+    };
+    let reply = chunked("e");
+    assert_eq!(support::status_of(&reply), 200, "{reply}");
+    assert!(reply.contains(r#"\"model\":\"e\""#), "{reply}");
+    assert_eq!(support::status_of(&chunked("e")), 200);
+    assert_eq!(support::status_of(&chunked("e")), 429);
+    // Over HTTP/2, with and without a declared length.
+    let h2 = |model: &str, length: bool| {
+        let url = format!("http://{}/v1/chat", gw.addr);
+        let body = format!(r#"{{"model":"{model}"}}"#);
+        let mut args = vec![
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{http_version}",
+        ];
+        args.extend(["--max-time", "10", "--http2-prior-knowledge"]);
+        args.extend([
+            "-H",
+            "authorization: Bearer key-c1",
+            "--data-binary",
+            &body,
+            &url,
+        ]);
+        if !length {
+            args.extend(["-H", "content-length:"]);
+        }
+        let out = std::process::Command::new("curl").args(&args).output();
+        String::from_utf8_lossy(&out.expect("curl (make test installs it)").stdout).into_owned()
+    };
+    assert_eq!(h2("g", true), "200 2");
+    assert_eq!(h2("g", false), "200 2");
+    assert_eq!(h2("g", false), "429 2");
+    // An unknown caller is refused before its body is read: one that never
+    // comes changes nothing.
+    let unknown = "POST /v1/chat HTTP/1.1\r\nhost: test\r\ncontent-length: 100\r\n\r\n";
+    assert_eq!(
+        support::status_of(&support::raw(gw.addr, unknown.as_bytes())),
+        401
+    );
+    // Larger than can be read whole before the limits: 413 (oversize: reject).
+    let large = format!(r#"{{"model":"f","pad":"{}"}}"#, "x".repeat(70_000));
+    assert_eq!(status(&large), 413);
+}
+
 /// `/admin/explain` and `/admin/reset` name a key read from requests by its
 /// dimension, as the request carries it.
 fn operators_name_values_by_dimension(gw: &Gateway) {
@@ -170,13 +299,64 @@ fn operators_name_values_by_dimension(gw: &Gateway) {
     assert_eq!(statuses(gw, "/v1/users", &alice, 3), [200, 200, 429]);
 }
 
+/// The access log shows each value a limit read as a digest, the same for
+/// the same value, never in the clear; and a `values` entry that matched
+/// by its name.
+fn the_access_log_keeps_values_as_digests(log: &std::path::Path) {
+    let mut lines = Vec::new();
+    assert!(support::eventually(
+        std::time::Duration::from_secs(5),
+        || {
+            lines = std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .collect();
+            lines.iter().filter(|l| l["route"] == "chat").count() >= 20
+        }
+    ));
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(!text.contains("alice"), "a header's value in the clear");
+    let digest =
+        |l: &serde_json::Value, dim: &str| l["key_values"][dim].as_str().map(str::to_owned);
+    let users: Vec<_> = lines
+        .iter()
+        .filter(|l| l["route"] == "users")
+        .filter_map(|l| digest(l, "header.x-end-user"))
+        .collect();
+    assert!(users
+        .iter()
+        .all(|d| d.len() == 12 && d.bytes().all(|b| b.is_ascii_hexdigit())));
+    let chat: Vec<_> = lines.iter().filter(|l| l["route"] == "chat").collect();
+    let big: Vec<_> = chat
+        .iter()
+        .filter(|l| l["values"]["per-body-model"] == "big")
+        .collect();
+    assert_eq!(
+        big.len(),
+        2,
+        "both requests for the listed value, and no other"
+    );
+    assert_eq!(digest(big[0], "body.model"), digest(big[1], "body.model"));
+    assert!(chat
+        .iter()
+        .filter(|l| l["key_values"].is_null())
+        .all(|l| l["values"].is_null()));
+}
+
 #[test]
 fn memory_keys_from_headers_paths_and_queries() {
     let upstream = Upstream::start();
-    let gw = Gateway::start(&policy("{ backend: memory }"), Some(&upstream));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.jsonl");
+    let logged = format!("threads: 1, access_log: {{ path: \"{}\" }},", log.display());
+    let policy = policy("{ backend: memory }").replacen("threads: 1,", &logged, 1);
+    let gw = Gateway::start(&policy, Some(&upstream));
     each_value_has_its_budget(&gw);
     unusable_values_are_refused(&gw);
     operators_name_values_by_dimension(&gw);
+    body_members_key_limits(&gw);
+    the_access_log_keeps_values_as_digests(&log);
     // (That a refused request leaves no key in this store is a unit test
     // of the store: it has no count to read from outside.)
 }
@@ -188,6 +368,7 @@ fn redis_keys_from_headers_paths_and_queries() {
     let gw = Gateway::start_with_env(&policy(&redis.store(2000)), Some(&upstream), &[SECRET]);
     each_value_has_its_budget(&gw);
     unusable_values_are_refused(&gw);
+    body_members_key_limits(&gw);
     assert_eq!(statuses(&gw, "/v1/crowded", &[C2], 3), [200, 200, 429]);
     let before = redis.keys().len();
     for i in 0..50 {

@@ -43,8 +43,11 @@ const ANTHROPIC_STREAM: &str = concat!(
 );
 
 /// A fake LLM upstream: answers by path, streaming event streams in small
-/// chunks (so events are split across reads); `/hold/…` waits for a
-/// release before it answers; it records the request heads it saw.
+/// chunks (so events are split across reads); a request whose body asks
+/// for a stream (`"stream": true`) gets one, with its usage only when the
+/// body asks for it (`stream_options.include_usage`), as OpenAI answers;
+/// `/hold/…` waits for a release before it answers; it records the request
+/// heads it saw.
 struct Llm {
     addr: std::net::SocketAddr,
     release: Mutex<mpsc::Sender<()>>,
@@ -100,13 +103,20 @@ fn serve(conn: TcpStream, release: &Mutex<mpsc::Receiver<()>>, seen: &Mutex<Vec<
         reader.read_exact(&mut body).unwrap();
         seen.lock().unwrap().push(head.clone());
         let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+        let asked: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let streamed = asked["stream"] == true;
         if path.starts_with("/hold/") {
             let _ = release
                 .lock()
                 .unwrap()
                 .recv_timeout(Duration::from_secs(30));
         }
-        let (content_type, answer) = if path.ends_with("/openai-stream") {
+        let (content_type, answer) = if streamed && asked["stream_options"]["include_usage"] == true
+        {
+            ("text/event-stream", OPENAI_STREAM)
+        } else if streamed {
+            ("text/event-stream", OPENAI_STREAM_NO_USAGE)
+        } else if path.ends_with("/openai-stream") {
             ("text/event-stream", OPENAI_STREAM)
         } else if path.ends_with("/openai-stream-no-usage") {
             ("text/event-stream", OPENAI_STREAM_NO_USAGE)
@@ -283,6 +293,87 @@ fn the_request_estimate_is_reserved_while_the_answer_is_in_flight() {
 }
 
 #[test]
+fn the_body_names_the_estimate_and_a_stream_is_asked_for_its_usage() {
+    let llm = Llm::start();
+    let policy = policy(&llm)
+        .replace("header: x-max-tokens,", "json: max_tokens,")
+        .replace("format: openai,", "format: openai, include_usage: true,");
+    let gw = Gateway::start(&policy, None);
+    let addr = gw.addr;
+    let post = move |i: u32, path: &'static str, body: &'static str| {
+        thread::spawn(move || {
+            let (k, v) = key(i);
+            support::request_with_body(addr, "POST", path, &[(&k, &v)], body.as_bytes())
+        })
+    };
+    // Reserved: the body's max_tokens. The stream did not ask for its
+    // usage; the gateway asked for it, so it settles at what it reports.
+    let held = post(
+        4,
+        "/hold/v1/chat/completions",
+        r#"{"model":"m","max_tokens":300,"stream":true}"#,
+    );
+    assert!(settles_at(&gw, 4, 1000 - 300));
+    llm.release();
+    let r = held.join().unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, OPENAI_STREAM);
+    assert!(settles_at(&gw, 4, 1000 - 77));
+
+    // Beyond max: clamped; none named: the default.
+    let held = post(5, "/hold/v1/chat/completions", r#"{"max_tokens":999999}"#);
+    assert!(settles_at(&gw, 5, 1000 - 500));
+    llm.release();
+    assert_eq!(held.join().unwrap().status, 200);
+    assert!(settles_at(&gw, 5, 1000 - 42));
+    let held = post(6, "/hold/v1/chat/completions", r#"{"model":"m"}"#);
+    assert!(settles_at(&gw, 6, 1000 - 100));
+    llm.release();
+    assert_eq!(held.join().unwrap().status, 200);
+    assert!(settles_at(&gw, 6, 1000 - 42));
+
+    // A stream that says twice whether it is one is refused, not guessed.
+    let r = post(
+        3,
+        "/v1/chat/completions",
+        r#"{"stream":true,"stream":false}"#,
+    )
+    .join()
+    .unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(remaining(&gw, 3), 1000, "refused before any charge");
+
+    // A body too large to read before the limits: 413, or with
+    // `oversize: absent` sent on unread, its estimate the most.
+    let large = format!(r#"{{"max_tokens":1,"pad":"{}"}}"#, "x".repeat(70_000));
+    let (k, v) = key(2);
+    let big = |gw: &Gateway, path: &str| {
+        support::request_with_body(gw.addr, "POST", path, &[(&k, &v)], large.as_bytes())
+    };
+    assert_eq!(big(&gw, "/v1/chat/completions").status, 413);
+    let gw = Gateway::start(
+        &policy.replace("    cost: 10\n", "    cost: 10\n    oversize: absent\n"),
+        None,
+    );
+    let addr = gw.addr;
+    let held = thread::spawn(move || {
+        let (k, v) = key(2);
+        let large = format!(r#"{{"max_tokens":1,"pad":"{}"}}"#, "x".repeat(70_000));
+        support::request_with_body(
+            addr,
+            "POST",
+            "/hold/v1/chat/completions",
+            &[(&k, &v)],
+            large.as_bytes(),
+        )
+    });
+    assert!(settles_at(&gw, 2, 1000 - 500));
+    llm.release();
+    assert_eq!(held.join().unwrap().status, 200);
+    assert!(settles_at(&gw, 2, 1000 - 42));
+}
+
+#[test]
 fn anthropic_streams_settle_at_input_plus_the_last_output() {
     let llm = Llm::start();
     let gw = Gateway::start(&anthropic_policy(&llm), None);
@@ -316,4 +407,64 @@ fn concurrent_streams_of_one_tenant_settle_exactly() {
         assert_eq!(r.body, OPENAI_STREAM);
     }
     assert!(settles_at(&gw, 1, 1000 - 770));
+}
+
+#[test]
+fn the_openai_python_client_streams_and_not_through_the_gateway() {
+    // The `openai` package, which `make test` installs in target/pylib, as
+    // the client: a JSON answer, then a stream it does not ask to carry its
+    // usage; the gateway asks for it (`include_usage`).
+    let root = env!("CARGO_MANIFEST_DIR");
+    let pylib = format!("{root}/target/pylib");
+    let import = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .env("PYTHONPATH", &pylib)
+        .status()
+        .expect("python3 must be installed");
+    assert!(
+        import.success(),
+        "the openai package is missing from {pylib}: run `make test`, which installs it"
+    );
+    let llm = Llm::start();
+    // The estimate is the body's max_tokens, as the client sends it.
+    let policy = policy(&llm)
+        .replace("header: x-max-tokens,", "json: max_tokens,")
+        .replace("format: openai,", "format: openai, include_usage: true,");
+    let gw = Gateway::start(&policy, None);
+    let out = std::process::Command::new("python3")
+        .arg(format!("{root}/tests/openai_client.py"))
+        .args(["--base-url", &format!("http://{}/v1", gw.addr)])
+        .args(["--api-key", "key-1", "--model", "gpt-4o-mini"])
+        .env("PYTHONPATH", &pylib)
+        .output()
+        .expect("python3 must be installed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        gw.log()
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+
+    // The JSON answer's text (which looks like a usage) and its usage.
+    assert_eq!(lines[0]["mode"], "json");
+    assert_eq!(lines[0]["content"], r#"{"usage":{"total_tokens":5000}}"#);
+    assert_eq!(lines[0]["total_tokens"], 42);
+
+    // The stream's text and the usage of its last chunk, which the upstream
+    // sends only to a request with stream_options.include_usage: three
+    // chunks of text and that one.
+    assert_eq!(lines[1]["mode"], "stream");
+    assert_eq!(lines[1]["content"], r#"usage: {"total_tokens": 99999}"#);
+    assert_eq!(lines[1]["total_tokens"], 77, "{}", gw.log());
+    assert_eq!(lines[1]["chunks"], 4);
+
+    // Both settle at the usage they report (a stream without it would
+    // settle at the most, 500).
+    assert!(settles_at(&gw, 1, 1000 - 42 - 77));
 }

@@ -14,6 +14,7 @@ use crate::access_log::AccessLogSettings;
 use crate::auth::KeyTable;
 use crate::client_ip::ClientIpConfig;
 use crate::edge::EdgeSettings;
+use crate::key_values::{BodyValues, FieldPath};
 use crate::limits::algorithm::Params;
 pub use crate::limits::plan::DebtBound;
 pub use crate::limits::{KeyDims, LimitId, Mode, OnStoreError, PlanId};
@@ -331,34 +332,86 @@ pub struct Route {
     pub cost_from_response: Option<CostFromResponse>,
     /// Where a request names its own estimate (`cost_from_request`).
     pub cost_from_request: Option<CostFromRequest>,
+    /// What it reads from the request's JSON body, if anything.
+    pub body: Option<BodyRead>,
 }
 
 /// `routes[].cost_from_request`, validated: a request's estimate, clamped
 /// to `[1, max]`, `default` when it names none.
 #[derive(Debug, Clone)]
 pub struct CostFromRequest {
-    /// The request header holding the estimate.
-    pub header: http::HeaderName,
+    /// Where the request names it.
+    pub source: RequestCost,
     /// The largest estimate.
     pub max: u64,
     /// The estimate of a request that names none.
     pub default: u64,
 }
 
+/// Where a request names its estimate.
+#[derive(Debug, Clone)]
+pub enum RequestCost {
+    /// A request header.
+    Header(http::HeaderName),
+    /// A member of the JSON body, by dotted path.
+    Json(FieldPath),
+}
+
 impl CostFromRequest {
-    /// The estimate a request's `headers` name: a whole number, clamped to
-    /// `[1, max]` (a number too large to hold is `max`); `default` when
-    /// the header is absent, given twice or not a whole number.
-    pub fn estimate(&self, headers: &http::HeaderMap) -> u64 {
-        let mut lines = headers.get_all(&self.header).iter();
-        let (Some(value), None) = (lines.next(), lines.next()) else {
-            return self.default;
+    /// The estimate a request names in its `headers` or its JSON `body`:
+    /// a whole number, clamped to `[1, max]` (a number too large to hold
+    /// is `max`, as is any estimate of a body too large to read);
+    /// `default` when it names none, names it twice or names no whole
+    /// number.
+    pub fn estimate(&self, headers: &http::HeaderMap, body: Option<&BodyValues>) -> u64 {
+        let named = match &self.source {
+            RequestCost::Header(name) => {
+                let mut lines = headers.get_all(name).iter();
+                let (Some(value), None) = (lines.next(), lines.next()) else {
+                    return self.default;
+                };
+                decimal(value.as_bytes())
+            }
+            RequestCost::Json(path) => match body {
+                Some(b) if b.oversize => return self.max,
+                Some(b) => match b.get(path) {
+                    Ok(Some(v)) => decimal(v.as_bytes()),
+                    _ => None,
+                },
+                None => None,
+            },
         };
-        match decimal(value.as_bytes()) {
+        match named {
             Some(n) => n.map_or(self.max, |n| n.clamp(1, self.max)),
             None => self.default,
         }
     }
+}
+
+/// What a route reads from a request's JSON body before its request
+/// limits are decided.
+#[derive(Debug, Clone)]
+pub struct BodyRead {
+    /// The members read: its request limits' `body.*` keys and the
+    /// estimate's `cost_from_request.json`.
+    pub fields: Vec<FieldPath>,
+    /// What a body too large to read whole does.
+    pub oversize: Oversize,
+    /// Whether a streamed (chat) completions request is sent asking for
+    /// its usage (`cost_from_response.include_usage`).
+    pub include_usage: bool,
+}
+
+/// `routes[].oversize`: a body too large to read whole before the limits
+/// (more than `server.limits.buffer_body_bytes`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Oversize {
+    /// 413.
+    #[default]
+    Reject,
+    /// Its body values are absent, and a cost read from it is the most.
+    Absent,
 }
 
 /// A whole number written in decimal digits, with spaces around it:
@@ -389,12 +442,12 @@ impl Route {
             .map_or(estimate, |f| f.admission_cost(estimate))
     }
 
-    /// The estimate of a request with these headers: its own
-    /// (`cost_from_request`), or the route's cost.
-    pub fn estimate(&self, headers: &http::HeaderMap) -> u64 {
+    /// The estimate of a request with these headers and body values:
+    /// its own (`cost_from_request`), or the route's cost.
+    pub fn estimate(&self, headers: &http::HeaderMap, body: Option<&BodyValues>) -> u64 {
         self.cost_from_request
             .as_ref()
-            .map_or(self.cost, |c| c.estimate(headers))
+            .map_or(self.cost, |c| c.estimate(headers, body))
     }
 }
 
@@ -533,6 +586,17 @@ impl Policy {
                             route.name,
                             spec.max - route.cost,
                             limit.name
+                        ));
+                    }
+                }
+                if let Some(named) = &route.cost_from_request {
+                    let capacity = limit.params.quota();
+                    if named.max > capacity {
+                        out.push(format!(
+                            "route {:?}: cost_from_request.max ({}) exceeds the capacity \
+                             ({capacity}) of limit {:?}: a request naming that much is refused \
+                             even by a full budget",
+                            route.name, named.max, limit.name
                         ));
                     }
                 }

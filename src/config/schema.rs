@@ -1054,6 +1054,11 @@ pub struct RawRoute {
     /// its `max_tokens`), instead of `cost`: only beside
     /// `cost_from_response`, which corrects it.
     pub cost_from_request: Option<RawCostFromRequest>,
+    /// On a route that reads its request body (`body.*` keys,
+    /// `cost_from_request.json`, `include_usage`): a body larger than
+    /// `server.limits.buffer_body_bytes` is `reject`ed (413, the default),
+    /// or read as one with no values (`absent`; its estimate is `max`).
+    pub oversize: Option<crate::config::Oversize>,
 }
 
 /// The `routes[].cost_from_request` section.

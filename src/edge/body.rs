@@ -51,17 +51,25 @@ pub fn deadline(
     }
 }
 
-/// Bytes of bodies read whole, over the process.
+/// Bytes of bodies read whole, over the process, and by each caller.
 #[derive(Debug, Default)]
 pub struct BodyBudget {
     used: AtomicU64,
+    /// Bytes held by each caller that has some, by a digest of its name.
+    shares: Mutex<std::collections::HashMap<u64, u64>>,
 }
+
+/// One caller's share of the budget: at most [`SHARE_DIVISOR`]th of it,
+/// so that one caller's slow bodies cannot take it all.
+pub const SHARE_DIVISOR: u64 = 8;
 
 /// Bytes of the budget one body holds, given back when dropped.
 #[derive(Debug)]
 pub struct BodyReservation {
     budget: Arc<BodyBudget>,
     bytes: u64,
+    /// The caller whose share it is part of.
+    caller: Option<u64>,
 }
 
 impl BodyBudget {
@@ -80,7 +88,30 @@ impl BodyBudget {
             .map(|_| BodyReservation {
                 budget: self.clone(),
                 bytes,
+                caller: None,
             })
+    }
+
+    /// `bytes` more for `caller` (a digest of who it is), unless that takes
+    /// the total past `max` or the caller's share past `max /`
+    /// [`SHARE_DIVISOR`] (a share always holds one body of `floor`).
+    pub fn reserve_for(
+        self: &Arc<Self>,
+        caller: u64,
+        bytes: u64,
+        max: u64,
+        floor: u64,
+    ) -> Option<BodyReservation> {
+        let share = (max / SHARE_DIVISOR).max(floor);
+        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let held = shares.get(&caller).copied().unwrap_or(0);
+        if held.saturating_add(bytes) > share {
+            return None;
+        }
+        let mut reservation = self.reserve(bytes, max)?;
+        shares.insert(caller, held + bytes);
+        reservation.caller = Some(caller);
+        Some(reservation)
     }
 
     /// Bytes held now.
@@ -92,6 +123,15 @@ impl BodyBudget {
 impl Drop for BodyReservation {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        if let Some(caller) = self.caller {
+            let mut shares = self.budget.shares.lock().unwrap_or_else(|e| e.into_inner());
+            if let std::collections::hash_map::Entry::Occupied(mut held) = shares.entry(caller) {
+                *held.get_mut() = held.get().saturating_sub(self.bytes);
+                if *held.get() == 0 {
+                    held.remove();
+                }
+            }
+        }
     }
 }
 
@@ -292,6 +332,34 @@ mod tests {
             body_total: Duration::from_secs(60),
             ..EdgeSettings::default()
         }
+    }
+
+    #[test]
+    fn one_caller_holds_at_most_its_share_and_gets_it_back() {
+        let budget = BodyBudget::new();
+        // A total of 800: each caller's share is 100.
+        let a: Vec<_> = (0..4)
+            .map(|_| budget.reserve_for(1, 25, 800, 10))
+            .collect::<Option<_>>()
+            .expect("four of 25 fit a share of 100");
+        assert!(
+            budget.reserve_for(1, 1, 800, 10).is_none(),
+            "the share is full"
+        );
+        let b = budget
+            .reserve_for(2, 100, 800, 10)
+            .expect("another caller has its own");
+        assert_eq!(budget.used(), 200);
+        drop(a);
+        assert!(budget.reserve_for(1, 100, 800, 10).is_some(), "given back");
+        drop(b);
+        assert_eq!(budget.used(), 0);
+        assert!(
+            budget.shares.lock().unwrap().is_empty(),
+            "no caller is remembered"
+        );
+        // A share always holds one body of the floor.
+        assert!(budget.reserve_for(3, 64, 80, 64).is_some());
     }
 
     #[test]

@@ -44,8 +44,8 @@ pub struct UpstreamState {
     pub unhealthy: std::sync::atomic::AtomicBool,
 }
 
-/// An upstream that answers with 200 and a JSON echo of the method, path
-/// and headers it received. `/slow…` waits `delay_ms` first, `/fail…`
+/// An upstream that answers with 200 and a JSON echo of the method, path,
+/// headers and body it received. `/slow…` waits `delay_ms` first, `/fail…`
 /// closes the connection without an answer, `/health` reports the
 /// `unhealthy` flag. It counts requests and the most it had at once.
 pub struct Upstream {
@@ -120,10 +120,21 @@ fn serve(conn: TcpStream, state: &UpstreamState) {
                 slot.as_array_mut().unwrap().push(v.into());
             }
         }
-        let mut body = vec![0; length];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
+        let chunked = headers
+            .get("transfer-encoding")
+            .is_some_and(|v| v.to_string().contains("chunked"));
+        let body = if chunked {
+            match read_chunked(&mut reader) {
+                Some(body) => body,
+                None => return,
+            }
+        } else {
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_err() {
+                return;
+            }
+            body
+        };
         if path == "/health" {
             let status = if state.unhealthy.load(Ordering::SeqCst) {
                 "500 Oops"
@@ -163,8 +174,10 @@ fn serve(conn: TcpStream, state: &UpstreamState) {
             .and_then(|v| v[0].as_str())
             .map(|n| format!("x-usage-tokens: {n}\r\n"))
             .unwrap_or_default();
+        let body = String::from_utf8_lossy(&body);
         let echo =
-            serde_json::json!({ "method": method, "path": path, "headers": headers }).to_string();
+            serde_json::json!({ "method": method, "path": path, "headers": headers, "body": body })
+                .to_string();
         let reply = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{usage}content-length: {}\r\n\r\n{echo}",
             echo.len()
@@ -172,6 +185,28 @@ fn serve(conn: TcpStream, state: &UpstreamState) {
         if conn.write_all(reply.as_bytes()).is_err() {
             return;
         }
+    }
+}
+
+/// A chunked body, its trailers skipped.
+fn read_chunked(reader: &mut impl BufRead) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let mut size = String::new();
+        reader.read_line(&mut size).ok()?;
+        let size = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
+        if size == 0 {
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).ok()? == 0 || line.trim().is_empty() {
+                    return Some(body);
+                }
+            }
+        }
+        let start = body.len();
+        body.resize(start + size + 2, 0);
+        reader.read_exact(&mut body[start..]).ok()?;
+        body.truncate(start + size);
     }
 }
 

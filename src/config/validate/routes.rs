@@ -1,6 +1,7 @@
 //! `routes`: templates, hosts, targets, costs and the limits each route applies.
 
 use super::*;
+use crate::key_values::FieldPath;
 use crate::limits::meter::{FormatName, Reader, Weights};
 use std::sync::Arc;
 
@@ -19,14 +20,6 @@ pub(super) fn cost_from_response<'a>(
         c.fail(
             format!("{path}.include_usage"),
             "asks an OpenAI upstream for a stream's usage: only with format: openai",
-        );
-    } else if raw.include_usage {
-        // Refused rather than accepted and ignored: a stream without its
-        // usage settles at `max`.
-        c.fail(
-            format!("{path}.include_usage"),
-            "request bodies are not rewritten yet: have clients send \
-             stream_options.include_usage: true (a stream without usage settles at max)",
         );
     }
     if raw.weights.is_some() && raw.format.is_none() {
@@ -119,6 +112,71 @@ fn cost_source(c: &mut Checker, path: &str, raw: &RawCostFromResponse) -> Option
     }))
 }
 
+/// A dotted path to a member of a JSON body (`usage.total_tokens`).
+fn field_path(c: &mut Checker, at: &str, text: &str) -> Option<FieldPath> {
+    match ValueDim::parse(&format!("body.{text}")) {
+        Some(Ok(ValueDim::Body(path))) => Some(path),
+        Some(Err(e)) => {
+            c.fail(at, format!("{text:?} is not a dotted path: {e}"));
+            None
+        }
+        _ => {
+            c.fail(
+                at,
+                format!("{text:?} is not a dotted path (e.g. max_tokens)"),
+            );
+            None
+        }
+    }
+}
+
+/// What a route reads from its request body, if anything: the `body.*`
+/// keys of its request limits, a `cost_from_request.json`, and whether it
+/// asks for a stream's usage. `oversize` only where a body is read.
+fn body_read(
+    c: &mut Checker,
+    path: &str,
+    request: &[LimitId],
+    ctx: &RouteContext<'_>,
+    from_request: Option<&CostFromRequest>,
+    from_response: Option<&CostFromResponse>,
+    oversize: Option<Oversize>,
+) -> Option<BodyRead> {
+    let mut fields: Vec<FieldPath> = Vec::new();
+    let keyed = request
+        .iter()
+        .flat_map(|&id| ctx.limits[id].values.dims.iter())
+        .filter_map(|d| match d {
+            ValueDim::Body(p) => Some(p.clone()),
+            _ => None,
+        });
+    let estimated = from_request.and_then(|f| match &f.source {
+        RequestCost::Json(p) => Some(p.clone()),
+        RequestCost::Header(_) => None,
+    });
+    for p in keyed.chain(estimated) {
+        if !fields.contains(&p) {
+            fields.push(p);
+        }
+    }
+    let include_usage = from_response.is_some_and(|f| f.include_usage);
+    if fields.is_empty() && !include_usage {
+        if oversize.is_some() {
+            c.fail(
+                format!("{path}.oversize"),
+                "the route reads no request body (no body.* key, cost_from_request.json or \
+                 include_usage)",
+            );
+        }
+        return None;
+    }
+    Some(BodyRead {
+        fields,
+        oversize: oversize.unwrap_or_default(),
+        include_usage,
+    })
+}
+
 /// `routes[].cost_from_request`: a header, and bounds; only beside
 /// `cost_from_response`, whose default `max_debt` becomes ten times its
 /// `max` (an estimate varies from request to request).
@@ -151,15 +209,9 @@ fn cost_from_request(
             format!("must be between 1 and max ({max}), got {default}"),
         );
     }
-    let header = match (raw.header, raw.json) {
-        (Some(name), None) => c.header_name(format!("{path}.header"), &name)?,
-        (None, Some(_)) => {
-            c.fail(
-                format!("{path}.json"),
-                "an estimate from the request body is not read yet: name it in a header",
-            );
-            return None;
-        }
+    let source = match (raw.header, raw.json) {
+        (Some(name), None) => RequestCost::Header(c.header_name(format!("{path}.header"), &name)?),
+        (None, Some(json)) => RequestCost::Json(field_path(c, &format!("{path}.json"), &json)?),
         _ => {
             c.fail(&path, "takes exactly one of header and json");
             return None;
@@ -169,7 +221,7 @@ fn cost_from_request(
         response.max_debt.default = response.max.saturating_mul(10);
     }
     Some(CostFromRequest {
-        header,
+        source,
         max,
         default,
     })
@@ -237,6 +289,15 @@ pub(super) fn routes(
         let cost_from_request = r
             .cost_from_request
             .and_then(|raw| cost_from_request(c, &path, raw, cost, cost_from_response.as_mut()));
+        let body = body_read(
+            c,
+            &path,
+            &request,
+            ctx,
+            cost_from_request.as_ref(),
+            cost_from_response.as_ref(),
+            r.oversize,
+        );
         let max_body_bytes = c.bounded(
             &format!("{path}.max_body_bytes"),
             r.max_body_bytes.or(Some(max_body_bytes)),
@@ -268,6 +329,7 @@ pub(super) fn routes(
                 priority: r.priority,
                 cost_from_response,
                 cost_from_request,
+                body,
             };
             router.push(methods, hosts, template, route);
         }
