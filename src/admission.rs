@@ -80,6 +80,8 @@ pub struct Facts {
     pub rewritten_body: Option<Bytes>,
     /// The values its limits' keys read from it.
     pub used: Used,
+    /// The usage ledger's room for its record, on a recording route.
+    pub usage: Option<crate::usage::Slot>,
 }
 
 impl Facts {
@@ -237,6 +239,11 @@ fn plan_into<'a>(
         .ok_or(Rejection::NotFound)?;
     facts.route = Some(route.name.clone());
     facts.route_id = Some(route.id);
+    if let Some(ledger) = rt.services.usage.as_ref().filter(|_| rt.records(route.id)) {
+        // Room for the request's record before any limit is charged: a
+        // request the ledger could not record is not admitted.
+        facts.usage = Some(ledger.slot().ok_or(Rejection::UsageUnavailable)?);
+    }
     facts.route_header = Some(route.class_header.clone());
     // A route that reads its estimate from the body charges its pre-auth
     // limits the default, before the body is read.

@@ -38,4 +38,5 @@ pub mod testing;
 pub mod tls;
 pub mod top;
 pub mod trace;
+pub mod usage;
 pub mod watch;

@@ -101,6 +101,34 @@ enum Command {
     /// Replay an access log against a policy (or two) in virtual time and
     /// report what would have been admitted, refused and flagged.
     Simulate(SimulateArgs),
+    /// Read the usage ledger's Redis stream (the policy's `usage` sink).
+    #[command(subcommand)]
+    Usage(UsageCommand),
+}
+
+#[derive(Subcommand)]
+enum UsageCommand {
+    /// Print the last records, oldest first, one JSON object per line (as
+    /// `simulate --log` reads them).
+    Tail {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// How many.
+        #[arg(long, short = 'n', default_value_t = 10)]
+        count: usize,
+    },
+    /// Sum the records of a recent span by the fields named.
+    Summary {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// How far back, e.g. `1h`, `30m`, `7days`.
+        #[arg(long, default_value = "1h")]
+        since: String,
+        /// Fields to group by, comma-separated: tenant, credential, plan,
+        /// route, method, status, cost_source, instance.
+        #[arg(long, default_value = "tenant,route", value_delimiter = ',')]
+        by: Vec<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -198,6 +226,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Simulate(args) => printed(simulate(&args)),
+        Command::Usage(command) => printed(usage(&command)),
         Command::Schema { keys_file } => {
             let schema = if keys_file {
                 config::schema::keys_file_schema()
@@ -233,6 +262,94 @@ fn printed(result: anyhow::Result<String>) -> ExitCode {
         Err(e) => {
             eprintln!("tollgate: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tollgate usage`: the ledger's Redis stream, read with a connection of
+/// its own.
+fn usage(command: &UsageCommand) -> anyhow::Result<String> {
+    use tollgate::usage::report;
+    let config = match command {
+        UsageCommand::Tail { config, .. } | UsageCommand::Summary { config, .. } => config,
+    };
+    let policy = config::load(config)?;
+    let Some((key, urls, cluster)) = policy.usage.as_ref().and_then(|u| {
+        u.sinks.iter().find_map(|s| match s {
+            config::SinkSettings::RedisStream { key, urls, cluster } => {
+                Some((key.clone(), urls.clone(), *cluster))
+            }
+            config::SinkSettings::Http { .. } => None,
+        })
+    }) else {
+        anyhow::bail!(
+            "{}: usage has no redis_stream sink to read",
+            config.display()
+        );
+    };
+    let timeout = std::time::Duration::from_secs(5);
+    let mut conn: Box<dyn redis::ConnectionLike> = if cluster {
+        let client = redis::cluster::ClusterClient::builder(urls)
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .build()?;
+        Box::new(client.get_connection()?)
+    } else {
+        let client = redis::Client::open(urls[0].as_str())?;
+        let conn = client.get_connection_with_timeout(timeout)?;
+        conn.set_read_timeout(Some(timeout))?;
+        Box::new(conn)
+    };
+    type Entries = Vec<(String, Vec<(String, String)>)>;
+    match command {
+        UsageCommand::Tail { count, .. } => {
+            let mut entries: Entries = redis::cmd("XREVRANGE")
+                .arg(&key)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(*count)
+                .query(conn.as_mut())?;
+            entries.reverse();
+            Ok(entries
+                .iter()
+                .filter_map(|(_, fields)| fields.iter().find(|(n, _)| n == "record"))
+                .map(|(_, json)| format!("{json}\n"))
+                .collect())
+        }
+        UsageCommand::Summary { since, by, .. } => {
+            if let Some(unknown) = by.iter().find(|f| !report::GROUPS.contains(&f.as_str())) {
+                anyhow::bail!("--by {unknown:?}: one of {}", report::GROUPS.join(", "));
+            }
+            let span = humantime::parse_duration(since)
+                .map_err(|e| anyhow::anyhow!("--since {since:?}: {e}"))?;
+            let now = tollgate::clock::wall_ms();
+            let from = now.saturating_sub(span.as_millis() as u64);
+            let mut start = format!("{from}-0");
+            let mut records = Vec::new();
+            loop {
+                let page: Entries = redis::cmd("XRANGE")
+                    .arg(&key)
+                    .arg(&start)
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query(conn.as_mut())?;
+                records.extend(report::records_of(&page));
+                match page.last() {
+                    Some((id, _)) if page.len() == 1000 => start = format!("({id}"),
+                    _ => break,
+                }
+            }
+            let sums = report::summarize(&records, by);
+            Ok(format!(
+                "{} records since {}\n\n{}",
+                records.len(),
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(from)
+                ),
+                report::table(&sums, by)
+            ))
         }
     }
 }
@@ -475,6 +592,9 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
                 if let Some(log) = &services.access_log {
                     log.flush(std::time::Duration::from_secs(1)).await;
                 }
+                if let Some(ledger) = &services.usage {
+                    ledger.flush(tollgate::usage::FLUSH_LIMIT).await;
+                }
             })
         }),
     ));
@@ -500,6 +620,17 @@ fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Resu
         Some(log) => Some(
             AccessLog::open(log, metrics.access_log_dropped.clone())
                 .with_context(|| format!("server.access_log: cannot open {:?}", log.destination))?,
+        ),
+        None => None,
+    };
+    let usage = match &policy.usage {
+        Some(usage) => Some(
+            tollgate::usage::Ledger::start(
+                usage,
+                metrics.clone(),
+                tollgate::usage::instance_name(),
+            )
+            .with_context(|| format!("usage.spool: cannot open {:?}", usage.spool.path))?,
         ),
         None => None,
     };
@@ -536,6 +667,7 @@ fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Resu
         overrides: Arc::default(),
         store_keys: Arc::default(),
         tracer,
+        usage,
     }))
 }
 

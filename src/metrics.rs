@@ -100,6 +100,18 @@ pub struct Metrics {
     /// `tollgate_concurrency_reclaimed_total{limit}`: holds found expired
     /// unrenewed (their instance died or lost the store) and dropped.
     pub concurrency_reclaimed: IntCounterVec,
+    /// `tollgate_usage_records_total{sink,result}`: ledger records by sink
+    /// and what became of them (`shipped`, `duplicate`: the sink had it
+    /// already, `failed`: in a try that failed, counted at each try).
+    pub usage_records: IntCounterVec,
+    /// `tollgate_usage_spool_bytes`: bytes the ledger's spool holds.
+    pub usage_spool_bytes: IntGauge,
+    /// `tollgate_usage_lag_seconds{sink}`: age of the oldest record a sink
+    /// has not shipped (0 when it has shipped all).
+    pub usage_lag: prometheus::GaugeVec,
+    /// `tollgate_usage_dropped_total`: ledger records dropped unshipped
+    /// because the spool was full (`on_full: drop`), or torn by a crash.
+    pub usage_dropped: IntCounter,
     /// `tollgate_overload_shed_total{reason}`: requests the gateway shed
     /// because it was too busy (`store_pending`, `store_wait`,
     /// `body_buffer`), never a failure of the store.
@@ -241,7 +253,7 @@ impl Metrics {
         for reason in SHED_REASONS {
             overload_shed.with_label_values(&[reason]);
         }
-        Self {
+        let metrics = Self {
             log_suppressed: counter(
                 &r,
                 "tollgate_log_suppressed_total",
@@ -345,6 +357,42 @@ impl Metrics {
                 "Holds of concurrency limits found expired unrenewed and dropped, by limit.",
                 &["limit"],
             ),
+            usage_records: counter(
+                &r,
+                "tollgate_usage_records_total",
+                "Usage ledger records by sink and result (shipped, duplicate, failed: in a failed try, at each try).",
+                &["sink", "result"],
+            ),
+            usage_spool_bytes: {
+                let g = IntGauge::new(
+                    "tollgate_usage_spool_bytes",
+                    "Bytes the usage ledger's spool holds.",
+                )
+                .expect("valid metric");
+                r.register(Box::new(g.clone())).expect("registered once");
+                g
+            },
+            usage_lag: {
+                let g = prometheus::GaugeVec::new(
+                    prometheus::Opts::new(
+                        "tollgate_usage_lag_seconds",
+                        "Age of the oldest usage record a sink has not shipped.",
+                    ),
+                    &["sink"],
+                )
+                .expect("valid metric");
+                r.register(Box::new(g.clone())).expect("registered once");
+                g
+            },
+            usage_dropped: {
+                let c = IntCounter::new(
+                    "tollgate_usage_dropped_total",
+                    "Usage records dropped unshipped: the spool was full (on_full: drop) or a crash tore them.",
+                )
+                .expect("valid metric");
+                r.register(Box::new(c.clone())).expect("registered once");
+                c
+            },
             requests: counter(
                 &r,
                 "tollgate_requests_total",
@@ -452,7 +500,15 @@ impl Metrics {
                 &["version"],
             ),
             registry: r,
+        };
+        // Known label values are exported from the start, at zero.
+        for sink in ["redis_stream", "http"] {
+            metrics.usage_lag.with_label_values(&[sink]);
+            for result in ["shipped", "duplicate", "failed"] {
+                metrics.usage_records.with_label_values(&[sink, result]);
+            }
         }
+        metrics
     }
 
     /// One caller refused by authentication, by `reason`.
@@ -525,6 +581,8 @@ outcomes! {
         StoreUnavailable => "store_unavailable",
         /// The forward-auth service could not say who the caller is (503).
         AuthUnavailable => "auth_unavailable",
+        /// The usage ledger's spool was full and says `refuse` (503).
+        UsageUnavailable => "usage_unavailable",
         /// The gateway itself was too busy to decide in time, or the
         /// upstream pool had no room or no healthy server (503).
         Overloaded => "overloaded",

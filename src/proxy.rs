@@ -73,6 +73,9 @@ pub struct RequestCtx {
     /// Reads the usage out of a metered answer's body as it passes, with
     /// the share of `buffered_bytes_total` the piece it holds may take.
     meter: Option<(Meter, Option<BodyReservation>)>,
+    /// What a request whose cost the response reports was settled at, and
+    /// how (`reported`, `estimate`, `max`), for its usage record.
+    settled: Option<(u64, &'static str)>,
 }
 
 /// An upstream answer of a declared length within the pool's
@@ -319,6 +322,7 @@ fn settle(ctx: &mut RequestCtx, headers: &http::HeaderMap) -> Option<http::Heade
     let actual = ctx.facts.reconcile.as_ref()?.actual(headers);
     if let (Some(actual), Some(rt)) = (actual, &ctx.runtime) {
         let reconcile = ctx.facts.reconcile.take()?;
+        ctx.settled = Some((actual, "reported"));
         spawn_settlement(rt, reconcile, actual, false);
     }
     hidden
@@ -365,6 +369,7 @@ fn settle_metered(ctx: &mut RequestCtx) {
     if let (Some(usage), Some(rt)) = (meter.finish(true), &ctx.runtime) {
         if let Some(reconcile) = ctx.facts.reconcile.take() {
             let settled = usage.min(reconcile.spec.max);
+            ctx.settled = Some((settled, "reported"));
             spawn_settlement(rt, reconcile, settled, false);
         }
     }
@@ -393,6 +398,12 @@ fn settle_unreported(ctx: &mut RequestCtx, e: Option<&Error>) {
         admission::Unreported::Missing
     };
     let settled = reconcile.unreported(end);
+    let how = if settled == reconcile.estimate {
+        "estimate"
+    } else {
+        "max"
+    };
+    ctx.settled = Some((settled, how));
     spawn_settlement(
         rt,
         reconcile,
@@ -923,6 +934,11 @@ impl ProxyHttp for Gateway {
             return;
         };
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        if let (Some(ledger), Some(slot)) = (&rt.services.usage, ctx.facts.usage.take()) {
+            if ctx.outcome == Some(Outcome::Allowed) {
+                ledger.record(&usage_record(ledger, &rt, session, ctx, status), slot);
+            }
+        }
         let route = ctx.facts.route.as_deref().unwrap_or("unmatched");
         self.account(&rt, ctx);
         let caller = || {
@@ -981,6 +997,61 @@ fn spans_of(session: &Session, ctx: &RequestCtx, status: u16) -> crate::trace::o
             let server = ctx.server.map(|(_, a)| a.to_string()).unwrap_or_default();
             (ago(s.elapsed()), now, server)
         }),
+    }
+}
+
+/// An admitted request's usage record, once it is settled.
+fn usage_record(
+    ledger: &crate::usage::Ledger,
+    rt: &Runtime,
+    session: &Session,
+    ctx: &RequestCtx,
+    status: u16,
+) -> crate::usage::Record {
+    let req = session.req_header();
+    let credential = ctx.facts.credential.as_deref();
+    let admitted = ctx.facts.cost;
+    let charged = ctx
+        .facts
+        .route_id
+        .and_then(|id| rt.policy.routes.get(id))
+        .map_or(admitted, |r| r.admission_cost_of(admitted));
+    let (settled, how) = ctx.settled.unwrap_or((charged, "route"));
+    let plan = credential
+        .and_then(|c| c.plan)
+        .and_then(|p| rt.policy.plans.get(p))
+        .map(|p| p.name.to_string());
+    crate::usage::Record {
+        id: crate::usage::record::new_id(),
+        time: access_log::timestamp(crate::clock::wall()),
+        instance: ledger.instance().to_owned(),
+        tenant: credential.map(|c| c.tenant.to_string()),
+        credential: credential.map(|c| c.id.to_string()),
+        plan,
+        route: ctx.facts.route.as_deref().unwrap_or_default().to_owned(),
+        method: req.method.as_str().to_owned(),
+        host: req
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri.authority().map(|a| a.as_str()))
+            .map(|h| crate::routes::request_host(h).into_owned()),
+        path: crate::usage::record::bounded_path(match &ctx.facts.rewritten_target {
+            Some(target) => target.split('?').next().unwrap_or(target),
+            None => req.uri.path(),
+        }),
+        client: ctx
+            .facts
+            .network(rt.policy.client_ip.ipv6_prefix)
+            .map(|n| n.to_string()),
+        status,
+        cost_admitted: charged,
+        cost_settled: settled,
+        cost_source: how.to_owned(),
+        values: (ctx.facts.used.matched.iter())
+            .map(|(limit, value)| (limit.to_string(), value.clone()))
+            .collect(),
+        trace_id: ctx.facts.trace.as_ref().map(|t| t.trace_id_hex()),
     }
 }
 

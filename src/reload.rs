@@ -80,6 +80,13 @@ impl Reloader {
         if policy.store != old.policy.store {
             tracing::warn!("store settings changed; they take effect at the next restart");
         }
+        let ledger =
+            |p: &config::Policy| p.usage.as_ref().map(|u| (u.spool.clone(), u.sinks.clone()));
+        if ledger(&policy) != ledger(&old.policy) {
+            // Which routes record takes effect now; the spool and the sinks
+            // are opened at start.
+            tracing::warn!("usage spool or sinks changed; they take effect at the next restart");
+        }
         let (new, was) = (&policy.server, &old.policy.server);
         let listeners = |s: &crate::config::ServerSettings| {
             let tls = s.tls.as_ref().map(|t| t.listen.clone());

@@ -55,6 +55,9 @@ pub enum Rejection {
     /// The forward-auth service failed, was too slow or too busy, or
     /// answered with an identity that cannot be used.
     AuthUnavailable,
+    /// The usage ledger cannot record the request: its spool is full and
+    /// says `refuse` (billing must not give work away).
+    UsageUnavailable,
     /// The upstream pool has no room within its queue bound.
     Overloaded {
         /// Seconds for `Retry-After`.
@@ -88,6 +91,7 @@ impl Rejection {
             Rejection::ProxyFailed { status } => *status,
             Rejection::StoreUnavailable { .. }
             | Rejection::AuthUnavailable
+            | Rejection::UsageUnavailable
             | Rejection::Overloaded { .. }
             | Rejection::NoHealthyUpstream { .. } => 503,
         }
@@ -107,6 +111,7 @@ impl Rejection {
             Rejection::RateLimited { .. } => Outcome::Limited,
             Rejection::StoreUnavailable { .. } => Outcome::StoreUnavailable,
             Rejection::AuthUnavailable => Outcome::AuthUnavailable,
+            Rejection::UsageUnavailable => Outcome::UsageUnavailable,
             Rejection::Overloaded { .. } | Rejection::NoHealthyUpstream { .. } => {
                 Outcome::Overloaded
             }
@@ -171,6 +176,11 @@ impl Rejection {
                 "Service Unavailable",
                 "Callers cannot be identified right now.".into(),
             ),
+            Rejection::UsageUnavailable => (
+                "usage-unavailable",
+                "Service Unavailable",
+                "Usage cannot be recorded right now.".into(),
+            ),
             Rejection::Overloaded { .. } => (
                 "overloaded",
                 "Service Unavailable",
@@ -191,7 +201,7 @@ impl Rejection {
             Rejection::StoreUnavailable { retry_after }
             | Rejection::Overloaded { retry_after }
             | Rejection::NoHealthyUpstream { retry_after } => Some(*retry_after),
-            Rejection::AuthUnavailable => Some(1),
+            Rejection::AuthUnavailable | Rejection::UsageUnavailable => Some(1),
             _ => None,
         }
     }

@@ -359,6 +359,11 @@ impl<R> Router<R> {
             .map(|e| (&e.route, &e.template))
     }
 
+    /// The route at `index`, in insertion order.
+    pub fn get(&self, index: usize) -> Option<&R> {
+        self.entries.get(index).map(|e| &e.route)
+    }
+
     /// The template of the route at `index`, in insertion order.
     pub fn template(&self, index: usize) -> Option<&PathTemplate> {
         self.entries.get(index).map(|e| &e.template)

@@ -43,6 +43,8 @@ pub struct Services {
     pub store_keys: Arc<crate::store_keys::StoreKeys>,
     /// Exports request spans, when `server.tracing` is set (at start).
     pub tracer: Option<&'static crate::trace::otlp::Exporter>,
+    /// The usage ledger, when `usage` is set (at start).
+    pub usage: Option<Arc<crate::usage::Ledger>>,
 }
 
 /// Reload generations: each runtime's is new, so what was resolved against
@@ -80,6 +82,12 @@ impl Drop for AfterDrop {
 }
 
 impl Runtime {
+    /// Whether route `id` records its admitted requests in the usage
+    /// ledger (which is kept).
+    pub fn records(&self, id: crate::config::RouteId) -> bool {
+        self.services.usage.is_some() && self.policy.usage.as_ref().is_some_and(|u| u.records(id))
+    }
+
     /// Prepares `policy` to serve: its pools reconciled with those already
     /// running, its metric series indexed by route and limit.
     pub fn new(policy: Policy, services: Arc<Services>) -> Self {

@@ -414,7 +414,12 @@ impl Simulation {
                 .as_deref()
                 .and_then(|tenant| Credential::new(id, tenant, None))
                 .map(Arc::new),
-            (Some(id), _) => self.credentials.get(id).cloned(),
+            (Some(id), source) => self.credentials.get(id).cloned().or_else(|| {
+                // A ledger record names no source: a caller the policy does
+                // not list (a JWT's, forward auth's) replays as it names it.
+                let tenant = line.tenant.as_deref().filter(|_| source.is_none())?;
+                Credential::new(id, tenant, None).map(Arc::new)
+            }),
             (None, _) => None,
         };
         // A log line has the path, not the headers, query or body: limits

@@ -311,3 +311,28 @@ async fn a_stream_whose_body_stalls_ends_at_the_route_timeout_and_frees_its_perm
     assert!(freed, "the stalled stream gave its pool permit back");
     drop(send);
 }
+
+/// An HTTP/2 request whose `:authority` and `Host` disagree is malformed
+/// (RFC 9113 §8.3.1): refused with 400, never forwarded, and the
+/// connection's other streams go on. (Pingora answers it before the
+/// gateway sees the stream, with an empty body.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_authorities_are_refused_and_never_forwarded() {
+    let (_dir, upstream, gw, mut client) = h2_gateway(|policy| policy).await;
+    let conflicting = http::Request::get(format!("http://{}/v1/x", gw.addr))
+        .header("host", "elsewhere.test")
+        .header("authorization", "Bearer key-c1")
+        .body(())
+        .unwrap();
+    let (response, _) = client.send_request(conflicting, true).unwrap();
+    assert_eq!(response.await.unwrap().status(), 400);
+    assert_eq!(upstream.hits(), 0, "a malformed request is never forwarded");
+    let mut client = client.ready().await.unwrap();
+    let fine = http::Request::get(format!("http://{}/v1/x", gw.addr))
+        .header("authorization", "Bearer key-c1")
+        .body(())
+        .unwrap();
+    let (response, _) = client.send_request(fine, true).unwrap();
+    assert_eq!(response.await.unwrap().status(), 200);
+    assert_eq!(upstream.hits(), 1);
+}

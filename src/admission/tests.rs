@@ -55,6 +55,7 @@ fn runtime() -> Runtime {
         overrides: Arc::default(),
         store_keys: Arc::default(),
         tracer: None,
+        usage: None,
     });
     Runtime::new(policy, services)
 }

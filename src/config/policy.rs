@@ -52,6 +52,8 @@ pub struct Policy {
     pub routes: Router<Route>,
     /// Whether responses carry `RateLimit-Policy` and `RateLimit` (`draft`).
     pub ratelimit_headers: bool,
+    /// The ledger of admitted requests (`usage`), if kept.
+    pub usage: Option<UsageSettings>,
 }
 
 /// The validated `server` section.
@@ -121,6 +123,73 @@ pub struct StoreSettings {
     pub open_for: Duration,
     /// Instances sharing the store; the local fallback enforces 1/this of a budget.
     pub expected_instances: u32,
+}
+
+/// The validated `usage` section: the ledger of admitted requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageSettings {
+    /// Whether each route (by [`RouteId`]) records its admitted requests.
+    pub records: Vec<bool>,
+    /// The local spool.
+    pub spool: SpoolSettings,
+    /// Where records are shipped.
+    pub sinks: Vec<SinkSettings>,
+}
+
+impl UsageSettings {
+    /// Whether route `id` records its admitted requests.
+    pub fn records(&self, id: RouteId) -> bool {
+        self.records.get(id).copied().unwrap_or(false)
+    }
+}
+
+/// `usage.spool`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpoolSettings {
+    /// The spool's directory.
+    pub path: PathBuf,
+    /// The most bytes it holds.
+    pub max_bytes: u64,
+    /// The longest a written record waits for fsync.
+    pub fsync: Duration,
+    /// What a full spool does.
+    pub on_full: super::schema::OnFull,
+}
+
+/// One of `usage.sinks`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkSettings {
+    /// A Redis stream.
+    RedisStream {
+        /// The stream's key.
+        key: String,
+        /// The Redis: one server, or a cluster's seed nodes.
+        urls: Vec<String>,
+        /// Whether `urls` are a cluster's.
+        cluster: bool,
+    },
+    /// An HTTP endpoint receiving CloudEvents batches.
+    Http {
+        /// Where batches are POSTed.
+        url: String,
+        /// Records per request.
+        batch: usize,
+        /// The longest a request waits.
+        timeout: Duration,
+        /// The environment variable holding a bearer token.
+        token_env: Option<String>,
+    },
+}
+
+impl SinkSettings {
+    /// The sink's kind, its `sink` label in metrics: `redis_stream` or
+    /// `http` (a policy has at most one of each).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SinkSettings::RedisStream { .. } => "redis_stream",
+            SinkSettings::Http { .. } => "http",
+        }
+    }
 }
 
 /// The validated `ip_rules` section, applied to the resolved client IP.

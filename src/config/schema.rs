@@ -129,6 +129,105 @@ pub struct RawConfig {
     /// Optional response headers (`responses`).
     #[serde(default)]
     pub responses: RawResponses,
+    /// A ledger of admitted requests for billing (`usage`): a local spool
+    /// shipped to a Redis stream and/or an HTTP endpoint.
+    pub usage: Option<RawUsage>,
+}
+
+/// The `usage` section: which routes record, the spool, the sinks.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawUsage {
+    /// `all` (the default) or a list of route names.
+    #[serde(default)]
+    pub routes: RawUsageRoutes,
+    /// The local spool every record is written to before it is shipped.
+    pub spool: RawSpool,
+    /// Where records are shipped; at least one.
+    pub sinks: Vec<RawSink>,
+}
+
+/// `usage.routes`: `all`, or route names.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawUsageRoutes {
+    /// `all`.
+    All(String),
+    /// These routes.
+    Named(Vec<String>),
+}
+
+impl Default for RawUsageRoutes {
+    fn default() -> Self {
+        RawUsageRoutes::All("all".into())
+    }
+}
+
+/// `usage.spool`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawSpool {
+    /// A directory of this instance's own (created mode 0700).
+    pub path: String,
+    /// The most bytes the spool holds; default 1 GiB.
+    #[schemars(transform = bounds::SPOOL_MAX_BYTES.schema())]
+    pub max_bytes: Option<u64>,
+    /// The longest a written record waits for fsync, in ms; default 100.
+    #[schemars(transform = bounds::SPOOL_FSYNC_MS.schema())]
+    pub fsync_ms: Option<u64>,
+    /// When full: `refuse` (503 `usage-unavailable` to recording routes,
+    /// the default) or `drop` (the oldest records, counted).
+    #[serde(default)]
+    pub on_full: OnFull,
+}
+
+/// `usage.spool.on_full`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFull {
+    /// Refuse recording routes' requests (503 `usage-unavailable`).
+    #[default]
+    Refuse,
+    /// Drop the oldest records, counted in `tollgate_usage_dropped_total`.
+    Drop,
+}
+
+/// One entry of `usage.sinks`: exactly one of `redis_stream` and `http`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawSink {
+    /// A Redis stream, each record one entry with one field, `record`.
+    pub redis_stream: Option<RawRedisStream>,
+    /// An HTTP endpoint receiving CloudEvents 1.0 batches.
+    pub http: Option<RawHttpSink>,
+}
+
+/// `usage.sinks[].redis_stream`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedisStream {
+    /// The stream's key; default `tollgate:usage`.
+    pub key: Option<String>,
+    /// A Redis of its own (one URL); the store's when absent.
+    pub urls: Option<Vec<String>>,
+}
+
+/// `usage.sinks[].http`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttpSink {
+    /// `http://` or `https://`.
+    pub url: String,
+    /// `cloudevents` (the only one, and the default).
+    pub format: Option<String>,
+    /// Records per request, 1-10000; default 500.
+    #[schemars(transform = bounds::SINK_BATCH.schema())]
+    pub batch: Option<u64>,
+    /// The longest a request waits, in ms; default 2000.
+    #[schemars(transform = bounds::SINK_TIMEOUT_MS.schema())]
+    pub timeout_ms: Option<u64>,
+    /// An environment variable holding a bearer token.
+    pub token_env: Option<String>,
 }
 
 /// The `server` section: listeners, threads, shutdown and edge bounds.

@@ -603,7 +603,7 @@ impl Events {
 
     /// A blank line: the event is read, unless it had no data or too much.
     fn dispatch(&mut self, reading: &mut Reading) {
-        if self.has_data && !self.too_long {
+        if self.has_data && !self.too_long && !self.scanner.nothing_wanted(&self.data) {
             self.scanner.reset();
             self.scanner.feed(&self.data);
             if self.scanner.is_done() {
@@ -638,6 +638,8 @@ struct Scanner {
     state: State,
     /// The names of the members whose values are read.
     wanted: Vec<String>,
+    /// Each of them quoted (`"usage"`), to look for in an event's data.
+    quoted: Vec<memchr::memmem::Finder<'static>>,
     /// The longest of them, in bytes: a longer name is not decoded further.
     longest: usize,
     /// The current member's name, decoded.
@@ -719,9 +721,14 @@ fn is_scalar_byte(byte: u8) -> bool {
 impl Scanner {
     fn new(wanted: Vec<String>) -> Self {
         let longest = wanted.iter().map(String::len).max().unwrap_or(0);
+        let quoted = wanted
+            .iter()
+            .map(|name| memchr::memmem::Finder::new(format!("\"{name}\"").as_bytes()).into_owned())
+            .collect();
         Scanner {
             state: State::Start,
             wanted,
+            quoted,
             longest,
             name: Vec::new(),
             name_long: false,
@@ -736,6 +743,27 @@ impl Scanner {
             escaped: false,
             members: Map::new(),
         }
+    }
+
+    /// Whether `data` certainly holds no wanted member but null ones, so
+    /// that scanning it would read nothing: no `\u` escape (the only one
+    /// that could spell a name's letters), and every quoted occurrence of
+    /// a wanted name followed by `: null`. A quoted name inside a string is
+    /// escaped (`\"usage\"`) and never matches. Most events of a stream
+    /// (OpenAI's chunks carry `"usage":null`) are passed so, with a few
+    /// byte searches; any doubt scans the event.
+    fn nothing_wanted(&self, data: &[u8]) -> bool {
+        if memchr::memmem::find(data, b"\\u").is_some() {
+            return false;
+        }
+        self.quoted.iter().all(|name| {
+            name.find_iter(data).all(|at| {
+                let rest = &data[at + name.needle().len()..];
+                let rest = rest.trim_ascii_start();
+                rest.strip_prefix(b":")
+                    .is_some_and(|v| v.trim_ascii_start().starts_with(b"null"))
+            })
+        })
     }
 
     /// Ready for another object, keeping the buffers.

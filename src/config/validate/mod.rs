@@ -38,6 +38,7 @@ mod routes;
 mod server;
 mod store;
 mod upstreams;
+mod usage;
 
 use auth::*;
 use client_ip::*;
@@ -193,6 +194,9 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
         server.edge.max_body_bytes,
         server.edge.path.into(),
     );
+    let usage = raw
+        .usage
+        .map(|u| usage::usage(&mut c, u, base, &store, &routes));
     if !c.problems.is_empty() {
         return Err(ConfigError::Invalid {
             file: file.display().to_string(),
@@ -212,6 +216,7 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
         upstreams,
         routes,
         ratelimit_headers: raw.responses.ratelimit_headers == RateLimitHeaders::Draft,
+        usage,
     })
 }
 

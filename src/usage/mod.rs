@@ -1,0 +1,499 @@
+//! The usage ledger: every admitted request of a recording route written
+//! once, durably, where billing and metering read it.
+//!
+//! A request's [`Record`] is appended to the local [`spool`] when the
+//! request is settled (at its end, once a reported cost is known), on the
+//! request path: a write to the page cache, never a network call. A
+//! thread makes it durable every `fsync_ms`; one thread per sink ships
+//! what the spool holds, in order, on connections of its own (outside the
+//! limit store's circuit breaker), retrying with backoff capped at 2 s, and
+//! moves its cursor only after the sink took a batch. So every record
+//! reaches every sink at least once; the Redis stream takes each id once
+//! (a `SET NX` of the id beside the `XADD`, in one script), and a
+//! CloudEvents receiver deduplicates on the event id. SIGTERM's drain
+//! waits up to [`FLUSH_LIMIT`] for the sinks to catch up; what is left is
+//! shipped after the next start.
+
+pub mod record;
+pub mod report;
+pub mod spool;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{SinkSettings, UsageSettings};
+use crate::metrics::Metrics;
+pub use record::Record;
+use spool::{Room, Spool};
+
+/// The ledger of a running gateway.
+pub struct Ledger {
+    spool: Arc<Spool>,
+    /// This instance's name in records and events.
+    instance: String,
+    /// `on_full: refuse`: recording routes reserve room at admission.
+    refuse: bool,
+    metrics: Arc<Metrics>,
+    stopping: Arc<AtomicBool>,
+    sinks: usize,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("instance", &self.instance)
+            .finish()
+    }
+}
+
+/// Whether a request can be recorded: room reserved, or none needed.
+#[derive(Debug)]
+pub enum Slot {
+    /// Room was reserved (`on_full: refuse`).
+    Reserved(Room),
+    /// No room is reserved (`on_full: drop`).
+    Unreserved,
+}
+
+impl Ledger {
+    /// Opens the spool, recovers what a previous process left, and starts
+    /// the syncing and shipping threads.
+    pub fn start(
+        settings: &UsageSettings,
+        metrics: Arc<Metrics>,
+        instance: String,
+    ) -> std::io::Result<Arc<Self>> {
+        let spool_settings = &settings.spool;
+        let refuse = spool_settings.on_full == crate::config::schema::OnFull::Refuse;
+        let (spool, recovered) = Spool::open(
+            &spool_settings.path,
+            spool_settings.max_bytes,
+            !refuse,
+            settings.sinks.len(),
+        )?;
+        if recovered.torn > 0 {
+            tracing::warn!(
+                torn = recovered.torn,
+                spool = %spool_settings.path.display(),
+                "a usage record was cut short by a crash and is dropped"
+            );
+            metrics.usage_dropped.inc_by(recovered.torn);
+        }
+        if recovered.bytes > 0 {
+            tracing::info!(
+                bytes = recovered.bytes,
+                "the usage spool holds records from before; what the sinks have not taken is shipped"
+            );
+        }
+        let ledger = Arc::new(Self {
+            spool,
+            instance,
+            refuse,
+            metrics,
+            stopping: Arc::new(AtomicBool::new(false)),
+            sinks: settings.sinks.len(),
+        });
+        let syncer = ledger.clone();
+        let every = spool_settings.fsync;
+        std::thread::Builder::new()
+            .name("usage-spool".into())
+            .spawn(move || syncer.keep_synced(every))?;
+        for (i, sink) in settings.sinks.iter().enumerate() {
+            let shipper = ledger.clone();
+            let sink = Sink::new(sink, &ledger.instance);
+            std::thread::Builder::new()
+                .name(format!("usage-{}", sink.name()))
+                .spawn(move || shipper.ship(i, sink))?;
+        }
+        Ok(ledger)
+    }
+
+    /// This instance's name in records.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Room for a recording route's request: `None` when the spool is
+    /// full and says `refuse` (503 `usage-unavailable`).
+    pub fn slot(&self) -> Option<Slot> {
+        if !self.refuse {
+            return Some(Slot::Unreserved);
+        }
+        self.spool.reserve().map(Slot::Reserved)
+    }
+
+    /// Appends a settled request's record; `slot`, its reserved room, is
+    /// given back once it is written.
+    pub fn record(&self, record: &Record, slot: Slot) {
+        if let Err(e) = self.spool.append(&record.line()) {
+            tracing::error!(error = %e, "cannot write a usage record to the spool");
+            self.metrics.usage_dropped.inc();
+        }
+        drop(slot);
+    }
+
+    /// Waits, at most `limit`, for every sink to ship what the spool holds
+    /// (SIGTERM's drain); what is left is shipped after the next start.
+    pub async fn flush(&self, limit: Duration) {
+        let _ = self.spool.sync();
+        let deadline = crate::clock::instant() + limit;
+        while crate::clock::instant() < deadline
+            && !(0..self.sinks).all(|i| self.spool.caught_up(i))
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.stopping.store(true, Ordering::Release);
+        let _ = self.spool.sync();
+        let behind: Vec<usize> = (0..self.sinks)
+            .filter(|&i| !self.spool.caught_up(i))
+            .collect();
+        if !behind.is_empty() {
+            tracing::warn!(
+                sinks = ?behind,
+                "usage records are left in the spool: they are shipped after the next start"
+            );
+        }
+    }
+
+    fn keep_synced(&self, every: Duration) {
+        let mut dropped = self.spool.dropped();
+        loop {
+            std::thread::sleep(every);
+            if let Err(e) = self.spool.sync() {
+                tracing::error!(error = %e, "cannot sync the usage spool");
+            }
+            self.metrics.usage_spool_bytes.set(self.spool.used() as i64);
+            let now = self.spool.dropped();
+            self.metrics.usage_dropped.inc_by(now - dropped);
+            dropped = now;
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+        }
+    }
+
+    /// Ships what the spool holds to `sink` (the `i`th), for ever.
+    fn ship(&self, i: usize, mut sink: Sink) {
+        let name = sink.name();
+        let lag = self.metrics.usage_lag.with_label_values(&[name]);
+        let count = |result: &str, n: u64| {
+            self.metrics
+                .usage_records
+                .with_label_values(&[name, result])
+                .inc_by(n);
+        };
+        let mut backoff = BACKOFF_MIN;
+        let mut warned = false;
+        loop {
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            let (lines, at) = match self.spool.read(i, sink.batch(), Duration::from_millis(200)) {
+                Ok(read) => read,
+                Err(e) => {
+                    tracing::error!(error = %e, sink = name, "cannot read the usage spool");
+                    std::thread::sleep(BACKOFF_MAX);
+                    continue;
+                }
+            };
+            let Some(first) = lines.first() else {
+                lag.set(0.0);
+                continue;
+            };
+            lag.set(age_seconds(first));
+            match sink.ship(&lines) {
+                Ok(duplicates) => {
+                    if let Err(e) = self.spool.advance(i, at) {
+                        tracing::error!(error = %e, "cannot write the usage spool's cursor");
+                    }
+                    count("shipped", lines.len() as u64 - duplicates);
+                    count("duplicate", duplicates);
+                    if warned {
+                        tracing::info!(sink = name, "usage records are shipped again");
+                    }
+                    backoff = BACKOFF_MIN;
+                    warned = false;
+                }
+                Err(e) => {
+                    count("failed", lines.len() as u64);
+                    if !warned {
+                        tracing::warn!(sink = name, error = %e, "cannot ship usage records; retrying");
+                        warned = true;
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// How long SIGTERM's drain waits, once requests are drained, for the
+/// sinks to ship what the spool holds; what is left is shipped after the
+/// next start.
+pub const FLUSH_LIMIT: Duration = Duration::from_secs(5);
+
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// The longest wait between tries: a sink that comes back is caught up
+/// within seconds.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// How old a record line is, by its `time`.
+fn age_seconds(line: &[u8]) -> f64 {
+    #[derive(serde::Deserialize)]
+    struct Time {
+        time: String,
+    }
+    let Ok(Time { time }) = serde_json::from_slice::<Time>(line) else {
+        return 0.0;
+    };
+    let Ok(at) = humantime::parse_rfc3339(&time) else {
+        return 0.0;
+    };
+    crate::clock::wall()
+        .duration_since(at)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The id of a record line.
+fn id_of(line: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: String,
+    }
+    serde_json::from_slice::<Id>(line).ok().map(|i| i.id)
+}
+
+/// Where records go.
+enum Sink {
+    Redis(RedisSink),
+    Http(HttpSink),
+}
+
+impl Sink {
+    fn new(settings: &SinkSettings, instance: &str) -> Self {
+        match settings {
+            SinkSettings::RedisStream { key, urls, cluster } => Sink::Redis(RedisSink {
+                key: key.clone(),
+                urls: urls.clone(),
+                cluster: *cluster,
+                conn: None,
+            }),
+            SinkSettings::Http {
+                url,
+                batch,
+                timeout,
+                token_env,
+            } => Sink::Http(HttpSink {
+                agent: ureq::Agent::config_builder()
+                    .timeout_global(Some(*timeout))
+                    .max_redirects(0)
+                    .http_status_as_error(false)
+                    .build()
+                    .into(),
+                url: url.clone(),
+                batch: *batch,
+                token: token_env.as_ref().and_then(|name| {
+                    let token = std::env::var(name).ok().filter(|t| !t.is_empty());
+                    if token.is_none() {
+                        tracing::warn!(
+                            token_env = %name,
+                            "the usage sink's token variable is unset or empty: batches go without one"
+                        );
+                    }
+                    token
+                }),
+                instance: instance.to_owned(),
+            }),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Sink::Redis(_) => "redis_stream",
+            Sink::Http(_) => "http",
+        }
+    }
+
+    fn batch(&self) -> usize {
+        match self {
+            Sink::Redis(_) => 100,
+            Sink::Http(h) => h.batch,
+        }
+    }
+
+    /// Ships `lines`; the number the sink already had.
+    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, String> {
+        match self {
+            Sink::Redis(r) => r.ship(lines),
+            Sink::Http(h) => h.ship(lines),
+        }
+    }
+}
+
+/// Appends each record to the stream once: the script sets the id's key
+/// (a day) and appends only if it was not set.
+const APPEND_ONCE: &str = r"
+local added = 0
+for i = 1, #ARGV do
+  if redis.call('SET', KEYS[i + 1], '1', 'NX', 'EX', 86400) then
+    redis.call('XADD', KEYS[1], '*', 'record', ARGV[i])
+    added = added + 1
+  end
+end
+return added
+";
+
+struct RedisSink {
+    key: String,
+    urls: Vec<String>,
+    cluster: bool,
+    conn: Option<Box<dyn redis::ConnectionLike + Send>>,
+}
+
+impl RedisSink {
+    fn connect(&self) -> redis::RedisResult<Box<dyn redis::ConnectionLike + Send>> {
+        let timeout = Duration::from_secs(2);
+        if self.cluster {
+            let client = redis::cluster::ClusterClient::builder(self.urls.clone())
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .build()?;
+            return Ok(Box::new(client.get_connection()?));
+        }
+        let client = redis::Client::open(self.urls[0].as_str())?;
+        let conn = client.get_connection_with_timeout(timeout)?;
+        conn.set_read_timeout(Some(timeout))?;
+        conn.set_write_timeout(Some(timeout))?;
+        Ok(Box::new(conn))
+    }
+
+    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, String> {
+        if self.conn.is_none() {
+            self.conn = Some(self.connect().map_err(|e| e.to_string())?);
+        }
+        let conn = self.conn.as_mut().expect("connected");
+        let script = redis::Script::new(APPEND_ONCE);
+        let mut call = script.key(&self.key);
+        for line in lines {
+            let id = id_of(line).ok_or("a spool record without an id")?;
+            call.key(seen_key(&self.key, &id)).arg(line.as_slice());
+        }
+        match call.invoke::<u64>(conn.as_mut()) {
+            Ok(added) => Ok(lines.len() as u64 - added),
+            Err(e) => {
+                // A broken connection is made again for the next try.
+                self.conn = None;
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+/// The key that marks record `id` as appended to `stream`: in the
+/// stream's hash slot on a cluster (under its hash tag, or the stream's
+/// whole name as one).
+pub fn seen_key(stream: &str, id: &str) -> String {
+    let tagged = stream
+        .find('{')
+        .and_then(|open| stream[open + 1..].find('}').map(|len| len > 0))
+        .unwrap_or(false);
+    if tagged {
+        format!("{stream}:seen:{id}")
+    } else {
+        format!("{{{stream}}}:seen:{id}")
+    }
+}
+
+struct HttpSink {
+    agent: ureq::Agent,
+    url: String,
+    batch: usize,
+    token: Option<String>,
+    instance: String,
+}
+
+impl HttpSink {
+    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, String> {
+        let events: Vec<serde_json::Value> = lines
+            .iter()
+            .filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
+            .map(|record| cloud_event(record, &self.instance))
+            .collect();
+        let body = serde_json::to_vec(&events).map_err(|e| e.to_string())?;
+        let mut request = self
+            .agent
+            .post(&self.url)
+            .header("content-type", "application/cloudevents-batch+json");
+        if let Some(token) = &self.token {
+            request = request.header("authorization", &format!("Bearer {token}"));
+        }
+        let response = request.send(&body[..]).map_err(|e| e.to_string())?;
+        let status = response.status();
+        if status.is_success() {
+            Ok(0)
+        } else {
+            Err(format!("the sink answered {status}"))
+        }
+    }
+}
+
+/// A record as a CloudEvent 1.0 (structured, in a batch).
+pub fn cloud_event(record: serde_json::Value, instance: &str) -> serde_json::Value {
+    serde_json::json!({
+        "specversion": "1.0",
+        "id": record["id"],
+        "source": instance,
+        "type": "tollgate.request",
+        "subject": record["tenant"],
+        "time": record["time"],
+        "datacontenttype": "application/json",
+        "data": record,
+    })
+}
+
+/// This instance's name: `TOLLGATE_INSTANCE`, else the host's name.
+pub fn instance_name() -> String {
+    std::env::var("TOLLGATE_INSTANCE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+        })
+        .unwrap_or_else(|| "tollgate".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seen_keys_share_the_stream_s_slot() {
+        assert_eq!(seen_key("tollgate:usage", "x"), "{tollgate:usage}:seen:x");
+        assert_eq!(seen_key("{bill}:usage", "x"), "{bill}:usage:seen:x");
+        assert_eq!(seen_key("a{}b", "x"), "{a{}b}:seen:x");
+        let slot = crate::limits::redis::cluster::slot;
+        assert_eq!(
+            slot("tollgate:usage"),
+            slot(&seen_key("tollgate:usage", "x"))
+        );
+        assert_eq!(slot("{bill}:usage"), slot(&seen_key("{bill}:usage", "x")));
+    }
+
+    #[test]
+    fn an_event_carries_the_record_under_its_id() {
+        let record =
+            serde_json::json!({ "id": "r1", "tenant": "acme", "time": "2026-12-03T00:00:00.000Z" });
+        let event = cloud_event(record.clone(), "gw-1");
+        assert_eq!(event["id"], "r1");
+        assert_eq!(event["specversion"], "1.0");
+        assert_eq!(event["source"], "gw-1");
+        assert_eq!(event["subject"], "acme");
+        assert_eq!(event["type"], "tollgate.request");
+        assert_eq!(event["data"], record);
+    }
+}

@@ -1,0 +1,183 @@
+//! `tollgate usage tail|summary`: what the ledger's Redis stream holds,
+//! for operators.
+
+use std::collections::BTreeMap;
+
+use super::Record;
+
+/// The fields a summary may group records by.
+pub const GROUPS: &[&str] = &[
+    "tenant",
+    "credential",
+    "plan",
+    "route",
+    "method",
+    "status",
+    "cost_source",
+    "instance",
+];
+
+/// One group's sums.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sums {
+    /// Records.
+    pub requests: u64,
+    /// Their `cost_admitted`, summed.
+    pub admitted: u64,
+    /// Their `cost_settled`, summed.
+    pub settled: u64,
+}
+
+/// `by`'s fields of a record, as the summary shows them (`-` for none).
+fn group_of(record: &Record, by: &[String]) -> Vec<String> {
+    let none = || "-".to_string();
+    by.iter()
+        .map(|field| match field.as_str() {
+            "tenant" => record.tenant.clone().unwrap_or_else(none),
+            "credential" => record.credential.clone().unwrap_or_else(none),
+            "plan" => record.plan.clone().unwrap_or_else(none),
+            "route" => record.route.clone(),
+            "method" => record.method.clone(),
+            "status" => record.status.to_string(),
+            "cost_source" => record.cost_source.clone(),
+            "instance" => record.instance.clone(),
+            _ => none(),
+        })
+        .collect()
+}
+
+/// Records summed by the fields `by`.
+pub fn summarize<'a>(
+    records: impl IntoIterator<Item = &'a Record>,
+    by: &[String],
+) -> BTreeMap<Vec<String>, Sums> {
+    let mut out: BTreeMap<Vec<String>, Sums> = BTreeMap::new();
+    for record in records {
+        let sums = out.entry(group_of(record, by)).or_default();
+        sums.requests += 1;
+        sums.admitted = sums.admitted.saturating_add(record.cost_admitted);
+        sums.settled = sums.settled.saturating_add(record.cost_settled);
+    }
+    out
+}
+
+/// A summary as a table: one row per group, the most settled cost first.
+pub fn table(sums: &BTreeMap<Vec<String>, Sums>, by: &[String]) -> String {
+    let mut rows: Vec<Vec<String>> = vec![by
+        .iter()
+        .cloned()
+        .chain([
+            "requests".into(),
+            "cost_admitted".into(),
+            "cost_settled".into(),
+        ])
+        .collect()];
+    let mut groups: Vec<_> = sums.iter().collect();
+    groups.sort_by(|a, b| b.1.settled.cmp(&a.1.settled).then(a.0.cmp(b.0)));
+    for (group, s) in groups {
+        let mut row = group.clone();
+        row.extend([
+            s.requests.to_string(),
+            s.admitted.to_string(),
+            s.settled.to_string(),
+        ]);
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, w))| {
+                if i >= by.len() {
+                    format!("{cell:>w$}")
+                } else {
+                    format!("{cell:<w$}")
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The records of a stream's entries (`XRANGE` replies): each entry's
+/// `record` field; entries that hold none are skipped.
+pub fn records_of(entries: &[(String, Vec<(String, String)>)]) -> Vec<Record> {
+    entries
+        .iter()
+        .filter_map(|(_, fields)| {
+            let (_, json) = fields.iter().find(|(name, _)| name == "record")?;
+            serde_json::from_str(json).ok()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(tenant: &str, route: &str, settled: u64) -> Record {
+        Record {
+            id: super::super::record::new_id(),
+            time: "2026-12-03T00:00:00.000Z".into(),
+            instance: "gw".into(),
+            tenant: Some(tenant.into()),
+            credential: None,
+            plan: None,
+            route: route.into(),
+            method: "GET".into(),
+            host: None,
+            path: "/".into(),
+            client: None,
+            status: 200,
+            cost_admitted: 10,
+            cost_settled: settled,
+            cost_source: "reported".into(),
+            values: BTreeMap::new(),
+            trace_id: None,
+        }
+    }
+
+    #[test]
+    fn records_are_summed_by_the_fields_named() {
+        let records = [
+            record("acme", "chat", 5),
+            record("acme", "chat", 7),
+            record("acme", "embed", 1),
+            record("globex", "chat", 100),
+        ];
+        let by = vec!["tenant".to_string(), "route".to_string()];
+        let sums = summarize(&records, &by);
+        assert_eq!(
+            sums[&vec!["acme".to_string(), "chat".to_string()]],
+            Sums {
+                requests: 2,
+                admitted: 20,
+                settled: 12
+            }
+        );
+        let text = table(&sums, &by);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0].split_whitespace().collect::<Vec<_>>(),
+            [
+                "tenant",
+                "route",
+                "requests",
+                "cost_admitted",
+                "cost_settled"
+            ]
+        );
+        assert!(
+            lines[1].starts_with("globex"),
+            "the most settled first: {text}"
+        );
+        assert_eq!(lines.len(), 4);
+    }
+}
