@@ -189,7 +189,17 @@ impl Ledger {
             if self.stopping.load(Ordering::Acquire) {
                 return;
             }
-            let (lines, at) = match self.spool.read(i, sink.batch(), Duration::from_millis(200)) {
+            let mut read = self.spool.read(i, sink.batch(), Duration::from_millis(200));
+            if read
+                .as_ref()
+                .is_ok_and(|(l, _)| !l.is_empty() && l.len() < sink.batch())
+            {
+                // A few records: more are likely on their way, and a batch
+                // costs a sink about as much as one record.
+                std::thread::sleep(LINGER);
+                read = self.spool.read(i, sink.batch(), Duration::ZERO);
+            }
+            let (lines, at) = match read {
                 Ok(read) => read,
                 Err(e) => {
                     tracing::error!(error = %e, sink = name, "cannot read the usage spool");
@@ -235,6 +245,8 @@ impl Ledger {
 pub const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// How long a sink waits for a batch to fill once it has a record.
+const LINGER: Duration = Duration::from_millis(100);
 /// The longest wait between tries: a sink that comes back is caught up
 /// within seconds.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -256,13 +268,20 @@ fn age_seconds(line: &[u8]) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// What a sink reads of a record line: its id, tenant and time.
+#[derive(serde::Deserialize)]
+struct Head<'a> {
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    tenant: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    time: std::borrow::Cow<'a, str>,
+}
+
 /// The id of a record line.
-fn id_of(line: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Id {
-        id: String,
-    }
-    serde_json::from_slice::<Id>(line).ok().map(|i| i.id)
+fn id_of(line: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    serde_json::from_slice::<Head<'_>>(line).ok().map(|h| h.id)
 }
 
 /// Where records go.
@@ -416,12 +435,15 @@ struct HttpSink {
 
 impl HttpSink {
     fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, String> {
-        let events: Vec<serde_json::Value> = lines
-            .iter()
-            .filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
-            .map(|record| cloud_event(record, &self.instance))
-            .collect();
-        let body = serde_json::to_vec(&events).map_err(|e| e.to_string())?;
+        let mut body = Vec::with_capacity(lines.iter().map(|l| l.len() + 200).sum());
+        body.push(b'[');
+        for line in lines {
+            if body.len() > 1 {
+                body.push(b',');
+            }
+            cloud_event(&mut body, line, &self.instance).map_err(|e| e.to_string())?;
+        }
+        body.push(b']');
         let mut request = self
             .agent
             .post(&self.url)
@@ -439,18 +461,27 @@ impl HttpSink {
     }
 }
 
-/// A record as a CloudEvent 1.0 (structured, in a batch).
-pub fn cloud_event(record: serde_json::Value, instance: &str) -> serde_json::Value {
-    serde_json::json!({
-        "specversion": "1.0",
-        "id": record["id"],
-        "source": instance,
-        "type": "tollgate.request",
-        "subject": record["tenant"],
-        "time": record["time"],
-        "datacontenttype": "application/json",
-        "data": record,
-    })
+/// Writes a record `line` as a CloudEvent 1.0 (structured, for a batch):
+/// its id, this instance as the source, its tenant as the subject (left
+/// out when it has none), its time, and the record itself as the data,
+/// copied as it is.
+pub fn cloud_event(out: &mut Vec<u8>, line: &[u8], instance: &str) -> serde_json::Result<()> {
+    let head: Head<'_> = serde_json::from_slice(line)?;
+    out.extend_from_slice(br#"{"specversion":"1.0","id":"#);
+    serde_json::to_writer(&mut *out, &head.id)?;
+    out.extend_from_slice(br#","source":"#);
+    serde_json::to_writer(&mut *out, instance)?;
+    out.extend_from_slice(br#","type":"tollgate.request""#);
+    if let Some(tenant) = &head.tenant {
+        out.extend_from_slice(br#","subject":"#);
+        serde_json::to_writer(&mut *out, tenant)?;
+    }
+    out.extend_from_slice(br#","time":"#);
+    serde_json::to_writer(&mut *out, &head.time)?;
+    out.extend_from_slice(br#","datacontenttype":"application/json","data":"#);
+    out.extend_from_slice(line);
+    out.push(b'}');
+    Ok(())
 }
 
 /// This instance's name: `TOLLGATE_INSTANCE`, else the host's name.
@@ -488,12 +519,20 @@ mod tests {
     fn an_event_carries_the_record_under_its_id() {
         let record =
             serde_json::json!({ "id": "r1", "tenant": "acme", "time": "2026-12-03T00:00:00.000Z" });
-        let event = cloud_event(record.clone(), "gw-1");
+        let mut out = Vec::new();
+        cloud_event(&mut out, record.to_string().as_bytes(), "gw-1").unwrap();
+        let event: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(event["id"], "r1");
         assert_eq!(event["specversion"], "1.0");
         assert_eq!(event["source"], "gw-1");
         assert_eq!(event["subject"], "acme");
         assert_eq!(event["type"], "tollgate.request");
         assert_eq!(event["data"], record);
+        // No tenant: no subject (CloudEvents attributes are never null).
+        let record = serde_json::json!({ "id": "r2", "tenant": null, "time": "t" });
+        let mut out = Vec::new();
+        cloud_event(&mut out, record.to_string().as_bytes(), "gw-1").unwrap();
+        let event: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert!(event.get("subject").is_none());
     }
 }

@@ -4,7 +4,10 @@
 //!
 //! A segment is a file of JSON lines named by its sequence number
 //! (`00000000000000000001.seg`), mode 0600 in a directory of mode 0700.
-//! One writer appends and calls fsync at most every `fsync_ms`; each sink
+//! The request path appends a record to a buffer in memory; every
+//! `fsync_ms` one writer moves the buffer to the segment and calls fsync
+//! (so a crash loses at most that much, and a request never waits for the
+//! disk); each sink
 //! reads from its own position (`cursor.N`, rewritten atomically after
 //! each batch it shipped), and a segment every sink has passed is deleted.
 //! At start the last segment is checked: a record cut short by a crash
@@ -54,7 +57,10 @@ pub struct Spool {
     segment_bytes: u64,
     drop_oldest: bool,
     state: Mutex<State>,
-    /// Bytes of segment files plus bytes reserved.
+    /// Held while the buffer is written out: one writer at a time, so
+    /// that records reach the files in order.
+    writing: Mutex<()>,
+    /// Bytes of segment files, of the buffer, and reserved.
     used: AtomicU64,
     /// Records dropped (`on_full: drop`).
     dropped: AtomicU64,
@@ -68,9 +74,10 @@ pub struct Spool {
 struct State {
     /// Segments on disk, oldest first, with their sizes.
     segments: VecDeque<(u64, u64)>,
-    out: File,
-    /// Bytes written since the last fsync.
-    dirty: bool,
+    /// The segment written to.
+    out: Arc<File>,
+    /// Records appended and not yet written.
+    pending: Vec<u8>,
     reserved: u64,
 }
 
@@ -95,6 +102,12 @@ fn segment_path(dir: &Path, seq: u64) -> PathBuf {
 
 fn cursor_path(dir: &Path, sink: usize) -> PathBuf {
     dir.join(format!("cursor.{sink}"))
+}
+
+/// Where a sink's cursor is written before it replaces the last one: one
+/// file per sink, so that sinks advancing at once never share it.
+fn cursor_tmp_path(dir: &Path, sink: usize) -> PathBuf {
+    dir.join(format!("cursor.{sink}.tmp"))
 }
 
 impl Spool {
@@ -127,7 +140,7 @@ impl Spool {
             segments.push_back((seq, len));
         }
         let next = seqs.last().map_or(1, |s| s + 1);
-        let out = create_segment(dir, next)?;
+        let out = Arc::new(create_segment(dir, next)?);
         segments.push_back((next, 0));
         let first = segments.front().map_or(next, |s| s.0);
         let cursors = (0..sinks)
@@ -152,9 +165,10 @@ impl Spool {
             state: Mutex::new(State {
                 segments,
                 out,
-                dirty: false,
+                pending: Vec::new(),
                 reserved: 0,
             }),
+            writing: Mutex::new(()),
             used: AtomicU64::new(recovered.bytes),
             dropped: AtomicU64::new(0),
             appended: Condvar::new(),
@@ -183,10 +197,10 @@ impl Spool {
         })
     }
 
-    /// Appends one record's line. With `drop`, the oldest segments go to
-    /// make room; with `refuse` the room was reserved. Returns whether it
-    /// was written.
-    pub fn append(&self, line: &[u8]) -> io::Result<bool> {
+    /// Appends one record's line, to be written out by [`Spool::sync`].
+    /// With `drop`, the oldest segments go to make room; with `refuse` the
+    /// room was reserved.
+    pub fn append(&self, line: &[u8]) -> io::Result<()> {
         let len = line.len() as u64;
         let mut state = self.lock();
         if self.drop_oldest {
@@ -196,31 +210,44 @@ impl Spool {
                 }
             }
         }
-        let (seq, size) = *state.segments.back().expect("a current segment");
-        if size > 0 && size + len > self.segment_bytes {
-            state.out.sync_data()?;
-            let next = seq + 1;
-            state.out = create_segment(&self.dir, next)?;
-            state.segments.push_back((next, 0));
-        }
-        state.out.write_all(line)?;
-        state.dirty = true;
-        if let Some(last) = state.segments.back_mut() {
-            last.1 += len;
-        }
+        state.pending.extend_from_slice(line);
         self.used.fetch_add(len, Ordering::AcqRel);
-        drop(state);
-        self.appended.notify_all();
-        Ok(true)
+        Ok(())
     }
 
-    /// Makes what was appended durable, if anything was.
+    /// Writes what was appended to the current segment (starting a new
+    /// one when it is full) and makes it durable; the sinks see it then.
+    /// The disk is written without the lock appends take.
     pub fn sync(&self) -> io::Result<()> {
-        let mut state = self.lock();
-        if state.dirty {
-            state.out.sync_data()?;
-            state.dirty = false;
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let (out, pending) = {
+            let mut state = self.lock();
+            if state.pending.is_empty() {
+                return Ok(());
+            }
+            let (seq, size) = *state.segments.back().expect("a current segment");
+            if size >= self.segment_bytes {
+                let next = seq + 1;
+                state.out = Arc::new(create_segment(&self.dir, next)?);
+                state.segments.push_back((next, 0));
+            }
+            (state.out.clone(), std::mem::take(&mut state.pending))
+        };
+        (&*out).write_all(&pending)?;
+        out.sync_data()?;
+        {
+            let mut state = self.lock();
+            if let Some(last) = state.segments.back_mut() {
+                last.1 += pending.len() as u64;
+            }
+            // The buffer's allocation is kept for the next records.
+            if state.pending.is_empty() {
+                let mut pending = pending;
+                pending.clear();
+                state.pending = pending;
+            }
         }
+        self.appended.notify_all();
         Ok(())
     }
 
@@ -360,7 +387,7 @@ impl Spool {
     /// and this may: sinks are at least once).
     pub fn advance(&self, sink: usize, at: Position) -> io::Result<()> {
         let path = cursor_path(&self.dir, sink);
-        let tmp = path.with_extension("tmp");
+        let tmp = cursor_tmp_path(&self.dir, sink);
         {
             let mut f = create_private(&tmp)?;
             writeln!(f, "{} {}", at.segment, at.offset)?;
@@ -490,6 +517,9 @@ mod tests {
         // Segments of 128 KiB: 3000 lines of ~118 bytes fill three.
         for i in 0..3000 {
             spool.append(&line(i)).unwrap();
+            if i % 100 == 99 {
+                spool.sync().unwrap();
+            }
         }
         spool.sync().unwrap();
         let segments = fs::read_dir(dir.path()).unwrap().filter(|e| {
@@ -544,6 +574,7 @@ mod tests {
         assert_eq!(ids(&lines), ["r0", "r1"]);
         // A last line ended by a newline but not JSON is torn too.
         spool.append(b"{\"id\":\n").unwrap();
+        spool.sync().unwrap();
         drop(spool);
         let (_, recovered) = Spool::open(dir.path(), 1 << 20, false, 1).unwrap();
         assert_eq!(recovered.torn, 1);
@@ -566,7 +597,11 @@ mod tests {
         let n = 20_000;
         for i in 0..n {
             spool.append(&line(i)).unwrap();
+            if i % 100 == 99 {
+                spool.sync().unwrap();
+            }
         }
+        spool.sync().unwrap();
         assert!(spool.used() <= 1 << 20);
         let (kept, _) = spool.read(0, n, Duration::ZERO).unwrap();
         assert_eq!(
@@ -582,12 +617,44 @@ mod tests {
     }
 
     #[test]
+    fn sinks_advancing_at_once_keep_their_own_cursors() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, _) = Spool::open(dir.path(), 1 << 20, false, 2).unwrap();
+        for i in 0..300 {
+            spool.append(&line(i)).unwrap();
+        }
+        spool.sync().unwrap();
+        let sinks: Vec<_> = (0..2)
+            .map(|sink| {
+                let spool = spool.clone();
+                std::thread::spawn(move || {
+                    for i in 0..300 {
+                        let (lines, at) = spool.read(sink, 1, Duration::ZERO).unwrap();
+                        assert_eq!(ids(&lines), [format!("r{i}")]);
+                        spool.advance(sink, at).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for sink in sinks {
+            sink.join().unwrap();
+        }
+        drop(spool);
+        let (spool, _) = Spool::open(dir.path(), 1 << 20, false, 2).unwrap();
+        for sink in 0..2 {
+            let (left, _) = spool.read(sink, 10, Duration::ZERO).unwrap();
+            assert!(left.is_empty(), "sink {sink} resumes after its last record");
+        }
+    }
+
+    #[test]
     fn files_are_private() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let at = dir.path().join("spool");
         let (spool, _) = Spool::open(&at, 1 << 20, false, 1).unwrap();
         spool.append(&line(0)).unwrap();
+        spool.sync().unwrap();
         let (_, pos) = spool.read(0, 1, Duration::ZERO).unwrap();
         spool.advance(0, pos).unwrap();
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
