@@ -753,7 +753,8 @@ impl Scanner {
     /// (OpenAI's chunks carry `"usage":null`) are passed so, with a few
     /// byte searches; any doubt scans the event.
     fn nothing_wanted(&self, data: &[u8]) -> bool {
-        if memchr::memmem::find(data, b"\\u").is_some() {
+        // Most events have no escape at all: one byte search says so.
+        if memchr::memchr(b'\\', data).is_some() && memchr::memmem::find(data, b"\\u").is_some() {
             return false;
         }
         self.quoted.iter().all(|name| {

@@ -279,8 +279,20 @@ struct Head<'a> {
     time: std::borrow::Cow<'a, str>,
 }
 
-/// The id of a record line.
+/// The id of a record line: where this gateway writes it (first, a UUID),
+/// else wherever the JSON has it.
 fn id_of(line: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    const PREFIX: &[u8] = br#"{"id":""#;
+    let uuid = line.get(PREFIX.len()..PREFIX.len() + 36);
+    if let (true, Some(uuid), Some(b'"')) =
+        (line.starts_with(PREFIX), uuid, line.get(PREFIX.len() + 36))
+    {
+        if let Ok(id) = std::str::from_utf8(uuid) {
+            if id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+                return Some(std::borrow::Cow::Borrowed(id));
+            }
+        }
+    }
     serde_json::from_slice::<Head<'_>>(line).ok().map(|h| h.id)
 }
 
@@ -337,7 +349,7 @@ impl Sink {
 
     fn batch(&self) -> usize {
         match self {
-            Sink::Redis(_) => 100,
+            Sink::Redis(_) => 500,
             Sink::Http(h) => h.batch,
         }
     }
@@ -513,6 +525,34 @@ mod tests {
             slot(&seen_key("tollgate:usage", "x"))
         );
         assert_eq!(slot("{bill}:usage"), slot(&seen_key("{bill}:usage", "x")));
+    }
+
+    #[test]
+    fn a_record_s_id_is_read_where_it_is_written_or_wherever_it_is() {
+        let record = Record {
+            id: record::new_id(),
+            time: "t".into(),
+            instance: "i".into(),
+            tenant: None,
+            credential: None,
+            plan: None,
+            route: "r".into(),
+            method: "GET".into(),
+            host: None,
+            path: "/".into(),
+            client: None,
+            status: 200,
+            cost_admitted: 1,
+            cost_settled: 1,
+            cost_source: "route".into(),
+            values: Default::default(),
+            trace_id: None,
+        };
+        let line = record.line();
+        assert_eq!(id_of(&line).as_deref(), Some(record.id.as_str()));
+        assert_eq!(id_of(br#"{"time":"t","id":"x1"}"#).as_deref(), Some("x1"));
+        assert_eq!(id_of(br#"{"id":"\u0078","time":"t"}"#).as_deref(), Some("x"));
+        assert_eq!(id_of(b"{}"), None);
     }
 
     #[test]
