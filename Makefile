@@ -18,8 +18,9 @@ CONFIG ?= config/quickstart.yaml
 # deploy/kubernetes with kubectl 1.22 or later, which is not listed here:
 # Debian's kubernetes-client (1.20) cannot render it; install kubectl from
 # pkgs.k8s.io (the test fails, never skips, without it).
-# The `openai` Python package is the real client of tests/llm_usage.rs (the
-# test fails without it). No Debian package has it, so `python-deps` takes
+# The `openai` Python package is the real client of tests/llm_usage.rs, and
+# `redis` the client of the usage ledger's example consumer that
+# tests/usage.rs runs (the tests fail without them). No Debian package has it, so `python-deps` takes
 # it from PyPI into target/pylib, beside the build: Debian marks its own
 # interpreter's packages externally managed. It is installed for the
 # `python3` on PATH, the one the test runs (some of its dependencies are
@@ -42,11 +43,11 @@ deps:
 	@$(MAKE) --no-print-directory install PAIRS="$(SYSTEM_DEPS)"
 
 python-deps: deps
-	@PYTHONPATH=$(PYLIB) python3 -c 'import openai' 2>/dev/null && exit 0; \
+	@PYTHONPATH=$(PYLIB) python3 -c 'import openai, redis' 2>/dev/null && exit 0; \
 	python3 -m pip --version >/dev/null 2>&1 || \
 	  $(MAKE) --no-print-directory install PAIRS="$(PIP_DEPS)" || exit 1; \
-	echo "installing: openai (pip, into $(PYLIB))"; \
-	python3 -m pip install --quiet --disable-pip-version-check --target $(PYLIB) 'openai>=1.40,<2'
+	echo "installing: openai, redis (pip, into $(PYLIB))"; \
+	python3 -m pip install --quiet --disable-pip-version-check --target $(PYLIB) 'openai>=1.40,<2' 'redis>=5,<7'
 
 bench-deps: deps
 	@$(MAKE) --no-print-directory install PAIRS="$(BENCH_DEPS)"

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use support::redis_server::RedisServer;
+use support::redis_server::{RedisCluster, RedisServer};
 use support::{digest, eventually, Gateway, Upstream};
 
 /// An HTTP endpoint taking CloudEvents batches: it keeps the ids of the
@@ -302,6 +302,29 @@ fn every_admitted_request_is_recorded_once_at_each_sink_with_its_settled_cost() 
         report.contains("30 requests replayed, 0 lines skipped"),
         "{report}"
     );
+
+    // The book's consumer group books each record once and trims the stream.
+    let consume = || {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = std::process::Command::new("python3")
+            .arg(format!("{root}/docs/usage_consumer.py"))
+            .env("PYTHONPATH", format!("{root}/target/pylib"))
+            .env("REDIS_URL", redis.url())
+            .output()
+            .expect("python3 must be installed");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{} (make test installs redis-py in target/pylib)",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    assert_eq!(
+        consume(),
+        format!("acme\tapi\t20\nacme\tmetered\t{reported}\nbooked 30, trimmed 30, 0 left\n")
+    );
+    assert_eq!(consume(), "booked 0, trimmed 0, 0 left\n");
 }
 
 #[test]
@@ -429,4 +452,49 @@ fn sigterm_ships_what_the_spool_holds_before_exiting() {
     gw.signal("-TERM");
     assert!(gw.wait_exit(Duration::from_secs(20)).is_some());
     assert_eq!(distinct(&receiver.ids()).len(), 8, "{}", gw.log());
+}
+
+/// On a Redis Cluster store, the stream is on the store's cluster: the
+/// script that appends a record and marks its id keeps both in the
+/// stream's slot, and each record is in the stream once.
+#[test]
+fn on_a_cluster_the_stream_takes_each_record_once() {
+    let cluster = RedisCluster::start(3);
+    let upstream = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let text = policy(
+        &dir.path().join("spool"),
+        r#"{ redis_stream: { key: "tollgate:usage" } }"#,
+        "",
+    )
+    .replace(
+        "store: { backend: memory }",
+        &format!("store: {}", cluster.store(500)),
+    );
+    let gw = Gateway::start_with_env(
+        &text,
+        Some(&upstream),
+        &[("TOLLGATE_KEY_SECRET", "usage-cluster-secret")],
+    );
+    for _ in 0..12 {
+        assert_eq!(gw.get("/v1/x", &[C1]).status, 200);
+    }
+    let holder = || {
+        cluster
+            .nodes
+            .iter()
+            .find(|n| n.cmd::<u64>(&["EXISTS", "tollgate:usage"]).unwrap_or(0) == 1)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || holder()
+            .is_some_and(|n| stream(n).len() >= 12)),
+        "{}",
+        gw.log()
+    );
+    let records = stream(holder().unwrap());
+    assert_eq!(records.len(), 12);
+    assert_eq!(distinct(&ids_of(&records)).len(), 12);
+    let config = gw.config.to_str().unwrap();
+    let summary = tollgate(&["usage", "summary", "--config", config, "--by", "route"]);
+    assert!(summary.starts_with("12 records since "), "{summary}");
 }

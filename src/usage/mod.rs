@@ -551,7 +551,10 @@ mod tests {
         let line = record.line();
         assert_eq!(id_of(&line).as_deref(), Some(record.id.as_str()));
         assert_eq!(id_of(br#"{"time":"t","id":"x1"}"#).as_deref(), Some("x1"));
-        assert_eq!(id_of(br#"{"id":"\u0078","time":"t"}"#).as_deref(), Some("x"));
+        assert_eq!(
+            id_of(br#"{"id":"\u0078","time":"t"}"#).as_deref(),
+            Some("x")
+        );
         assert_eq!(id_of(b"{}"), None);
     }
 
