@@ -125,7 +125,8 @@ enum UsageCommand {
         #[arg(long, default_value = "1h")]
         since: String,
         /// Fields to group by, comma-separated: tenant, credential, plan,
-        /// route, method, status, cost_source, instance.
+        /// route, method, status, cost_source, instance, or values.LIMIT
+        /// (the `values` entry a limit's key matched, e.g. the model).
         #[arg(long, default_value = "tenant,route", value_delimiter = ',')]
         by: Vec<String>,
     },
@@ -318,8 +319,11 @@ fn usage(command: &UsageCommand) -> anyhow::Result<String> {
                 .collect())
         }
         UsageCommand::Summary { since, by, .. } => {
-            if let Some(unknown) = by.iter().find(|f| !report::GROUPS.contains(&f.as_str())) {
-                anyhow::bail!("--by {unknown:?}: one of {}", report::GROUPS.join(", "));
+            if let Some(unknown) = by.iter().find(|f| !report::groups_by(f)) {
+                anyhow::bail!(
+                    "--by {unknown:?}: one of {}, or values.LIMIT",
+                    report::GROUPS.join(", ")
+                );
             }
             let span = humantime::parse_duration(since)
                 .map_err(|e| anyhow::anyhow!("--since {since:?}: {e}"))?;

@@ -5,7 +5,14 @@ use std::collections::BTreeMap;
 
 use super::Record;
 
-/// The fields a summary may group records by.
+/// Whether a summary may group records by `field`: one of [`GROUPS`], or
+/// `values.LIMIT` (the `values` entry of that limit's key a record matched,
+/// such as the model of a per-model token budget).
+pub fn groups_by(field: &str) -> bool {
+    GROUPS.contains(&field) || field.strip_prefix("values.").is_some_and(|l| !l.is_empty())
+}
+
+/// The fields a summary may group records by, beside `values.LIMIT`.
 pub const GROUPS: &[&str] = &[
     "tenant",
     "credential",
@@ -41,7 +48,10 @@ fn group_of(record: &Record, by: &[String]) -> Vec<String> {
             "status" => record.status.to_string(),
             "cost_source" => record.cost_source.clone(),
             "instance" => record.instance.clone(),
-            _ => none(),
+            other => other
+                .strip_prefix("values.")
+                .and_then(|limit| record.values.get(limit).cloned())
+                .unwrap_or_else(none),
         })
         .collect()
 }
@@ -162,6 +172,14 @@ mod tests {
                 settled: 12
             }
         );
+        let by_model = vec!["values.model-tokens".to_string()];
+        let mut priced = records[0].clone();
+        priced.values.insert("model-tokens".into(), "gpt-4o".into());
+        let sums_by_model = summarize([&priced, &records[1]], &by_model);
+        assert_eq!(sums_by_model[&vec!["gpt-4o".to_string()]].settled, 5);
+        assert_eq!(sums_by_model[&vec!["-".to_string()]].settled, 7);
+        assert!(groups_by("values.model-tokens") && groups_by("tenant"));
+        assert!(!groups_by("values.") && !groups_by("tenantt"));
         let text = table(&sums, &by);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
