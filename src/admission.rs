@@ -643,6 +643,9 @@ pub struct Conclusion {
     /// `Retry-After` of a 503 when the store is failing and a limit says
     /// `closed`.
     pub unavailable_retry_after: u64,
+    /// The instances sharing the store (`store.expected_instances`): a
+    /// charge the local fallback decided is settled against its share.
+    pub instances: u32,
 }
 
 impl Conclusion {
@@ -651,6 +654,7 @@ impl Conclusion {
         Self {
             ratelimit_headers: rt.policy.ratelimit_headers,
             unavailable_retry_after: rt.limiter().unavailable_retry_after(),
+            instances: rt.policy.store.expected_instances,
         }
     }
 }
@@ -683,12 +687,25 @@ pub fn conclude(
             estimate: plan.estimate,
             reserved: plan.route.admission_cost_of(plan.estimate),
             route: plan.route.name.clone(),
+            // What the store charged is settled in the store; what the
+            // local fallback charged (the store failing), in this
+            // process's share of the budget, where it was charged.
             charged: plan
                 .charges
                 .iter()
                 .zip(verdicts)
-                .filter(|(_, v)| v.allowed && v.source == Source::Store)
-                .map(|(c, v)| (c.clone(), v.at))
+                .filter(|(_, v)| v.allowed)
+                .filter_map(|(c, v)| match v.source {
+                    Source::Store => Some((c.clone(), v.at)),
+                    Source::Fallback => Some((
+                        Charge {
+                            local: true,
+                            ..crate::limits::plan::fallback_charge(c, how.instances.max(1))
+                        },
+                        v.at,
+                    )),
+                    _ => None,
+                })
                 .collect(),
         });
     }

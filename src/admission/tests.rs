@@ -28,6 +28,7 @@ routes:
   - { name: reports, methods: [POST], path: "/v1/reports/{id}", upstream: api, cost: 2, limits: [ip-guard, reports-limit, shadowed] }
   - { name: public, path: "/public/**", auth: none, upstream: api, max_body_bytes: 8 }
   - { name: teapot, path: /teapot, auth: none, respond: { status: 418, body: "short" } }
+  - { name: metered, path: /metered, upstream: api, limits: [reports-limit], cost_from_response: { header: x-cost, max: 5 } }
 "#;
 
 fn runtime() -> Runtime {
@@ -224,6 +225,44 @@ fn conclusion_table() {
             (got, want) => panic!("{verdicts:?}: got {got:?}, want {want:?}"),
         }
     }
+}
+
+#[test]
+fn a_charge_the_local_fallback_made_is_settled_in_its_share() {
+    let rt = runtime();
+    let req = request("GET", "/metered", &[KEY]);
+    let plan = plan(&rt, PEER.parse().unwrap(), &req).plan.unwrap();
+    assert_eq!(plan.charges.len(), 1);
+    let how = Conclusion {
+        instances: 4,
+        ..Conclusion::of(&rt)
+    };
+    let decided = |source| {
+        let mut v = verdict(true);
+        v.source = source;
+        v.at = 7;
+        let mut facts = Facts::default();
+        conclude(&plan, &[v], how, &mut facts).unwrap();
+        facts.reconcile.unwrap().charged
+    };
+    // The store charged it: settled in the store, as charged.
+    let stored = decided(crate::limits::Source::Store);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].0.key, plan.charges[0].key);
+    assert!(stored[0].0.local == plan.charges[0].local && stored[0].1 == 7);
+    // The local fallback charged it (the store failing): settled where it
+    // was, in this process's quarter of the budget.
+    let fallback = decided(crate::limits::Source::Fallback);
+    assert_eq!(fallback.len(), 1);
+    let (charge, at) = &fallback[0];
+    assert!(charge.local && *at == 7);
+    assert_eq!(
+        charge.key,
+        crate::limits::plan::fallback_charge(&plan.charges[0], 4).key
+    );
+    assert_eq!(charge.params, plan.charges[0].params.share(4));
+    // Admitted by `open`: charged nowhere, nothing to settle.
+    assert!(decided(crate::limits::Source::FailOpen).is_empty());
 }
 
 #[test]
