@@ -133,6 +133,35 @@ fn a_tenants_bound_holds_across_two_gateways_and_frees_as_requests_end() {
 }
 
 #[test]
+fn a_hold_whose_release_failed_while_redis_stalled_is_released_once_it_answers() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::slow(Duration::from_millis(1_500));
+    // Holds would live a minute unreleased.
+    let text = policy(&redis.store(200), 2, 60_000, "");
+    let gw = Gateway::start_with_env(&text, Some(&upstream), &[SECRET]);
+    let addr = gw.addr;
+    let slow: Vec<_> = (0..2)
+        .map(|_| thread::spawn(move || get(addr, "/slow", &A).status))
+        .collect();
+    assert!(eventually(Duration::from_secs(5), || held_in(&redis) == 2));
+    // The requests end while Redis is stopped: their releases fail.
+    redis.pause();
+    for t in slow {
+        assert_eq!(t.join().unwrap(), 200);
+    }
+    thread::sleep(Duration::from_millis(500));
+    redis.resume();
+    // Tried again once Redis answers: the bound is free long before the
+    // holds would have expired.
+    assert!(
+        eventually(Duration::from_secs(15), || held_in(&redis) == 0),
+        "{}",
+        gw.log()
+    );
+    assert_eq!(gw.get("/fast", &A).status, 200);
+}
+
+#[test]
 fn a_client_that_goes_away_frees_its_hold_at_once() {
     let redis = RedisServer::start();
     let upstream = Upstream::slow(Duration::from_secs(30));

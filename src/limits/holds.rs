@@ -72,31 +72,102 @@ impl Live {
 }
 
 /// A shared hold to release once `due` (the limiter's clock, ms).
-#[derive(Debug)]
-struct Release {
+#[derive(Debug, Clone)]
+pub struct Release {
     /// The charge that took it.
-    charge: Charge,
+    pub charge: Charge,
     /// Not before this.
     due: u64,
+    /// A release that failed is tried again until then: by then the hold
+    /// expired in the store unrenewed (0: never tried again).
+    pub until: u64,
+}
+
+impl Release {
+    /// A release tried once, never again (as the process stops).
+    pub fn last_try(charge: Charge) -> Self {
+        Self {
+            charge,
+            due: 0,
+            until: 0,
+        }
+    }
+}
+
+/// How long a release the store failed waits before it is tried again.
+pub const RETRY_MS: u64 = 500;
+
+/// The shared holds waiting for their release in the store, and the
+/// keeper's signal; a release the store failed comes back here.
+pub struct ReleaseQueue {
+    releases: Mutex<Vec<Release>>,
+    /// Signalled when a shared hold is to be released.
+    work: tokio::sync::Notify,
+    now: Arc<dyn Fn() -> u64 + Send + Sync>,
+}
+
+impl ReleaseQueue {
+    fn push(&self, releases: impl IntoIterator<Item = Release>) {
+        let mut queue = self.releases.lock().unwrap_or_else(|e| e.into_inner());
+        let before = queue.len();
+        queue.extend(releases);
+        if queue.len() > before {
+            self.work.notify_one();
+        }
+    }
+
+    /// Holds whose release the store failed (it was stalled or down):
+    /// tried again every [`RETRY_MS`] for as long as they could still be
+    /// held in the store, so that a store that comes back does not keep
+    /// them until they expire.
+    pub fn failed(&self, charges: Vec<Charge>) {
+        let now = (self.now)();
+        self.push(charges.into_iter().map(|charge| Release {
+            until: now + hold_ttl(&charge),
+            due: now + RETRY_MS,
+            charge,
+        }));
+    }
+
+    /// Releases the store failed again: those that may still be held.
+    pub fn retry(&self, releases: Vec<Release>) {
+        let now = (self.now)();
+        self.push(
+            releases
+                .into_iter()
+                .filter(|r| r.until > now)
+                .map(|r| Release {
+                    due: now + RETRY_MS,
+                    ..r
+                }),
+        );
+    }
+}
+
+/// How long a hold of `charge` lives in the store unrenewed.
+fn hold_ttl(charge: &Charge) -> u64 {
+    match charge.params {
+        Params::Concurrency(terms) => terms.hold_ttl_ms,
+        _ => 0,
+    }
 }
 
 /// Releases a hold kept in this process.
 pub type LocalRelease = Box<dyn Fn(&Charge) + Send + Sync>;
 /// Reads the limiter's clock (ms).
 pub type Now = Box<dyn Fn() -> u64 + Send + Sync>;
-/// Queues the release of shared holds in the store at once; `false` when
-/// it cannot (they wait in the keeper's queue instead).
-pub type SharedRelease = Box<dyn Fn(&[&Charge]) -> bool + Send + Sync>;
+/// Queues the release of shared holds in the store at once, the queue
+/// that a failed one goes back to given; `false` when it cannot (they
+/// wait in the keeper's queue instead).
+pub type SharedRelease = Box<dyn Fn(&[&Charge], &Arc<ReleaseQueue>) -> bool + Send + Sync>;
 
 /// The holds of this instance's requests.
 pub struct Holds {
     live: Mutex<HashMap<HoldId, Live, ahash::RandomState>>,
-    releases: Mutex<Vec<Release>>,
-    /// Signalled when a shared hold is to be released.
-    work: tokio::sync::Notify,
+    queue: Arc<ReleaseQueue>,
     release_local: LocalRelease,
     release_shared: SharedRelease,
-    now: Now,
+    now: Arc<dyn Fn() -> u64 + Send + Sync>,
     /// How long after a dropped decision its store call may still land.
     late_by: u64,
     metrics: Arc<Metrics>,
@@ -134,10 +205,14 @@ impl Holds {
         late_by: u64,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let now: Arc<dyn Fn() -> u64 + Send + Sync> = Arc::from(now);
         Self {
             live: Mutex::new(HashMap::default()),
-            releases: Mutex::new(Vec::new()),
-            work: tokio::sync::Notify::new(),
+            queue: Arc::new(ReleaseQueue {
+                releases: Mutex::new(Vec::new()),
+                work: tokio::sync::Notify::new(),
+                now: now.clone(),
+            }),
             release_local,
             release_shared,
             now,
@@ -234,6 +309,7 @@ impl Holds {
                 // here at once, in the store by a call still to land.
                 Place::Deciding if held.charge.local => (self.release_local)(&held.charge),
                 Place::Deciding => shared.push(Release {
+                    until: now + self.late_by + hold_ttl(&held.charge),
                     charge: held.charge,
                     due: now + self.late_by,
                 }),
@@ -243,24 +319,34 @@ impl Holds {
         // its client: a decision queued after it (the client's next
         // request) is decided after it.
         let charges: Vec<&Charge> = ended.iter().collect();
-        if !charges.is_empty() && !(self.release_shared)(&charges) {
-            shared.extend(ended.into_iter().map(|charge| Release { charge, due: now }));
+        if !charges.is_empty() && !(self.release_shared)(&charges, &self.queue) {
+            shared.extend(ended.into_iter().map(|charge| Release {
+                until: now + hold_ttl(&charge),
+                charge,
+                due: now,
+            }));
         }
-        if !shared.is_empty() {
-            self.lock_releases().extend(shared);
-            self.work.notify_one();
-        }
+        self.queue.push(shared);
     }
 
     /// The shared holds due for release at `now` (all of them with
     /// `everything`, at shutdown), taken out of the queue.
-    pub fn due_releases(&self, now: u64, everything: bool) -> Vec<Charge> {
-        let mut queue = self.lock_releases();
+    pub fn due_releases(&self, now: u64, everything: bool) -> Vec<Release> {
+        let mut queue = self
+            .queue
+            .releases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let (due, later): (Vec<Release>, Vec<Release>) = std::mem::take(&mut *queue)
             .into_iter()
             .partition(|r| everything || r.due <= now);
         *queue = later;
-        due.into_iter().map(|r| r.charge).collect()
+        due
+    }
+
+    /// Where releases the store failed go back to.
+    pub fn queue(&self) -> &Arc<ReleaseQueue> {
+        &self.queue
     }
 
     /// The holds to renew at `now`: each one last renewed a third of its
@@ -326,7 +412,7 @@ impl Holds {
 
     /// Resolves when a shared hold is queued for release.
     pub async fn work(&self) {
-        self.work.notified().await
+        self.queue.work.notified().await
     }
 
     /// Counts reclaimed holds that decisions reported.
@@ -347,10 +433,6 @@ impl Holds {
 
     fn lock_live(&self) -> std::sync::MutexGuard<'_, HashMap<HoldId, Live, ahash::RandomState>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn lock_releases(&self) -> std::sync::MutexGuard<'_, Vec<Release>> {
-        self.releases.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

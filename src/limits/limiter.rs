@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::breaker::{Breaker, Permit};
-use super::holds::{HoldGuard, Holds};
+use super::holds::{HoldGuard, Holds, Release};
 use super::lease::{GiveBack, Leases, Spend, Taker, Token};
 use super::memory::MemoryStore;
 use super::plan::{
@@ -85,7 +85,13 @@ impl<C: Clock> Limiter<C> {
                 .map_or(0, |s| 2 * s.timeout.as_millis() as u64);
             Holds::new(
                 Box::new(move |c| release.refund(&[c], 0)),
-                Box::new(move |charges| store.as_ref().is_some_and(|s| s.release_now(charges))),
+                Box::new(move |charges, queue| {
+                    store.as_ref().is_some_and(|s| {
+                        let queue = queue.clone();
+                        let again: Vec<Charge> = charges.iter().map(|c| (*c).clone()).collect();
+                        s.release_now(charges, Box::new(move |_| queue.failed(again)))
+                    })
+                }),
                 Box::new(move || now.now_ms()),
                 late_by,
                 metrics.clone(),
@@ -333,7 +339,8 @@ impl<C: Clock> Limiter<C> {
     pub async fn keep_holds(&self) {
         let now = self.holds.now();
         let released = self.holds.due_releases(now, false);
-        self.release_shared(released).await;
+        let failed = self.release_shared(released).await;
+        self.holds.queue().retry(failed);
         let (local, shared) = self.holds.renewals(now);
         if !local.is_empty() {
             let (verdicts, _) = self.local.decide_now(&local, Gate::Open);
@@ -357,23 +364,35 @@ impl<C: Clock> Limiter<C> {
     /// process, and one that ends meanwhile finds its holds released
     /// already (each hold leaves the registry once).
     pub async fn release_holds(&self) {
-        let mut all = self.holds.surrender();
+        let mut all: Vec<Release> = self
+            .holds
+            .surrender()
+            .into_iter()
+            .map(Release::last_try)
+            .collect();
         all.extend(self.holds.due_releases(0, true));
         self.release_shared(all).await;
     }
 
     /// Gives holds back to the shared store: each one released.
-    async fn release_shared(&self, holds: Vec<Charge>) {
-        let Some(shared) = &self.shared else { return };
+    /// Gives holds back to the shared store; returns the releases it
+    /// failed (the caller may try them again).
+    async fn release_shared(&self, holds: Vec<Release>) -> Vec<Release> {
+        let Some(shared) = &self.shared else {
+            return Vec::new();
+        };
+        let mut failed = Vec::new();
         for chunk in holds.chunks(HOLDS_PER_CALL) {
-            let charges: Vec<&Charge> = chunk.iter().collect();
-            if let Err(failed) = shared.store.give_back(&charges, 1).await {
-                if failed.is_failure() {
-                    self.metrics.store_error(failed.reason());
+            let charges: Vec<&Charge> = chunk.iter().map(|r| &r.charge).collect();
+            if let Err(e) = shared.store.give_back(&charges, 1).await {
+                if e.is_failure() {
+                    self.metrics.store_error(e.reason());
                 }
-                tracing::warn!(target: STORE_LOG, error = %failed, holds = charges.len(), "releasing holds failed; the store reclaims them when they expire");
+                tracing::warn!(target: STORE_LOG, error = %e, holds = charges.len(), "releasing holds failed; tried again while the store may hold them");
+                failed.extend_from_slice(chunk);
             }
         }
+        failed
     }
 
     /// Holds again what leases spent for groups the decision did not charge.

@@ -442,6 +442,9 @@ impl StoreError {
     }
 }
 
+/// Told once when a release queued at once fails in the store.
+pub type ReleaseFailed = Box<dyn FnOnce(StoreError) + Send>;
+
 /// The seam between the decision logic and where limit state lives.
 ///
 /// Every call is bounded by the store itself: a decision waits at most
@@ -472,8 +475,10 @@ pub trait LimitStore: Send + Sync {
     /// at once, before this returns, without waiting for it: a decision
     /// queued after it is decided after it. `false` when this store
     /// cannot, or is too busy to (the caller gives them back itself).
-    fn release_now(&self, charges: &[&Charge]) -> bool {
-        let _ = charges;
+    /// `failed` is told if the call then fails (the holds may still be
+    /// held: the caller tries again).
+    fn release_now(&self, charges: &[&Charge], failed: ReleaseFailed) -> bool {
+        let _ = (charges, failed);
         false
     }
 

@@ -19,7 +19,7 @@
 //! Calls are batched per slot as on a standalone server: requests whose
 //! part waits while a call for the same slot is in flight share the next.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::limits::RecordChanges;
 
@@ -221,14 +221,22 @@ impl LimitStore for ClusterStore {
             .try_for_each(|r| r.map(drop))
     }
 
-    fn release_now(&self, charges: &[&Charge]) -> bool {
+    fn release_now(&self, charges: &[&Charge], failed: crate::limits::ReleaseFailed) -> bool {
         // Every slot's part queued before this returns; when one cannot
-        // be, the caller gives them all back later (a release twice is
-        // one release).
+        // be, the caller gives them all back later, and when one fails
+        // they are all tried again (a release twice is one release).
+        let failed = Arc::new(Mutex::new(Some(failed)));
         self.by_slot(charges).into_iter().all(|(s, members, keys)| {
             let request = Request::new(keys, &members, Gate::Open, 1);
+            let failed = failed.clone();
             codec::fits(&request).is_ok()
-                && self.batches.queue_now(s, request, super::released_badly)
+                && self.batches.queue_now(s, request, move |e| {
+                    super::released_badly(&e);
+                    let once = failed.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(failed) = once {
+                        failed(e);
+                    }
+                })
         })
     }
 

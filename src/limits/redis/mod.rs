@@ -140,10 +140,14 @@ impl LimitStore for RedisStore {
             .map(drop)
     }
 
-    fn release_now(&self, charges: &[&Charge]) -> bool {
+    fn release_now(&self, charges: &[&Charge], failed: super::ReleaseFailed) -> bool {
         let keys = charges.iter().map(|c| self.keys.key(c)).collect();
         let request = Request::new(keys, charges, Gate::Open, 1);
-        codec::fits(&request).is_ok() && self.batches.queue_now(0, request, released_badly)
+        codec::fits(&request).is_ok()
+            && self.batches.queue_now(0, request, move |e| {
+                released_badly(&e);
+                failed(e);
+            })
     }
 
     async fn peek(&self, charges: &[&Charge]) -> Result<Vec<Verdict>, StoreError> {
@@ -207,10 +211,10 @@ impl LimitStore for RedisStore {
     }
 }
 
-/// A release queued at once failed: the store reclaims the holds when
-/// they expire.
-pub(crate) fn released_badly(e: StoreError) {
-    tracing::warn!(target: crate::logs::STORE, error = %e, "releasing holds failed; the store reclaims them when they expire");
+/// A release queued at once failed: it is tried again while the holds
+/// may still be held (they expire in the store otherwise).
+pub(crate) fn released_badly(e: &StoreError) {
+    tracing::warn!(target: crate::logs::STORE, error = %e, "releasing holds failed; tried again while the store may hold them");
 }
 
 #[cfg(test)]
