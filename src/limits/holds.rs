@@ -258,6 +258,28 @@ impl Holds {
         fallback: impl Fn(&Charge) -> Charge,
     ) {
         let charged = gate(charges, |i| verdicts[i].allowed, Gate::Open);
+        let now = (self.now)();
+        // A call that failed (late, or cut off) may still have reached the
+        // store and taken its holds there: they are released after it, as
+        // a dropped decision's are (a release twice is one release).
+        let late: Vec<Release> = charges
+            .iter()
+            .zip(verdicts)
+            .filter(|(c, v)| {
+                c.hold.is_some()
+                    && !c.local
+                    && matches!(
+                        v.source,
+                        Source::FailOpen | Source::FailClosed | Source::Fallback
+                    )
+            })
+            .map(|(c, _)| Release {
+                until: now + self.late_by + hold_ttl(c),
+                charge: c.clone(),
+                due: now + self.late_by,
+            })
+            .collect();
+        self.queue.push(late);
         let mut live = self.lock_live();
         for (c, v) in charges.iter().zip(verdicts) {
             let Some(id) = c.hold else { continue };
