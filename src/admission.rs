@@ -371,31 +371,47 @@ async fn look_up(
         return Ok(None);
     }
     let tuned = rt.tenant_override(&credential.tenant, now);
-    let route = plan.route;
-    let who = Identity {
-        ip: facts.network(rt.policy.client_ip.ipv6_prefix),
-        credential: Some(&credential.id),
-        tenant: Some(&credential.tenant),
-        route: &route.name,
-    };
-    let template = rt.policy.routes.template(route.id);
+    let template = rt.policy.routes.template(plan.route.id);
     let view = view_of(req, &path, template, Some(&credential));
-    let start = plan.charges.len();
-    match build_charges(
-        &rt.policy,
-        &route.request,
-        &who,
-        plan_of(&rt.policy, tuned.as_deref(), Some(&credential), None),
-        tuned.as_deref(),
-        route.admission_cost_of(plan.estimate),
-        Group::Request,
-        &view,
-        &mut facts.used,
-    ) {
-        Ok(charges) => plan.charges.extend(charges),
-        Err(refused) => plan.refused = Some(refused),
-    }
+    let start =
+        add_late_request_charges(rt, plan, facts, Some(&credential), tuned.as_deref(), &view);
     Ok(Some(start))
+}
+
+/// Adds to `plan` the request charges of a request whose caller or body
+/// is known only now (a lookup named it, or its body was read), keyed by
+/// what `view` says, or the value that refuses them; returns where they
+/// start in `plan.charges`.
+fn add_late_request_charges(
+    rt: &Runtime,
+    plan: &mut Plan<'_>,
+    facts: &mut Facts,
+    credential: Option<&Credential>,
+    tuned: Option<&Resolved>,
+    view: &RequestView<'_>,
+) -> usize {
+    let mut charged = Charges {
+        charges: std::mem::take(&mut plan.charges),
+        authenticated: plan.authenticated,
+        refused: None,
+        used: Used::default(),
+    };
+    let start = charged.charges.len();
+    let ip = facts.client_ip.unwrap_or(IpAddr::from([0u8; 4]));
+    let network = client_ip::key_network(ip, rt.policy.client_ip.ipv6_prefix);
+    add_request_charges(
+        &mut charged,
+        &rt.policy,
+        plan.route,
+        network,
+        credential,
+        tuned,
+        view,
+    );
+    plan.charges = charged.charges;
+    plan.refused = charged.refused;
+    facts.used.extend(charged.used);
+    start
 }
 
 /// What a request's head says, for its limits' keys: `path` normalized,
@@ -1044,27 +1060,14 @@ pub async fn admit_body(
     view.body = Some(&values);
     plan.estimate = plan.route.estimate(&req.headers, Some(&values));
     facts.cost = plan.estimate;
-    let mut charged = Charges {
-        charges: std::mem::take(&mut plan.charges),
-        authenticated: plan.authenticated,
-        refused: None,
-        used: Used::default(),
-    };
-    let start = charged.charges.len();
-    let ip = facts.client_ip.unwrap_or(IpAddr::from([0u8; 4]));
-    let network = client_ip::key_network(ip, rt.policy.client_ip.ipv6_prefix);
-    add_request_charges(
-        &mut charged,
-        &rt.policy,
-        plan.route,
-        network,
+    let start = add_late_request_charges(
+        rt,
+        &mut plan,
+        facts,
         credential.as_deref(),
         tuned.as_deref(),
         &view,
     );
-    plan.charges = charged.charges;
-    plan.refused = charged.refused;
-    facts.used.extend(charged.used);
     if plan.refused.is_none() {
         let fresh = decide(rt, &plan.charges[start..], facts).await;
         record_decisions(rt, &plan.charges[start..], &fresh);

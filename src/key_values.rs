@@ -393,10 +393,8 @@ impl Used {
             return;
         };
         for (dim, part) in key.dims.iter().zip(parts) {
-            let Some(value) = part else { continue };
-            let dim = dim.to_string();
-            if !self.values.iter().any(|(d, _)| *d == dim) {
-                self.values.push((dim, value.to_string()));
+            if let Some(value) = part {
+                self.value(dim.to_string(), value.to_string());
             }
         }
         if let (Some(_), [Some(value)]) = (params, parts.as_slice()) {
@@ -407,11 +405,16 @@ impl Used {
     /// Adds what `other` noted.
     pub fn extend(&mut self, other: Used) {
         for (dim, value) in other.values {
-            if !self.values.iter().any(|(d, _)| *d == dim) {
-                self.values.push((dim, value));
-            }
+            self.value(dim, value);
         }
         self.matched.extend(other.matched);
+    }
+
+    /// Notes `dim`'s value, unless a limit read it already.
+    fn value(&mut self, dim: String, value: String) {
+        if !self.values.iter().any(|(d, _)| *d == dim) {
+            self.values.push((dim, value));
+        }
     }
 }
 

@@ -1030,16 +1030,9 @@ fn usage_record(
         plan,
         route: ctx.facts.route.as_deref().unwrap_or_default().to_owned(),
         method: req.method.as_str().to_owned(),
-        host: req
-            .headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| req.uri.authority().map(|a| a.as_str()))
-            .map(|h| crate::routes::request_host(h).into_owned()),
-        path: crate::usage::record::bounded_path(match &ctx.facts.rewritten_target {
-            Some(target) => target.split('?').next().unwrap_or(target),
-            None => req.uri.path(),
-        }),
+        host: named_host(req).map(std::borrow::Cow::into_owned),
+        // An admitted request's target was accepted: it has a path.
+        path: crate::usage::record::bounded_path(normalized_path(req, ctx).unwrap_or_default()),
         client: ctx
             .facts
             .network(rt.policy.client_ip.ipv6_prefix)
@@ -1055,6 +1048,26 @@ fn usage_record(
     }
 }
 
+/// The host a request named (`Host`, or an absolute target's authority),
+/// lower-case, without its port.
+fn named_host(req: &RequestHeader) -> Option<std::borrow::Cow<'_, str>> {
+    req.headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri.authority().map(|a| a.as_str()))
+        .map(crate::routes::request_host)
+}
+
+/// The request's normalized path, without the query string; `None` when
+/// its target was refused.
+fn normalized_path<'a>(req: &'a RequestHeader, ctx: &'a RequestCtx) -> Option<&'a str> {
+    match &ctx.facts.rewritten_target {
+        Some(target) => Some(target.split('?').next().unwrap_or(target)),
+        None if ctx.facts.target_ok => Some(req.uri.path()),
+        None => None,
+    }
+}
+
 /// Writes a request's access log line.
 fn access(
     log: &AccessLog,
@@ -1065,17 +1078,8 @@ fn access(
     duration_ms: f64,
 ) {
     let req = session.req_header();
-    let host = req
-        .headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri.authority().map(|a| a.as_str()))
-        .map(crate::routes::request_host);
-    let path = match &ctx.facts.rewritten_target {
-        Some(target) => Some(target.split('?').next().unwrap_or(target)),
-        None if ctx.facts.target_ok => Some(req.uri.path()),
-        None => None,
-    };
+    let host = named_host(req);
+    let path = normalized_path(req, ctx);
     let credential = ctx.facts.credential.as_deref();
     let client = ctx
         .facts

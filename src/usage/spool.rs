@@ -78,7 +78,6 @@ struct State {
     out: Arc<File>,
     /// Records appended and not yet written.
     pending: Vec<u8>,
-    reserved: u64,
 }
 
 /// Room for one record, reserved on the request path; given back when
@@ -90,8 +89,6 @@ pub struct Room {
 
 impl Drop for Room {
     fn drop(&mut self) {
-        let mut state = self.spool.lock();
-        state.reserved = state.reserved.saturating_sub(RECORD_ROOM);
         self.spool.used.fetch_sub(RECORD_ROOM, Ordering::AcqRel);
     }
 }
@@ -166,7 +163,6 @@ impl Spool {
                 segments,
                 out,
                 pending: Vec::new(),
-                reserved: 0,
             }),
             writing: Mutex::new(()),
             used: AtomicU64::new(recovered.bytes),
@@ -185,13 +181,11 @@ impl Spool {
     /// Room for one record, unless the spool is full (`on_full: refuse`
     /// refuses the request then).
     pub fn reserve(self: &Arc<Self>) -> Option<Room> {
-        let mut state = self.lock();
-        let used = self.used.load(Ordering::Acquire);
-        if used + RECORD_ROOM > self.max_bytes {
-            return None;
-        }
-        state.reserved += RECORD_ROOM;
-        self.used.fetch_add(RECORD_ROOM, Ordering::AcqRel);
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used + RECORD_ROOM <= self.max_bytes).then_some(used + RECORD_ROOM)
+            })
+            .ok()?;
         Some(Room {
             spool: self.clone(),
         })
