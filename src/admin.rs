@@ -228,7 +228,7 @@ impl Admin {
             );
         }
         let now = crate::clock::wall_ms();
-        let revocation = crate::revocations::Revocation {
+        let revocation = crate::identity::revocations::Revocation {
             credential: r.credential.clone(),
             expires_at_ms: now + r.expires_in_s * 1000,
             reason: r.reason.clone(),
@@ -292,7 +292,7 @@ impl Admin {
             );
         }
         let now = crate::clock::wall_ms();
-        let o = crate::overrides::Override {
+        let o = crate::identity::overrides::Override {
             tenant: tenant.to_string(),
             plan: put.plan,
             limits: put.limits,
@@ -301,7 +301,7 @@ impl Admin {
             actor: who.actor().to_string(),
         };
         // Validated as the YAML would be, against the live policy.
-        if let Err(problems) = crate::overrides::resolve(&rt.policy, &o) {
+        if let Err(problems) = crate::config::resolve_override(&rt.policy, &o) {
             return problem(400, "admin-bad-request", &problems.join("; "));
         }
         let store = rt.limiter().shared_store().map(|s| s.as_ref());
@@ -377,7 +377,7 @@ impl Admin {
             Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
         };
         let Some(digest) =
-            crate::auth::parse_digest(&new.sha256).filter(|_| new.sha256.len() == 64)
+            crate::identity::auth::parse_digest(&new.sha256).filter(|_| new.sha256.len() == 64)
         else {
             return problem(
                 400,
@@ -426,18 +426,18 @@ impl Admin {
                 "the key belongs to a credential of the policy's keys",
             );
         }
-        let stored = crate::store_keys::Stored {
+        let stored = crate::identity::store_keys::Stored {
             id: new.id,
             tenant: new.tenant,
             plan: new.plan,
         };
         let store = rt.limiter().shared_store().map(|s| s.as_ref());
         let done = match rt.services.store_keys.create(store, &stored, &digest).await {
-            Err(crate::store_keys::CreateError::Conflict(why)) => {
+            Err(crate::identity::store_keys::CreateError::Conflict(why)) => {
                 return problem(409, "admin-conflict", &why)
             }
-            Err(crate::store_keys::CreateError::Store(e)) => Err(e),
-            Ok(()) => Ok(None::<crate::store_keys::Stored>),
+            Err(crate::identity::store_keys::CreateError::Store(e)) => Err(e),
+            Ok(()) => Ok(None::<crate::identity::store_keys::Stored>),
         };
         self.changed(
             rt,
@@ -1096,7 +1096,8 @@ async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
                     .as_deref()
                     .and_then(|name| rt.policy.plan_id(name));
                 q.verified =
-                    crate::auth::Credential::new(&stored.id, &stored.tenant, plan).map(Arc::new);
+                    crate::identity::auth::Credential::new(&stored.id, &stored.tenant, plan)
+                        .map(Arc::new);
             }
         }
     }

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use pingora::http::RequestHeader;
 
-use crate::auth::{self, Credential};
 use crate::client_ip;
 use crate::config::{LimitId, Mode, OnAbandon, PlanId, Policy, PoolId, Route, RouteId, Target};
 use crate::edge::target;
+use crate::identity::auth::{self, Credential};
+use crate::identity::overrides::Resolved;
 use crate::key_values::{self as values, BodyValues, Refused, RequestView, Used};
 use crate::limits::{combine, Charge, Decision, Group, Identity, Op, Source, Verdict};
 use crate::metrics::DecisionOutcome;
-use crate::overrides::Resolved;
 use crate::pools::Party;
 use crate::respond::{RateHeaders, Rejection};
 use crate::routes;
@@ -162,7 +162,7 @@ pub struct Pending {
     /// The field of the key's record among the store's credentials.
     pub store: Option<String>,
     /// The request's entry at the forward-auth service.
-    pub forward: Option<crate::forward_auth::Entry>,
+    pub forward: Option<crate::identity::forward_auth::Entry>,
     /// The request's normalized path, for the keys the caller's request
     /// limits read from it.
     pub path: String,
@@ -572,7 +572,7 @@ fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
     let Some(key) = auth::presented_key(headers, &policy.auth.header) else {
         return Identified::Refused("missing");
     };
-    if !policy.auth.jwt.is_empty() && crate::jwt::looks_like_jwt(key) {
+    if !policy.auth.jwt.is_empty() && crate::identity::jwt::looks_like_jwt(key) {
         // A signature check costs many times a key's lookup (and an
         // unknown `kid` a key-set fetch): it waits for the pre-auth limits,
         // so a flood of forged tokens is bounded by them first.
@@ -590,7 +590,7 @@ fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
     let mut pending = Pending::default();
     if policy.auth.store_keys.is_some() {
         let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        let field = crate::store_keys::StoreKeys::field(store, &digest);
+        let field = crate::identity::store_keys::StoreKeys::field(store, &digest);
         let plans = |name: &str| policy.plan_id(name);
         let taken = |id: &str| policy.auth.keys.has_id(id);
         match rt
@@ -598,11 +598,13 @@ fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
             .store_keys
             .cached(&field, rt.generation, plans, taken)
         {
-            Some(crate::store_keys::Lookup::Known(c)) => {
+            Some(crate::identity::store_keys::Lookup::Known(c)) => {
                 metrics.auth_lookup("store", "cached");
                 return Identified::Known(c, "store");
             }
-            Some(crate::store_keys::Lookup::Unknown) => metrics.auth_lookup("store", "cached"),
+            Some(crate::identity::store_keys::Lookup::Unknown) => {
+                metrics.auth_lookup("store", "cached")
+            }
             None => pending.store = Some(field),
         }
     }
@@ -611,7 +613,7 @@ fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
         // The store comes first: its answer is not known yet.
         let cached = pending.store.is_none().then(|| service.cached(&entry));
         match cached.flatten() {
-            Some(crate::forward_auth::Answer::Known(c)) => {
+            Some(crate::identity::forward_auth::Answer::Known(c)) => {
                 metrics.auth_lookup("forward", "cached");
                 return Identified::Known(c, "forward");
             }
@@ -1121,13 +1123,13 @@ async fn identify(
         let result = match (&found, called) {
             (Err(_), _) => "error",
             (_, false) => "cached",
-            (Ok(crate::store_keys::Lookup::Known(_)), true) => "hit",
-            (Ok(crate::store_keys::Lookup::Unknown), true) => "miss",
+            (Ok(crate::identity::store_keys::Lookup::Known(_)), true) => "hit",
+            (Ok(crate::identity::store_keys::Lookup::Unknown), true) => "miss",
         };
         metrics.auth_lookup("store", result);
         match found {
-            Ok(crate::store_keys::Lookup::Known(c)) => return Ok(Some((c, "store"))),
-            Ok(crate::store_keys::Lookup::Unknown) => {}
+            Ok(crate::identity::store_keys::Lookup::Known(c)) => return Ok(Some((c, "store"))),
+            Ok(crate::identity::store_keys::Lookup::Unknown) => {}
             // One source down is not the gate: the next may name the
             // caller. Only a key no source could answer for is refused.
             Err(e) => store_down = Some(e),
@@ -1141,24 +1143,24 @@ async fn identify(
     };
     let started = crate::clock::instant();
     let (answer, via) = service.ask(entry, &req.headers).await;
-    if via == crate::forward_auth::Via::Call {
+    if via == crate::identity::forward_auth::Via::Call {
         metrics
             .forward_auth_seconds
             .observe(started.elapsed().as_secs_f64());
     }
     let result = match (&answer, via) {
-        (crate::forward_auth::Answer::Unavailable(_), _) => "error",
-        (_, crate::forward_auth::Via::Cache) => "cached",
-        (crate::forward_auth::Answer::Known(_), _) => "hit",
-        (crate::forward_auth::Answer::Unknown, _) => "miss",
+        (crate::identity::forward_auth::Answer::Unavailable(_), _) => "error",
+        (_, crate::identity::forward_auth::Via::Cache) => "cached",
+        (crate::identity::forward_auth::Answer::Known(_), _) => "hit",
+        (crate::identity::forward_auth::Answer::Unknown, _) => "miss",
     };
     metrics.auth_lookup("forward", result);
     match (answer, store_down) {
-        (crate::forward_auth::Answer::Known(c), _) => Ok(Some((c, "forward"))),
+        (crate::identity::forward_auth::Answer::Known(c), _) => Ok(Some((c, "forward"))),
         // The store, which could not answer, may know the key.
-        (crate::forward_auth::Answer::Unknown, Some(e)) => Err(unavailable(&e)),
-        (crate::forward_auth::Answer::Unknown, None) => Ok(None),
-        (crate::forward_auth::Answer::Unavailable(why), _) => Err(unavailable(&why)),
+        (crate::identity::forward_auth::Answer::Unknown, Some(e)) => Err(unavailable(&e)),
+        (crate::identity::forward_auth::Answer::Unknown, None) => Ok(None),
+        (crate::identity::forward_auth::Answer::Unavailable(why), _) => Err(unavailable(&why)),
     }
 }
 

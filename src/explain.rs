@@ -9,10 +9,10 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::admission;
-use crate::auth::Credential;
 use crate::client_ip;
 use crate::config::{LimitId, Mode, PlanId, Policy, Route, Scope};
 use crate::edge::target;
+use crate::identity::auth::Credential;
 use crate::limits::algorithm::{Params, MICRO};
 use crate::limits::{Charge, Group, Identity, Verdict};
 use crate::routes;
@@ -156,7 +156,7 @@ pub fn caller(
 pub fn resolve<'a>(
     policy: &'a Policy,
     q: &Query,
-    tuned: impl Fn(&str) -> Option<Arc<crate::overrides::Resolved>>,
+    tuned: impl Fn(&str) -> Option<Arc<crate::identity::overrides::Resolved>>,
 ) -> Result<Explained<'a>, Problem> {
     let (raw_path, _) = q.path.split_once('?').unwrap_or((&q.path, ""));
     let host = q.host.as_deref();

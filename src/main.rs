@@ -430,7 +430,9 @@ fn key_from_stdin() -> anyhow::Result<Vec<u8>> {
 }
 
 fn hash_key() -> anyhow::Result<String> {
-    Ok(hex::encode(tollgate::auth::digest(&key_from_stdin()?)))
+    Ok(hex::encode(tollgate::identity::auth::digest(
+        &key_from_stdin()?,
+    )))
 }
 
 /// `tollgate explain`: the request resolved as `/admin/explain` resolves
@@ -442,7 +444,7 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<String> {
         Some("-") => {
             let key = key_from_stdin()?;
             let jwt = &policy.auth.jwt;
-            if !jwt.is_empty() && tollgate::jwt::looks_like_jwt(&key) {
+            if !jwt.is_empty() && tollgate::identity::jwt::looks_like_jwt(&key) {
                 let caller = jwt
                     .verify(&key, |name| policy.plan_id(name))
                     .map_err(|f| anyhow::anyhow!("the JWT on stdin is refused ({})", f.reason()))?;
@@ -703,7 +705,7 @@ fn add_proxy_listeners(
         proxy.h2_options = Some(h2);
     }
     let proxy = Arc::new(proxy);
-    let edge_settings: tollgate::edge::app::Settings = {
+    let edge_settings: tollgate::edge::LiveSettings = {
         let live = live.clone();
         Arc::new(move || live.load().policy.server.edge)
     };
@@ -768,7 +770,7 @@ fn add_admin_listener(
     if access == EnvToken::Missing {
         tracing::warn!("server.admin_token_env names an unset variable: /admin/* is closed");
     }
-    let admin_settings: tollgate::edge::app::Settings = {
+    let admin_settings: tollgate::edge::LiveSettings = {
         let live = live.clone();
         Arc::new(move || {
             let server = &live.load().policy.server;

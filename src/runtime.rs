@@ -36,11 +36,11 @@ pub struct Services {
     /// Hashes caller identities for logs and reports.
     pub redactor: Redactor,
     /// Credentials revoked at runtime, as this instance last read them.
-    pub revocations: Arc<crate::revocations::Revocations>,
+    pub revocations: Arc<crate::identity::revocations::Revocations>,
     /// Tenant overrides put at runtime, as this instance last read them.
-    pub overrides: Arc<crate::overrides::Overrides>,
+    pub overrides: Arc<crate::identity::overrides::Overrides>,
     /// Credentials provisioned at runtime, as this instance cached them.
-    pub store_keys: Arc<crate::store_keys::StoreKeys>,
+    pub store_keys: Arc<crate::identity::store_keys::StoreKeys>,
     /// Exports request spans, when `server.tracing` is set (at start).
     pub tracer: Option<&'static crate::trace::otlp::Exporter>,
     /// The usage ledger, when `usage` is set (at start).
@@ -125,10 +125,13 @@ impl Runtime {
         &self,
         tenant: &str,
         now_ms: u64,
-    ) -> Option<Arc<crate::overrides::Resolved>> {
-        self.services
-            .overrides
-            .of(&self.policy, self.generation, tenant, now_ms)
+    ) -> Option<Arc<crate::identity::overrides::Resolved>> {
+        self.services.overrides.of(
+            |o| crate::config::resolve_override(&self.policy, o),
+            self.generation,
+            tenant,
+            now_ms,
+        )
     }
 
     /// Calls `hook` once this runtime, its policy and keys, has been freed

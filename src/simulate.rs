@@ -21,11 +21,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Deserialize;
 
 use crate::admission;
-use crate::auth::Credential;
 use crate::client_ip::key_network;
 use crate::clock::{Clock, ManualClock};
 use crate::config::Policy;
 use crate::edge::target;
+use crate::identity::auth::Credential;
 use crate::limits::memory::MemoryStore;
 use crate::limits::{gate, Charge, Gate};
 use crate::routes::request_host;

@@ -1,7 +1,8 @@
-//! Dependencies between the crate's top-level modules point one way: the
+//! Dependencies between the crate's modules point one way: the
 //! configuration depends on the runtime modules, never back, and no module
-//! reaches itself through others. This reads the sources and fails with the
-//! graph and the cycle when that stops being true.
+//! reaches itself through others — at the top level, and among the
+//! modules of each folder. This reads the sources and fails with the graph
+//! and the cycle when that stops being true.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -105,7 +106,7 @@ fn modules_depend_on_each_other_one_way() {
 fn the_configuration_is_not_a_dependency_of_what_it_builds() {
     let graph = graph();
     for runtime in [
-        "auth",
+        "identity",
         "client_ip",
         "edge",
         "limits",
@@ -118,6 +119,97 @@ fn the_configuration_is_not_a_dependency_of_what_it_builds() {
             !deps.contains("config"),
             "{runtime} depends on config: {deps:?}"
         );
+    }
+}
+
+/// The modules of `folder` (module path `module`, e.g. `limits::redis`) →
+/// the sibling modules their shipped code names, as `crate::module::x` or
+/// through `super::`.
+fn folder_graph(folder: &Path, module: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut children: BTreeMap<String, Vec<std::path::PathBuf>> = BTreeMap::new();
+    for entry in std::fs::read_dir(folder).unwrap().flatten() {
+        let path = entry.path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "mod"
+            || name == "tests"
+            || (path.is_file() && path.extension().is_none_or(|e| e != "rs"))
+        {
+            continue;
+        }
+        children.entry(name).or_default().extend(rust_files(&path));
+    }
+    let mut graph = BTreeMap::new();
+    for (child, files) in &children {
+        let deps: &mut BTreeSet<String> = graph.entry(child.clone()).or_default();
+        for file in files {
+            if file.components().any(|c| c.as_os_str() == "tests") || file.ends_with("tests.rs") {
+                continue;
+            }
+            let text: String = std::fs::read_to_string(file)
+                .unwrap()
+                .lines()
+                .map(|l| l.split("//").next().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n");
+            // How many `super::` reach `folder` from this file's module.
+            let depth = file.strip_prefix(folder).unwrap().components().count()
+                - usize::from(file.ends_with("mod.rs"));
+            let prefixes = [format!("crate::{module}::"), "super::".repeat(depth)];
+            for prefix in &prefixes {
+                for (i, _) in text.match_indices(prefix.as_str()) {
+                    let rest = &text[i + prefix.len()..];
+                    if rest.starts_with("super::") {
+                        continue;
+                    }
+                    let names: Vec<&str> = match rest.strip_prefix('{') {
+                        Some(group) => group[..group.find('}').unwrap_or(group.len())]
+                            .split(',')
+                            .collect(),
+                        None => vec![rest],
+                    };
+                    for name in names {
+                        let name: String = name
+                            .trim()
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        if name != *child && children.contains_key(&name) {
+                            deps.insert(name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// Every folder of modules under `dir`, with its module path.
+fn folders(dir: &Path, module: &str, out: &mut Vec<(std::path::PathBuf, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() && path.file_name().is_some_and(|n| n != "tests") {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let inner = if module.is_empty() {
+                name
+            } else {
+                format!("{module}::{name}")
+            };
+            out.push((path.clone(), inner.clone()));
+            folders(&path, &inner, out);
+        }
+    }
+}
+
+#[test]
+fn the_modules_of_each_folder_depend_on_each_other_one_way() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    folders(&src, "", &mut all);
+    assert!(all.iter().any(|(_, m)| m == "edge"), "{all:?}");
+    for (folder, module) in all {
+        let graph = folder_graph(&folder, &module);
+        assert_eq!(cycle(&graph), None, "{module}: {graph:?}");
     }
 }
 

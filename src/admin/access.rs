@@ -37,7 +37,7 @@ impl EnvToken {
         match var.map(std::env::var) {
             None => EnvToken::None,
             Some(Ok(token)) if !token.is_empty() => {
-                EnvToken::Token(crate::auth::digest(token.as_bytes()))
+                EnvToken::Token(crate::identity::auth::digest(token.as_bytes()))
             }
             Some(_) => EnvToken::Missing,
         }
@@ -109,10 +109,12 @@ pub fn caller(env: EnvToken, tokens: &[AdminToken], headers: &HeaderMap) -> Call
     if all.is_empty() {
         return Caller::Anonymous;
     }
-    let Some(presented) = crate::auth::presented_key(headers, &http::header::AUTHORIZATION) else {
+    let Some(presented) =
+        crate::identity::auth::presented_key(headers, &http::header::AUTHORIZATION)
+    else {
         return Caller::Unknown;
     };
-    let digest = crate::auth::digest(presented);
+    let digest = crate::identity::auth::digest(presented);
     let mut found = None;
     for t in all {
         let same = t
@@ -248,7 +250,7 @@ mod tests {
     fn token(name: &str, secret: &str, role: AdminRole) -> AdminToken {
         AdminToken {
             name: name.into(),
-            digest: crate::auth::digest(secret.as_bytes()),
+            digest: crate::identity::auth::digest(secret.as_bytes()),
             role,
         }
     }
@@ -321,7 +323,7 @@ mod tests {
 
     #[test]
     fn the_env_token_writes_and_a_missing_one_closes_everything() {
-        let env = EnvToken::Token(crate::auth::digest(b"from-env"));
+        let env = EnvToken::Token(crate::identity::auth::digest(b"from-env"));
         let h = headers(&[("authorization", "Bearer from-env")]);
         let who = caller(env, &[], &h);
         assert_eq!(

@@ -34,7 +34,7 @@ routes:
 fn runtime() -> Runtime {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");
-    let digest = hex::encode(crate::auth::digest(b"key-a1"));
+    let digest = hex::encode(crate::identity::auth::digest(b"key-a1"));
     std::fs::write(&file, POLICY.replace("DIGEST", &digest)).unwrap();
     let policy = crate::config::load(&file).unwrap();
     let metrics = Arc::new(Metrics::new());

@@ -11,7 +11,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use policy::*;
-pub use validate::override_params;
+pub use validate::{override_params, resolve_override};
 
 /// Why a configuration file was rejected.
 #[derive(Debug, thiserror::Error)]

@@ -9,11 +9,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use ipnet::IpNet;
 
-pub use super::schema::{Backend, Scope};
+pub use super::schema::{
+    AdminRole, Backend, OnAbandon, Oversize, Priority, Reserve, Scope, UpstreamProtocol,
+};
 use crate::access_log::AccessLogSettings;
-use crate::auth::KeyTable;
 use crate::client_ip::ClientIpConfig;
 use crate::edge::EdgeSettings;
+use crate::identity::auth::KeyTable;
 use crate::key_values::{BodyValues, FieldPath};
 use crate::limits::algorithm::Params;
 pub use crate::limits::plan::DebtBound;
@@ -219,13 +221,13 @@ pub struct AuthSettings {
     /// Whether the upstream receives the API key (`auth.forward_key`).
     pub forward_key: bool,
     /// The issuers of JWT callers (`auth.jwt`).
-    pub jwt: crate::jwt::Issuers,
+    pub jwt: crate::identity::jwt::Issuers,
     /// How credentials provisioned at runtime are cached
     /// (`auth.store_keys`); none when they are not used.
-    pub store_keys: Option<crate::store_keys::Settings>,
+    pub store_keys: Option<crate::identity::store_keys::Settings>,
     /// The service asked about keys no other source knows
     /// (`auth.forward_auth`).
-    pub forward: Option<Arc<crate::forward_auth::ForwardAuth>>,
+    pub forward: Option<Arc<crate::identity::forward_auth::ForwardAuth>>,
 }
 
 /// Per-plan replacement parameters for some limits.
@@ -471,18 +473,6 @@ pub struct BodyRead {
     pub include_usage: bool,
 }
 
-/// `routes[].oversize`: a body too large to read whole before the limits
-/// (more than `server.limits.buffer_body_bytes`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Oversize {
-    /// 413.
-    #[default]
-    Reject,
-    /// Its body values are absent, and a cost read from it is the most.
-    Absent,
-}
-
 /// A whole number written in decimal digits, with spaces around it:
 /// `Some(None)` for one too large for 64 bits, `None` for empty text or
 /// anything else (a sign, a fraction, letters). The costs a request or a
@@ -557,33 +547,6 @@ impl CostSource {
             CostSource::Body(_) => None,
         }
     }
-}
-
-/// `cost_from_response.on_abandon`: what a response is settled at when its
-/// client went away (connection closed, stream reset) before its cost
-/// arrived. Hanging up just before the end of every answer must not make
-/// a client pay only estimates.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum OnAbandon {
-    /// At `max`.
-    #[default]
-    Max,
-    /// At the estimate (the route's cost).
-    Estimate,
-}
-
-/// `cost_from_response.reserve`: what admission charges before the actual
-/// cost is known.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Reserve {
-    /// The estimate (the route's cost); the settlement charges the rest.
-    #[default]
-    Estimate,
-    /// `max`; the settlement gives back what the response did not cost,
-    /// so a tenant can never overspend.
-    Max,
 }
 
 impl CostFromResponse {
@@ -705,55 +668,6 @@ impl Policy {
     }
 }
 
-/// The values of `routes[].priority`: who waits first and is shed last when
-/// a pool is full.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    serde::Deserialize,
-    schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    /// Served first, and alone in the reserved share.
-    Critical,
-    /// The default.
-    #[default]
-    Normal,
-    /// Refused first.
-    Sheddable,
-}
-
-impl Priority {
-    /// The `priority` label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Priority::Critical => "critical",
-            Priority::Normal => "normal",
-            Priority::Sheddable => "sheddable",
-        }
-    }
-}
-
-/// The HTTP version spoken to a pool's servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum UpstreamProtocol {
-    /// HTTP/1.1 only.
-    Http1,
-    /// HTTP/2 only (gRPC upstreams need it).
-    H2,
-    /// Whatever the server prefers by ALPN, h2 or HTTP/1.1 (TLS only).
-    Auto,
-}
-
 /// One admin token (`server.admin_tokens`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminToken {
@@ -763,16 +677,4 @@ pub struct AdminToken {
     pub digest: [u8; 32],
     /// What it may do.
     pub role: AdminRole,
-}
-
-/// What an admin token may do.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum AdminRole {
-    /// Read: `GET /admin/*`.
-    Read,
-    /// Read and write: every `/admin/*` endpoint.
-    Write,
 }

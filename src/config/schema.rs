@@ -10,7 +10,6 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::bounds;
-use super::policy::{AdminRole, OnAbandon, Priority, Reserve, UpstreamProtocol};
 use crate::edge::target::{Case, PathParams, TrailingDots, TrailingSlash};
 
 pub use crate::limits::{Mode, OnStoreError};
@@ -1157,7 +1156,7 @@ pub struct RawRoute {
     /// `cost_from_request.json`, `include_usage`): a body larger than
     /// `server.limits.buffer_body_bytes` is `reject`ed (413, the default),
     /// or read as one with no values (`absent`; its estimate is `max`).
-    pub oversize: Option<crate::config::Oversize>,
+    pub oversize: Option<Oversize>,
 }
 
 /// The `routes[].cost_from_request` section.
@@ -1209,4 +1208,104 @@ pub struct RawResponses {
     /// `none` or `draft`; `none` when absent.
     #[serde(default)]
     pub ratelimit_headers: RateLimitHeaders,
+}
+
+/// `routes[].oversize`: a body too large to read whole before the limits
+/// (more than `server.limits.buffer_body_bytes`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Oversize {
+    /// 413.
+    #[default]
+    Reject,
+    /// Its body values are absent, and a cost read from it is the most.
+    Absent,
+}
+
+/// `cost_from_response.on_abandon`: what a response is settled at when its
+/// client went away (connection closed, stream reset) before its cost
+/// arrived. Hanging up just before the end of every answer must not make
+/// a client pay only estimates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnAbandon {
+    /// At `max`.
+    #[default]
+    Max,
+    /// At the estimate (the route's cost).
+    Estimate,
+}
+
+/// `cost_from_response.reserve`: what admission charges before the actual
+/// cost is known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Reserve {
+    /// The estimate (the route's cost); the settlement charges the rest.
+    #[default]
+    Estimate,
+    /// `max`; the settlement gives back what the response did not cost,
+    /// so a tenant can never overspend.
+    Max,
+}
+
+/// The values of `routes[].priority`: who waits first and is shed last when
+/// a pool is full.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// Served first, and alone in the reserved share.
+    Critical,
+    /// The default.
+    #[default]
+    Normal,
+    /// Refused first.
+    Sheddable,
+}
+
+impl Priority {
+    /// The `priority` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Normal => "normal",
+            Priority::Sheddable => "sheddable",
+        }
+    }
+}
+
+/// The HTTP version spoken to a pool's servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 only.
+    Http1,
+    /// HTTP/2 only (gRPC upstreams need it).
+    H2,
+    /// Whatever the server prefers by ALPN, h2 or HTTP/1.1 (TLS only).
+    Auto,
+}
+
+/// What an admin token may do.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminRole {
+    /// Read: `GET /admin/*`.
+    Read,
+    /// Read and write: every `/admin/*` endpoint.
+    Write,
 }

@@ -39,18 +39,14 @@ use super::body::Watched;
 use super::conn::Guarded;
 use super::listener::{Listener, Reason};
 use super::replay::Replayed;
-use super::EdgeSettings;
-
-/// Where the live bounds come from: the live policy's, read at each
-/// connection and each request, so a reload applies from the next request.
-pub type Settings = Arc<dyn Fn() -> EdgeSettings + Send + Sync>;
+use super::{EdgeSettings, LiveSettings};
 
 /// One listener's application around the shared HTTP proxy `A`.
 pub struct Edge<A> {
     proxy: Arc<A>,
     /// The proxy for HTTP/2 connections: each stream's body watched.
     watched: Arc<Watched<A>>,
-    settings: Settings,
+    settings: LiveSettings,
     listener: Arc<Listener>,
     /// Whether HTTP/2 is served: fixed at start, like the listeners' ALPN
     /// and the proxy's HTTP/2 options it goes with.
@@ -62,7 +58,7 @@ pub struct Edge<A> {
 impl<A> Edge<A> {
     /// Serves `proxy` on one listener, within the bounds `settings` returns,
     /// accounted in `listener`; HTTP/2 as the start-up policy says.
-    pub fn new(proxy: Arc<A>, settings: Settings, listener: Arc<Listener>) -> Self {
+    pub fn new(proxy: Arc<A>, settings: LiveSettings, listener: Arc<Listener>) -> Self {
         let http2 = settings().http2;
         let watched = Arc::new(Watched::new(
             proxy.clone(),

@@ -27,9 +27,8 @@ use pingora::server::ShutdownWatch;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::app::Settings;
 use super::listener::{Listener, Reason};
-use super::EdgeSettings;
+use super::{EdgeSettings, LiveSettings};
 
 /// When a body that started at `started`, last made progress at
 /// `progress` and has brought `bytes` fails its bounds if no more of it
@@ -257,13 +256,13 @@ impl BodyWatch {
 /// HTTP/1.1 sessions pass through: their stream is guarded.
 pub struct Watched<A> {
     inner: Arc<A>,
-    settings: Settings,
+    settings: LiveSettings,
     listener: Arc<Listener>,
 }
 
 impl<A> Watched<A> {
     /// Watches the HTTP/2 streams `inner` serves for one listener.
-    pub fn new(inner: Arc<A>, settings: Settings, listener: Arc<Listener>) -> Self {
+    pub fn new(inner: Arc<A>, settings: LiveSettings, listener: Arc<Listener>) -> Self {
         Self {
             inner,
             settings,

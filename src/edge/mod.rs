@@ -86,6 +86,10 @@ pub use target::{EncodedSlash, PathRules};
 /// The most header lines a request may have, as in Pingora's parser.
 const MAX_HEADERS: usize = 256;
 
+/// Where the live bounds come from: the live policy's, read at each
+/// connection and each request, so a reload applies from the next request.
+pub type LiveSettings = std::sync::Arc<dyn Fn() -> EdgeSettings + Send + Sync>;
+
 /// `server.limits` and `server.timeouts`, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EdgeSettings {

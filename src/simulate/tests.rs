@@ -26,7 +26,7 @@ fn policy() -> Policy {
 fn policy_with_capacity(capacity: u32) -> Policy {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");
-    let digest = hex::encode(crate::auth::digest(b"key-c1"));
+    let digest = hex::encode(crate::identity::auth::digest(b"key-c1"));
     let text = POLICY
         .replace("DIGEST", &digest)
         .replace("capacity: 10", &format!("capacity: {capacity}"));
@@ -276,7 +276,7 @@ fn timed(end_ms: u64, duration_ms: Option<f64>) -> String {
 fn one_in_flight() -> Policy {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");
-    let digest = hex::encode(crate::auth::digest(b"key-c1"));
+    let digest = hex::encode(crate::identity::auth::digest(b"key-c1"));
     let text = POLICY.replace("DIGEST", &digest).replace(
         "  watch:",
         "  inflight: { key: [tenant], algorithm: concurrency, max_in_flight: 1 }\n  watch:",

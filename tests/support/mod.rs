@@ -596,7 +596,7 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// The SHA-256 hex of a raw key, as the policy lists it.
 pub fn digest(raw: &str) -> String {
-    hex::encode(tollgate::auth::digest(raw.as_bytes()))
+    hex::encode(tollgate::identity::auth::digest(raw.as_bytes()))
 }
 
 /// A TLS client configuration (rustls, ring) that trusts the PEM CA

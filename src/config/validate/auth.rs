@@ -55,19 +55,21 @@ pub(super) fn auth(
             s.keyed_headers = headers;
             s
         })
-        .map(|s| std::sync::Arc::new(crate::forward_auth::ForwardAuth::new(s)));
-    let store_keys = raw.store_keys.map(|s| crate::store_keys::Settings {
-        cache_entries: c.bounded(
-            "auth.store_keys.cache_entries",
-            s.cache_entries,
-            bounds::STORE_KEYS_CACHE_ENTRIES,
-        ) as usize,
-        negative_ttl: Duration::from_secs(c.bounded(
-            "auth.store_keys.negative_ttl_s",
-            s.negative_ttl_s,
-            bounds::STORE_KEYS_NEGATIVE_TTL_S,
-        )),
-    });
+        .map(|s| std::sync::Arc::new(crate::identity::forward_auth::ForwardAuth::new(s)));
+    let store_keys = raw
+        .store_keys
+        .map(|s| crate::identity::store_keys::Settings {
+            cache_entries: c.bounded(
+                "auth.store_keys.cache_entries",
+                s.cache_entries,
+                bounds::STORE_KEYS_CACHE_ENTRIES,
+            ) as usize,
+            negative_ttl: Duration::from_secs(c.bounded(
+                "auth.store_keys.negative_ttl_s",
+                s.negative_ttl_s,
+                bounds::STORE_KEYS_NEGATIVE_TTL_S,
+            )),
+        });
     Ok(AuthSettings {
         header,
         keys,
@@ -85,7 +87,7 @@ fn forward_auth(
     raw: RawForwardAuth,
     auth_header: &http::HeaderName,
     plan_ids: &HashMap<String, PlanId>,
-) -> Option<crate::forward_auth::Settings> {
+) -> Option<crate::identity::forward_auth::Settings> {
     let path = "auth.forward_auth";
     let headers: Vec<_> = match &raw.headers {
         None => vec![auth_header.clone()],
@@ -171,7 +173,7 @@ fn forward_auth(
         target.push('?');
         target.push_str(q);
     }
-    Some(crate::forward_auth::Settings {
+    Some(crate::identity::forward_auth::Settings {
         addr,
         tls,
         host,
@@ -192,7 +194,7 @@ fn forward_auth(
 }
 
 /// `auth.jwt`: each issuer with its keys read from its JWKS file.
-fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::jwt::Issuers {
+fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::identity::jwt::Issuers {
     let mut names = HashSet::new();
     let mut out = Vec::new();
     for (i, j) in raw.into_iter().enumerate() {
@@ -221,7 +223,7 @@ fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::jwt::Is
             .iter()
             .enumerate()
             .filter_map(|(k, name)| {
-                crate::jwt::algorithm(name)
+                crate::identity::jwt::algorithm(name)
                     .map_err(|e| c.fail(format!("{path}.algorithms[{k}]"), e))
                     .ok()
             })
@@ -233,12 +235,12 @@ fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::jwt::Is
         );
         let jwks = match (&j.jwks_file, &j.jwks_url) {
             (Some(file), None) => jwks_file(c, &format!("{path}.jwks_file"), &base.join(file)),
-            (None, Some(url)) => {
-                jwks_url(c, &format!("{path}.jwks_url"), url).map(|url| crate::jwt::Jwks::Url {
+            (None, Some(url)) => jwks_url(c, &format!("{path}.jwks_url"), url).map(|url| {
+                crate::identity::jwt::Jwks::Url {
                     url,
                     refresh: std::time::Duration::from_secs(refresh_s),
-                })
-            }
+                }
+            }),
             _ => {
                 c.fail(path.clone(), "needs one of jwks_file and jwks_url");
                 None
@@ -250,7 +252,7 @@ fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::jwt::Is
             bounds::JWT_LEEWAY_S,
         );
         let Some(jwks) = jwks else { continue };
-        let settings = crate::jwt::IssuerSettings {
+        let settings = crate::identity::jwt::IssuerSettings {
             name: j.name,
             issuer: j.issuer,
             audiences: j.audiences,
@@ -262,19 +264,19 @@ fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::jwt::Is
             plan_claim: j.plan_claim,
             leeway_s,
         };
-        match crate::jwt::Issuer::new(settings) {
+        match crate::identity::jwt::Issuer::new(settings) {
             Ok(issuer) => out.push(issuer),
             Err(e) => c.fail(format!("{path}.jwks_file"), e),
         }
     }
-    crate::jwt::Issuers::new(out)
+    crate::identity::jwt::Issuers::new(out)
 }
 
 /// A JWKS file, read now.
-fn jwks_file(c: &mut Checker, path: &str, file: &Path) -> Option<crate::jwt::Jwks> {
+fn jwks_file(c: &mut Checker, path: &str, file: &Path) -> Option<crate::identity::jwt::Jwks> {
     match std::fs::read(file) {
         Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(crate::jwt::Jwks::Set)
+            .map(crate::identity::jwt::Jwks::Set)
             .map_err(|e| c.fail(path, format!("{}: not a JWKS: {e}", file.display())))
             .ok(),
         Err(e) => {

@@ -1,6 +1,7 @@
 //! `limits` and `plans`: algorithms, their numbers, failure modes, delay and leases.
 
 use super::*;
+use crate::identity::overrides::{Override, Resolved};
 
 /// Turns a limit's (or an override's) numbers into algorithm parameters.
 pub(super) fn params(
@@ -628,5 +629,51 @@ pub fn override_params(
     match params {
         Some(p) if c.problems.is_empty() => Ok((id, p)),
         _ => Err(c.problems),
+    }
+}
+
+/// Checks a tenant's override `o` against `policy` as the YAML would be: the plan exists, each
+/// limit's numbers are valid for its algorithm and fit the routes' costs.
+/// Every problem as `path: message`.
+pub fn resolve_override(policy: &Policy, o: &Override) -> Result<Resolved, Vec<String>> {
+    let mut problems = Vec::new();
+    let plan = match &o.plan {
+        Some(name) => match policy.plan_id(name) {
+            Some(id) => Some(id),
+            None => {
+                problems.push(format!("plan: unknown plan {name:?}"));
+                None
+            }
+        },
+        None => None,
+    };
+    let mut limits = HashMap::new();
+    for (name, numbers) in &o.limits {
+        let raw = match serde_json::from_value(numbers.clone()) {
+            Ok(raw) => raw,
+            Err(e) => {
+                problems.push(format!("limits.{name}: {e}"));
+                continue;
+            }
+        };
+        match override_params(policy, name, &raw) {
+            Ok((id, params)) => {
+                limits.insert(id, params);
+            }
+            Err(found) => problems.extend(
+                found
+                    .into_iter()
+                    .map(|p| format!("{}: {}", p.path, p.message)),
+            ),
+        }
+    }
+    if problems.is_empty() {
+        Ok(Resolved {
+            plan,
+            limits,
+            expires_at_ms: o.expires_at_ms,
+        })
+    } else {
+        Err(problems)
     }
 }

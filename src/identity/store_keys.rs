@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{unknown_callers_bound, Credential};
+use super::auth::{unknown_callers_bound, Credential};
+use super::single_flight::SingleFlight;
 use crate::limits::{LimitStore, PlanId, StoreError};
-use crate::single_flight::SingleFlight;
 
 /// The record kind of credentials by key digest.
 pub const BY_KEY: &str = "credentials";
@@ -477,7 +477,7 @@ mod tests {
     #[tokio::test]
     async fn a_credential_whose_id_the_policy_took_is_refused() {
         let keys = StoreKeys::new();
-        let digest = crate::auth::digest(b"k1");
+        let digest = crate::identity::auth::digest(b"k1");
         let field = StoreKeys::field(None, &digest);
         keys.create(None, &stored("s-1", None), &digest)
             .await
@@ -498,7 +498,7 @@ mod tests {
     #[tokio::test]
     async fn a_created_key_is_found_and_a_deleted_one_is_not() {
         let keys = StoreKeys::new();
-        let digest = crate::auth::digest(b"k1");
+        let digest = crate::identity::auth::digest(b"k1");
         let field = StoreKeys::field(None, &digest);
         let (unknown, called) = keys.look_up(None, &field, 0, plans, free).await;
         assert!(matches!(unknown, Ok(Lookup::Unknown)) && called);
@@ -511,8 +511,12 @@ mod tests {
         };
         assert_eq!((&*c.id, c.plan), ("s-1", Some(0)));
         assert!(matches!(
-            keys.create(None, &stored("s-1", None), &crate::auth::digest(b"k2"))
-                .await,
+            keys.create(
+                None,
+                &stored("s-1", None),
+                &crate::identity::auth::digest(b"k2")
+            )
+            .await,
             Err(CreateError::Conflict(_))
         ));
         assert!(matches!(
@@ -627,7 +631,7 @@ mod tests {
     #[tokio::test]
     async fn a_cached_credential_takes_the_plan_of_a_new_policy() {
         let keys = StoreKeys::new();
-        let digest = crate::auth::digest(b"k1");
+        let digest = crate::identity::auth::digest(b"k1");
         let field = StoreKeys::field(None, &digest);
         keys.create(None, &stored("s-1", Some("pro")), &digest)
             .await

@@ -17,10 +17,9 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{override_params, LimitId, PlanId, Policy};
+use super::records::{Record, Records};
 use crate::limits::algorithm::Params;
-use crate::limits::{LimitStore, StoreError};
-use crate::records::{Record, Records};
+use crate::limits::{LimitId, LimitStore, PlanId, StoreError};
 
 /// One tenant's override, as put.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,52 +67,6 @@ impl Resolved {
     }
 }
 
-/// Checks `o` against `policy` as the YAML would be: the plan exists, each
-/// limit's numbers are valid for its algorithm and fit the routes' costs.
-/// Every problem as `path: message`.
-pub fn resolve(policy: &Policy, o: &Override) -> Result<Resolved, Vec<String>> {
-    let mut problems = Vec::new();
-    let plan = match &o.plan {
-        Some(name) => match policy.plan_id(name) {
-            Some(id) => Some(id),
-            None => {
-                problems.push(format!("plan: unknown plan {name:?}"));
-                None
-            }
-        },
-        None => None,
-    };
-    let mut limits = HashMap::new();
-    for (name, numbers) in &o.limits {
-        let raw = match serde_json::from_value(numbers.clone()) {
-            Ok(raw) => raw,
-            Err(e) => {
-                problems.push(format!("limits.{name}: {e}"));
-                continue;
-            }
-        };
-        match override_params(policy, name, &raw) {
-            Ok((id, params)) => {
-                limits.insert(id, params);
-            }
-            Err(found) => problems.extend(
-                found
-                    .into_iter()
-                    .map(|p| format!("{}: {}", p.path, p.message)),
-            ),
-        }
-    }
-    if problems.is_empty() {
-        Ok(Resolved {
-            plan,
-            limits,
-            expires_at_ms: o.expires_at_ms,
-        })
-    } else {
-        Err(problems)
-    }
-}
-
 /// The overrides of one policy, by tenant.
 #[derive(Debug, Default)]
 struct Resolution {
@@ -149,11 +102,12 @@ impl Resolution {
 }
 
 impl Overrides {
-    /// The override of `tenant` in force at `now_ms` under `policy` (of
-    /// reload generation `generation`).
+    /// The override of `tenant` in force at `now_ms` under the policy of
+    /// reload generation `generation`, which `resolve` checks records
+    /// against.
     pub fn of(
         &self,
-        policy: &Policy,
+        resolve: impl Fn(&Override) -> Result<Resolved, Vec<String>>,
         generation: u64,
         tenant: &str,
         now_ms: u64,
@@ -162,7 +116,7 @@ impl Overrides {
         let resolved = if resolved.generation == generation {
             resolved
         } else {
-            self.resolve_all(policy, generation);
+            self.resolve_all(resolve, generation);
             self.resolved.load()
         };
         resolved
@@ -177,12 +131,16 @@ impl Overrides {
         self.records.active(now_ms)
     }
 
-    /// Resolves every record against `policy`; those that no longer fit
+    /// Resolves every record with `resolve`; those that no longer fit
     /// are dropped with a warning.
-    fn resolve_all(&self, policy: &Policy, generation: u64) {
+    fn resolve_all(
+        &self,
+        resolve: impl Fn(&Override) -> Result<Resolved, Vec<String>>,
+        generation: u64,
+    ) {
         let mut by_tenant = HashMap::new();
         for (tenant, o) in self.records.all().iter() {
-            match resolve(policy, o) {
+            match resolve(o) {
                 Ok(r) => {
                     by_tenant.insert(tenant.clone(), Arc::new(r));
                 }

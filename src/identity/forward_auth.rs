@@ -26,9 +26,9 @@ use pingora::upstreams::peer::HttpPeer;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
-use crate::auth::{unknown_callers_bound, Credential};
+use super::auth::{unknown_callers_bound, Credential};
+use super::single_flight::SingleFlight;
 use crate::limits::PlanId;
-use crate::single_flight::SingleFlight;
 
 /// The longest identity value the service may answer with.
 pub const MAX_VALUE: usize = 256;

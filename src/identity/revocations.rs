@@ -10,8 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::records::{Record, Records};
 use crate::limits::{LimitStore, StoreError};
-use crate::records::{Record, Records};
 
 /// One revoked credential.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -24,7 +24,7 @@ use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::Value;
 
-use crate::auth::Credential;
+use super::auth::Credential;
 use crate::limits::PlanId;
 
 /// Tokens longer than this are refused unread.
