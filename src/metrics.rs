@@ -7,7 +7,7 @@
 use std::sync::{Arc, OnceLock};
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -108,7 +108,7 @@ pub struct Metrics {
     pub usage_spool_bytes: IntGauge,
     /// `tollgate_usage_lag_seconds{sink}`: age of the oldest record a sink
     /// has not shipped (0 when it has shipped all).
-    pub usage_lag: prometheus::GaugeVec,
+    pub usage_lag: GaugeVec,
     /// `tollgate_usage_dropped_total`: ledger records dropped unshipped
     /// because the spool was full (`on_full: drop`), or torn by a crash.
     pub usage_dropped: IntCounter,
@@ -149,23 +149,48 @@ impl AuthLookups {
 /// The `reason` values of `tollgate_overload_shed_total`.
 pub const SHED_REASONS: [&str; 3] = ["store_pending", "store_wait", "body_buffer"];
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+/// `collector`, registered in `registry`: the handle to record with.
+fn registered<C>(registry: &Registry, collector: C) -> C
+where
+    C: prometheus::core::Collector + Clone + 'static,
+{
+    registry
+        .register(Box::new(collector.clone()))
+        .expect("registered once");
+    collector
+}
+
+/// A registered counter without labels.
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    registered(registry, IntCounter::new(name, help).expect("valid metric"))
+}
+
+/// A registered counter family with the given label names.
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(c.clone()))
-        .expect("registered once");
-    c
+    registered(registry, c)
 }
 
-fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+/// A registered gauge without labels.
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    registered(registry, IntGauge::new(name, help).expect("valid metric"))
+}
+
+/// A registered gauge family with the given label names.
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(g.clone()))
-        .expect("registered once");
-    g
+    registered(registry, g)
 }
 
-fn histogram(
+/// A registered histogram without labels, with the given buckets.
+fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        .expect("valid metric");
+    registered(registry, h)
+}
+
+/// A registered histogram family with the given label names and buckets.
+fn histogram_vec(
     registry: &Registry,
     name: &str,
     help: &str,
@@ -177,10 +202,15 @@ fn histogram(
         labels,
     )
     .expect("valid metric");
-    registry
-        .register(Box::new(h.clone()))
-        .expect("registered once");
-    h
+    registered(registry, h)
+}
+
+/// Resolves one series of a one-label family per value, so that each is
+/// exported from the start (at zero) and alerts see zeros.
+fn export_zeros(family: &IntCounterVec, values: &[&str]) {
+    for &value in values {
+        family.with_label_values(&[value]);
+    }
 }
 
 /// Latency buckets from 100 µs to 10 s.
@@ -189,326 +219,541 @@ const SECONDS: &[f64] = &[
     10.0,
 ];
 
-impl Metrics {
-    /// Registers every series in a fresh registry, the process's own
-    /// (`process_*`) among them.
-    pub fn new() -> Self {
-        let r = Registry::new();
-        #[cfg(target_os = "linux")]
-        r.register(Box::new(
-            prometheus::process_collector::ProcessCollector::for_self(),
-        ))
-        .expect("registered once");
-        let store_call_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "tollgate_store_call_seconds",
-                "Duration of limit store calls.",
-            )
-            .buckets(SECONDS.to_vec()),
-        )
-        .expect("valid metric");
-        r.register(Box::new(store_call_seconds.clone()))
-            .expect("registered once");
-        let store_circuit_open = IntGauge::new(
-            "tollgate_store_circuit_open",
-            "1 while the store circuit breaker is open.",
-        )
-        .expect("valid metric");
-        r.register(Box::new(store_circuit_open.clone()))
-            .expect("registered once");
-        let access_log_dropped = IntCounter::new(
-            "tollgate_access_log_dropped_total",
-            "Access log lines dropped because the writer was behind.",
-        )
-        .expect("valid metric");
-        r.register(Box::new(access_log_dropped.clone()))
-            .expect("registered once");
-        let store_pending = IntGauge::new(
-            "tollgate_store_pending",
-            "Decisions waiting for a store call (queued or in flight).",
-        )
-        .expect("valid metric");
-        r.register(Box::new(store_pending.clone()))
-            .expect("registered once");
-        let revocations_active = IntGauge::new(
-            "tollgate_revocations_active",
-            "Credentials revoked now (admin revocations in force), as this instance last read them.",
-        )
-        .expect("valid metric");
-        r.register(Box::new(revocations_active.clone()))
-            .expect("registered once");
-        let overrides_active = IntGauge::new(
-            "tollgate_overrides_active",
-            "Tenant overrides in force now, as this instance last read them.",
-        )
-        .expect("valid metric");
-        r.register(Box::new(overrides_active.clone()))
-            .expect("registered once");
-        let overload_shed = counter(
-            &r,
+/// Buckets of calls to the forward-auth service, from 1 ms to 2.5 s.
+const FORWARD_AUTH_SECONDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// The families of the edge: requests and how they ended, client
+/// connections, and what the gateway shed because it was too busy.
+struct EdgeFamilies {
+    /// `tollgate_requests_total{route,outcome}`.
+    requests: IntCounterVec,
+    /// `tollgate_connections{listener}`.
+    connections: IntGaugeVec,
+    /// `tollgate_connections_rejected_total{listener,reason}`.
+    connections_rejected: IntCounterVec,
+    /// `tollgate_overload_shed_total{reason}`, every reason at zero.
+    overload_shed: IntCounterVec,
+}
+
+impl EdgeFamilies {
+    /// Registers the edge's families in `r`.
+    fn register(r: &Registry) -> Self {
+        let overload_shed = counter_vec(
+            r,
             "tollgate_overload_shed_total",
             "Requests shed because the gateway itself was overloaded, by reason.",
             &["reason"],
         );
-        for reason in SHED_REASONS {
-            overload_shed.with_label_values(&[reason]);
-        }
-        let metrics = Self {
-            log_suppressed: counter(
-                &r,
-                "tollgate_log_suppressed_total",
-                "Client-caused log lines held back by the log limiter, by kind.",
-                &["kind"],
-            ),
-            overload_shed,
-            store_pending,
-            revocations_active,
-            overrides_active,
-            access_log_dropped,
-            cost_reconciled: counter(
-                &r,
-                "tollgate_cost_reconciled_total",
-                "Costs settled after the response, by route and direction (charged, refunded, missing).",
-                &["route", "direction"],
-            ),
-            admin_actions: counter(
-                &r,
-                "tollgate_admin_actions_total",
-                "Admin writes and refused reads, by action and result (ok, rejected, refused, error).",
-                &["action", "result"],
-            ),
-            cost_uncharged: counter(
-                &r,
-                "tollgate_cost_uncharged_total",
-                "Units of settled costs not charged: beyond a limit's max_debt, or lost to a failing store.",
-                &["route"],
-            ),
-            lease_units: gauge(
-                &r,
-                "tollgate_lease_units",
-                "Units this instance holds under sync: lease.",
-                &["limit"],
-            ),
-            auth_failures: {
-                let c = counter(
-                    &r,
-                    "tollgate_auth_failures_total",
-                    "Callers refused by authentication, by reason.",
-                    &["reason"],
-                );
-                // Every reason from the start, so alerts see zeros.
-                for reason in [
-                    "missing",
-                    "unknown",
-                    "expired",
-                    "bad_signature",
-                    "bad_claims",
-                    "revoked",
-                    "unavailable",
-                ] {
-                    c.with_label_values(&[reason]);
-                }
-                c
-            },
-            auth_lookups: AuthLookups::new(counter(
-                &r,
-                "tollgate_auth_lookups_total",
-                "Identity lookups by source and result.",
-                &["source", "result"],
-            )),
-            forward_auth_seconds: {
-                let h = Histogram::with_opts(
-                    HistogramOpts::new(
-                        "tollgate_forward_auth_seconds",
-                        "Calls to the forward-auth service, from connect to answer.",
-                    )
-                    .buckets(vec![
-                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                    ]),
-                )
-                .expect("valid metric");
-                r.register(Box::new(h.clone())).expect("registered once");
-                h
-            },
-            lease_calls: counter(
-                &r,
-                "tollgate_lease_calls_total",
-                "Lease store calls by limit and kind (take, renew, return).",
-                &["limit", "kind"],
-            ),
-            trace_spans_dropped: {
-                let c = IntCounter::new(
-                    "tollgate_trace_spans_dropped_total",
-                    "Spans not exported because the exporter was behind.",
-                )
-                .expect("valid metric");
-                r.register(Box::new(c.clone())).expect("registered once");
-                c
-            },
-            concurrency_holds: gauge(
-                &r,
-                "tollgate_concurrency_holds",
-                "Holds this instance's requests keep on concurrency limits, by limit.",
-                &["limit"],
-            ),
-            concurrency_reclaimed: counter(
-                &r,
-                "tollgate_concurrency_reclaimed_total",
-                "Holds of concurrency limits found expired unrenewed and dropped, by limit.",
-                &["limit"],
-            ),
-            usage_records: counter(
-                &r,
-                "tollgate_usage_records_total",
-                "Usage ledger records by sink and result (shipped, duplicate, failed: in a failed try, at each try).",
-                &["sink", "result"],
-            ),
-            usage_spool_bytes: {
-                let g = IntGauge::new(
-                    "tollgate_usage_spool_bytes",
-                    "Bytes the usage ledger's spool holds.",
-                )
-                .expect("valid metric");
-                r.register(Box::new(g.clone())).expect("registered once");
-                g
-            },
-            usage_lag: {
-                let g = prometheus::GaugeVec::new(
-                    prometheus::Opts::new(
-                        "tollgate_usage_lag_seconds",
-                        "Age of the oldest usage record a sink has not shipped.",
-                    ),
-                    &["sink"],
-                )
-                .expect("valid metric");
-                r.register(Box::new(g.clone())).expect("registered once");
-                g
-            },
-            usage_dropped: {
-                let c = IntCounter::new(
-                    "tollgate_usage_dropped_total",
-                    "Usage records dropped unshipped: the spool was full (on_full: drop) or a crash tore them.",
-                )
-                .expect("valid metric");
-                r.register(Box::new(c.clone())).expect("registered once");
-                c
-            },
-            requests: counter(
-                &r,
+        export_zeros(&overload_shed, &SHED_REASONS);
+        Self {
+            requests: counter_vec(
+                r,
                 "tollgate_requests_total",
                 "Requests by route class and outcome.",
                 &["route", "outcome"],
             ),
-            limit_decisions: counter(
-                &r,
-                "tollgate_limit_decisions_total",
-                "Limit decisions by limit and outcome.",
-                &["limit", "outcome"],
+            connections: gauge_vec(
+                r,
+                "tollgate_connections",
+                "Open client connections by listener.",
+                &["listener"],
             ),
-            store_call_seconds,
-            store_errors: {
-                let c = counter(
-                    &r,
-                    "tollgate_store_errors_total",
-                    "Failed limit store calls by reason.",
-                    &["reason"],
-                );
-                for reason in ["timeout", "circuit_open", "connection", "script", "reply", "refused"] {
-                    c.with_label_values(&[reason]);
-                }
-                c
-            },
-            store_circuit_open,
-            pool_in_flight: gauge(
-                &r,
-                "tollgate_pool_in_flight",
-                "Requests holding a pool permit.",
-                &["pool"],
+            connections_rejected: counter_vec(
+                r,
+                "tollgate_connections_rejected_total",
+                "Client connections refused or closed by an edge bound, by listener and reason.",
+                &["listener", "reason"],
             ),
-            pool_waiting: gauge(
-                &r,
-                "tollgate_pool_waiting",
-                "Requests waiting for a pool permit.",
-                &["pool"],
-            ),
-            pool_rejections: counter(
-                &r,
-                "tollgate_pool_rejections_total",
-                "Requests refused by a saturated pool.",
-                &["pool", "priority"],
-            ),
-            pool_wait_seconds: histogram(
-                &r,
-                "tollgate_pool_wait_seconds",
-                "Time spent waiting for a pool permit.",
-                &["pool"],
-                SECONDS,
-            ),
-            upstream_responses: counter(
-                &r,
-                "tollgate_upstream_responses_total",
-                "Upstream answers to forwarded requests by route and status class (error: none).",
-                &["route", "class"],
-            ),
-            upstream_seconds: histogram(
-                &r,
+            overload_shed,
+        }
+    }
+}
+
+/// The families of forwarding: upstream response times, answers and
+/// retries.
+struct UpstreamFamilies {
+    /// `tollgate_upstream_seconds{route}`.
+    upstream_seconds: HistogramVec,
+    /// `tollgate_upstream_responses_total{route,class}`.
+    upstream_responses: IntCounterVec,
+    /// `tollgate_upstream_retries_total{pool,reason}`.
+    upstream_retries: IntCounterVec,
+}
+
+impl UpstreamFamilies {
+    /// Registers the forwarding families in `r`.
+    fn register(r: &Registry) -> Self {
+        Self {
+            upstream_seconds: histogram_vec(
+                r,
                 "tollgate_upstream_seconds",
                 "Upstream response time by route class.",
                 &["route"],
                 SECONDS,
             ),
-            config_reloads: {
-                let c = counter(
-                    &r,
-                    "tollgate_config_reloads_total",
-                    "Policy reloads by result.",
-                    &["result"],
-                );
-                for result in ["ok", "error"] {
-                    c.with_label_values(&[result]);
-                }
-                c
-            },
-            config_info: gauge(
-                &r,
-                "tollgate_config_info",
-                "The live policy version (value 1).",
-                &["policy_version"],
+            upstream_responses: counter_vec(
+                r,
+                "tollgate_upstream_responses_total",
+                "Upstream answers to forwarded requests by route and status class (error: none).",
+                &["route", "class"],
             ),
-            connections: gauge(
-                &r,
-                "tollgate_connections",
-                "Open client connections by listener.",
-                &["listener"],
-            ),
-            connections_rejected: counter(
-                &r,
-                "tollgate_connections_rejected_total",
-                "Client connections refused or closed by an edge bound, by listener and reason.",
-                &["listener", "reason"],
-            ),
-            upstream_retries: counter(
-                &r,
+            upstream_retries: counter_vec(
+                r,
                 "tollgate_upstream_retries_total",
                 "Forwarding tries after the first, by pool and reason.",
                 &["pool", "reason"],
             ),
-            build_info: gauge(
-                &r,
+        }
+    }
+}
+
+/// The families of limits: decisions, settled costs, leases and
+/// concurrency holds.
+struct LimitFamilies {
+    /// `tollgate_limit_decisions_total{limit,outcome}`.
+    limit_decisions: IntCounterVec,
+    /// `tollgate_cost_reconciled_total{route,direction}`.
+    cost_reconciled: IntCounterVec,
+    /// `tollgate_cost_uncharged_total{route}`.
+    cost_uncharged: IntCounterVec,
+    /// `tollgate_lease_units{limit}`.
+    lease_units: IntGaugeVec,
+    /// `tollgate_lease_calls_total{limit,kind}`.
+    lease_calls: IntCounterVec,
+    /// `tollgate_concurrency_holds{limit}`.
+    concurrency_holds: IntGaugeVec,
+    /// `tollgate_concurrency_reclaimed_total{limit}`.
+    concurrency_reclaimed: IntCounterVec,
+}
+
+impl LimitFamilies {
+    /// Registers the limits' families in `r`.
+    fn register(r: &Registry) -> Self {
+        Self {
+            limit_decisions: counter_vec(
+                r,
+                "tollgate_limit_decisions_total",
+                "Limit decisions by limit and outcome.",
+                &["limit", "outcome"],
+            ),
+            cost_reconciled: counter_vec(
+                r,
+                "tollgate_cost_reconciled_total",
+                "Costs settled after the response, by route and direction (charged, refunded, missing).",
+                &["route", "direction"],
+            ),
+            cost_uncharged: counter_vec(
+                r,
+                "tollgate_cost_uncharged_total",
+                "Units of settled costs not charged: beyond a limit's max_debt, or lost to a failing store.",
+                &["route"],
+            ),
+            lease_units: gauge_vec(
+                r,
+                "tollgate_lease_units",
+                "Units this instance holds under sync: lease.",
+                &["limit"],
+            ),
+            lease_calls: counter_vec(
+                r,
+                "tollgate_lease_calls_total",
+                "Lease store calls by limit and kind (take, renew, return).",
+                &["limit", "kind"],
+            ),
+            concurrency_holds: gauge_vec(
+                r,
+                "tollgate_concurrency_holds",
+                "Holds this instance's requests keep on concurrency limits, by limit.",
+                &["limit"],
+            ),
+            concurrency_reclaimed: counter_vec(
+                r,
+                "tollgate_concurrency_reclaimed_total",
+                "Holds of concurrency limits found expired unrenewed and dropped, by limit.",
+                &["limit"],
+            ),
+        }
+    }
+}
+
+/// The families of the limit store: call times, failures, the circuit
+/// breaker and the decisions waiting for a call.
+struct StoreFamilies {
+    /// `tollgate_store_call_seconds`.
+    store_call_seconds: Histogram,
+    /// `tollgate_store_errors_total{reason}`, every reason at zero.
+    store_errors: IntCounterVec,
+    /// `tollgate_store_circuit_open`.
+    store_circuit_open: IntGauge,
+    /// `tollgate_store_pending`.
+    store_pending: IntGauge,
+}
+
+impl StoreFamilies {
+    /// Registers the store's families in `r`.
+    fn register(r: &Registry) -> Self {
+        let store_errors = counter_vec(
+            r,
+            "tollgate_store_errors_total",
+            "Failed limit store calls by reason.",
+            &["reason"],
+        );
+        export_zeros(
+            &store_errors,
+            &[
+                "timeout",
+                "circuit_open",
+                "connection",
+                "script",
+                "reply",
+                "refused",
+            ],
+        );
+        Self {
+            store_call_seconds: histogram(
+                r,
+                "tollgate_store_call_seconds",
+                "Duration of limit store calls.",
+                SECONDS,
+            ),
+            store_errors,
+            store_circuit_open: gauge(
+                r,
+                "tollgate_store_circuit_open",
+                "1 while the store circuit breaker is open.",
+            ),
+            store_pending: gauge(
+                r,
+                "tollgate_store_pending",
+                "Decisions waiting for a store call (queued or in flight).",
+            ),
+        }
+    }
+}
+
+/// The families of authentication: refusals, identity lookups and calls
+/// to the forward-auth service.
+struct AuthFamilies {
+    /// `tollgate_auth_failures_total{reason}`, every reason at zero.
+    auth_failures: IntCounterVec,
+    /// `tollgate_auth_lookups_total{source,result}`, every series at zero.
+    auth_lookups: AuthLookups,
+    /// `tollgate_forward_auth_seconds`.
+    forward_auth_seconds: Histogram,
+}
+
+impl AuthFamilies {
+    /// Registers the authentication families in `r`.
+    fn register(r: &Registry) -> Self {
+        let auth_failures = counter_vec(
+            r,
+            "tollgate_auth_failures_total",
+            "Callers refused by authentication, by reason.",
+            &["reason"],
+        );
+        export_zeros(
+            &auth_failures,
+            &[
+                "missing",
+                "unknown",
+                "expired",
+                "bad_signature",
+                "bad_claims",
+                "revoked",
+                "unavailable",
+            ],
+        );
+        Self {
+            auth_failures,
+            auth_lookups: AuthLookups::new(counter_vec(
+                r,
+                "tollgate_auth_lookups_total",
+                "Identity lookups by source and result.",
+                &["source", "result"],
+            )),
+            forward_auth_seconds: histogram(
+                r,
+                "tollgate_forward_auth_seconds",
+                "Calls to the forward-auth service, from connect to answer.",
+                FORWARD_AUTH_SECONDS,
+            ),
+        }
+    }
+}
+
+/// The families of the upstream pools: permits held, waits and refusals.
+struct PoolFamilies {
+    /// `tollgate_pool_in_flight{pool}`.
+    pool_in_flight: IntGaugeVec,
+    /// `tollgate_pool_waiting{pool}`.
+    pool_waiting: IntGaugeVec,
+    /// `tollgate_pool_rejections_total{pool,priority}`.
+    pool_rejections: IntCounterVec,
+    /// `tollgate_pool_wait_seconds{pool}`.
+    pool_wait_seconds: HistogramVec,
+}
+
+impl PoolFamilies {
+    /// Registers the pools' families in `r`.
+    fn register(r: &Registry) -> Self {
+        Self {
+            pool_in_flight: gauge_vec(
+                r,
+                "tollgate_pool_in_flight",
+                "Requests holding a pool permit.",
+                &["pool"],
+            ),
+            pool_waiting: gauge_vec(
+                r,
+                "tollgate_pool_waiting",
+                "Requests waiting for a pool permit.",
+                &["pool"],
+            ),
+            pool_rejections: counter_vec(
+                r,
+                "tollgate_pool_rejections_total",
+                "Requests refused by a saturated pool.",
+                &["pool", "priority"],
+            ),
+            pool_wait_seconds: histogram_vec(
+                r,
+                "tollgate_pool_wait_seconds",
+                "Time spent waiting for a pool permit.",
+                &["pool"],
+                SECONDS,
+            ),
+        }
+    }
+}
+
+/// The families of the admin API: its actions, and the revocations and
+/// overrides its writes put in force.
+struct AdminFamilies {
+    /// `tollgate_admin_actions_total{action,result}`.
+    admin_actions: IntCounterVec,
+    /// `tollgate_revocations_active`.
+    revocations_active: IntGauge,
+    /// `tollgate_overrides_active`.
+    overrides_active: IntGauge,
+}
+
+impl AdminFamilies {
+    /// Registers the admin API's families in `r`.
+    fn register(r: &Registry) -> Self {
+        Self {
+            admin_actions: counter_vec(
+                r,
+                "tollgate_admin_actions_total",
+                "Admin writes and refused reads, by action and result (ok, rejected, refused, error).",
+                &["action", "result"],
+            ),
+            revocations_active: gauge(
+                r,
+                "tollgate_revocations_active",
+                "Credentials revoked now (admin revocations in force), as this instance last read them.",
+            ),
+            overrides_active: gauge(
+                r,
+                "tollgate_overrides_active",
+                "Tenant overrides in force now, as this instance last read them.",
+            ),
+        }
+    }
+}
+
+/// The families of the usage ledger: records shipped or not, the spool,
+/// how far each sink lags, and what was dropped.
+struct UsageFamilies {
+    /// `tollgate_usage_records_total{sink,result}`, every series at zero.
+    usage_records: IntCounterVec,
+    /// `tollgate_usage_spool_bytes`.
+    usage_spool_bytes: IntGauge,
+    /// `tollgate_usage_lag_seconds{sink}`, every sink at zero.
+    usage_lag: GaugeVec,
+    /// `tollgate_usage_dropped_total`.
+    usage_dropped: IntCounter,
+}
+
+impl UsageFamilies {
+    /// Registers the usage ledger's families in `r`.
+    fn register(r: &Registry) -> Self {
+        let usage_records = counter_vec(
+            r,
+            "tollgate_usage_records_total",
+            "Usage ledger records by sink and result (shipped, duplicate, failed: in a failed try, at each try).",
+            &["sink", "result"],
+        );
+        let usage_lag = GaugeVec::new(
+            Opts::new(
+                "tollgate_usage_lag_seconds",
+                "Age of the oldest usage record a sink has not shipped.",
+            ),
+            &["sink"],
+        )
+        .expect("valid metric");
+        let usage_lag = registered(r, usage_lag);
+        // Known label values are exported from the start, at zero.
+        for sink in ["redis_stream", "http"] {
+            usage_lag.with_label_values(&[sink]);
+            for result in ["shipped", "duplicate", "failed"] {
+                usage_records.with_label_values(&[sink, result]);
+            }
+        }
+        Self {
+            usage_records,
+            usage_spool_bytes: gauge(
+                r,
+                "tollgate_usage_spool_bytes",
+                "Bytes the usage ledger's spool holds.",
+            ),
+            usage_lag,
+            usage_dropped: counter(
+                r,
+                "tollgate_usage_dropped_total",
+                "Usage records dropped unshipped: the spool was full (on_full: drop) or a crash tore them.",
+            ),
+        }
+    }
+}
+
+/// The families of configuration: reloads, the live policy and the
+/// running build.
+struct ConfigFamilies {
+    /// `tollgate_config_reloads_total{result}`, both results at zero.
+    config_reloads: IntCounterVec,
+    /// `tollgate_config_info{policy_version}`.
+    config_info: IntGaugeVec,
+    /// `tollgate_build_info{version}`.
+    build_info: IntGaugeVec,
+}
+
+impl ConfigFamilies {
+    /// Registers the configuration families in `r`.
+    fn register(r: &Registry) -> Self {
+        let config_reloads = counter_vec(
+            r,
+            "tollgate_config_reloads_total",
+            "Policy reloads by result.",
+            &["result"],
+        );
+        export_zeros(&config_reloads, &["ok", "error"]);
+        Self {
+            config_reloads,
+            config_info: gauge_vec(
+                r,
+                "tollgate_config_info",
+                "The live policy version (value 1).",
+                &["policy_version"],
+            ),
+            build_info: gauge_vec(
+                r,
                 "tollgate_build_info",
                 "The running build (value 1).",
                 &["version"],
             ),
-            registry: r,
-        };
-        // Known label values are exported from the start, at zero.
-        for sink in ["redis_stream", "http"] {
-            metrics.usage_lag.with_label_values(&[sink]);
-            for result in ["shipped", "duplicate", "failed"] {
-                metrics.usage_records.with_label_values(&[sink, result]);
-            }
         }
-        metrics
+    }
+}
+
+/// The families of the gateway's own output: access log lines, trace
+/// spans and log lines it dropped or held back.
+struct OutputFamilies {
+    /// `tollgate_access_log_dropped_total`.
+    access_log_dropped: IntCounter,
+    /// `tollgate_trace_spans_dropped_total`.
+    trace_spans_dropped: IntCounter,
+    /// `tollgate_log_suppressed_total{kind}`.
+    log_suppressed: IntCounterVec,
+}
+
+impl OutputFamilies {
+    /// Registers the families of the gateway's own output in `r`.
+    fn register(r: &Registry) -> Self {
+        Self {
+            access_log_dropped: counter(
+                r,
+                "tollgate_access_log_dropped_total",
+                "Access log lines dropped because the writer was behind.",
+            ),
+            trace_spans_dropped: counter(
+                r,
+                "tollgate_trace_spans_dropped_total",
+                "Spans not exported because the exporter was behind.",
+            ),
+            log_suppressed: counter_vec(
+                r,
+                "tollgate_log_suppressed_total",
+                "Client-caused log lines held back by the log limiter, by kind.",
+                &["kind"],
+            ),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every series in a fresh registry, the process's own
+    /// (`process_*`) among them: each area registers its own families.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("registered once");
+        let edge = EdgeFamilies::register(&registry);
+        let upstream = UpstreamFamilies::register(&registry);
+        let limits = LimitFamilies::register(&registry);
+        let store = StoreFamilies::register(&registry);
+        let auth = AuthFamilies::register(&registry);
+        let pools = PoolFamilies::register(&registry);
+        let admin = AdminFamilies::register(&registry);
+        let usage = UsageFamilies::register(&registry);
+        let config = ConfigFamilies::register(&registry);
+        let output = OutputFamilies::register(&registry);
+        Self {
+            registry,
+            requests: edge.requests,
+            connections: edge.connections,
+            connections_rejected: edge.connections_rejected,
+            overload_shed: edge.overload_shed,
+            upstream_seconds: upstream.upstream_seconds,
+            upstream_responses: upstream.upstream_responses,
+            upstream_retries: upstream.upstream_retries,
+            limit_decisions: limits.limit_decisions,
+            cost_reconciled: limits.cost_reconciled,
+            cost_uncharged: limits.cost_uncharged,
+            lease_units: limits.lease_units,
+            lease_calls: limits.lease_calls,
+            concurrency_holds: limits.concurrency_holds,
+            concurrency_reclaimed: limits.concurrency_reclaimed,
+            store_call_seconds: store.store_call_seconds,
+            store_errors: store.store_errors,
+            store_circuit_open: store.store_circuit_open,
+            store_pending: store.store_pending,
+            auth_failures: auth.auth_failures,
+            auth_lookups: auth.auth_lookups,
+            forward_auth_seconds: auth.forward_auth_seconds,
+            pool_in_flight: pools.pool_in_flight,
+            pool_waiting: pools.pool_waiting,
+            pool_rejections: pools.pool_rejections,
+            pool_wait_seconds: pools.pool_wait_seconds,
+            admin_actions: admin.admin_actions,
+            revocations_active: admin.revocations_active,
+            overrides_active: admin.overrides_active,
+            usage_records: usage.usage_records,
+            usage_spool_bytes: usage.usage_spool_bytes,
+            usage_lag: usage.usage_lag,
+            usage_dropped: usage.usage_dropped,
+            config_reloads: config.config_reloads,
+            config_info: config.config_info,
+            build_info: config.build_info,
+            access_log_dropped: output.access_log_dropped,
+            trace_spans_dropped: output.trace_spans_dropped,
+            log_suppressed: output.log_suppressed,
+        }
     }
 
     /// One caller refused by authentication, by `reason`.
