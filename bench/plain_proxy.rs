@@ -7,7 +7,7 @@
 //! With `PLAIN_TLS_CERT` and `PLAIN_TLS_KEY` set, LISTEN is a TLS listener
 //! (rustls, as tollgate's), offering h2 by ALPN too when `PLAIN_H2=1`.
 //!
-//! With `contract`, it also does the per-request work the design contract
+//! With `contract`, it also does the per-request work the gateway's contract
 //! asks of every forwarded request, with constant values and no limits at
 //! all: SHA-256 of the presented API key, bounded upstream connect and read
 //! times; on the upstream request, client copies of the headers the gateway

@@ -4,10 +4,23 @@
 //! does every refusal of a caller no token identified (those at a bounded
 //! rate). Write bodies are read and parsed by [`body`]. Every error of
 //! `/admin/*` is `application/problem+json`.
+//!
+//! This file holds the listener, the router (one table of every `/admin/*`
+//! endpoint, the function `endpoint`) and the answers every handler shares.
+//! The handlers live with their resource: `status` (the probes, metrics and
+//! heavy hitters), `policy` (reload), `limits` (reset, credit, usage and
+//! explain), `credentials` (revocations and the keys kept in the store) and
+//! `overrides` (tenants' overrides).
 
 pub mod access;
 pub mod audit;
 pub mod body;
+
+mod credentials;
+mod limits;
+mod overrides;
+mod policy;
+mod status;
 
 pub use access::EnvToken;
 
@@ -19,15 +32,9 @@ use http::{Method, Response};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
-use crate::config::{Mode, OnStoreError};
 use crate::drain::Drain;
-use crate::limits::algorithm::Params;
-use crate::limits::{Charge, Group, Identity};
 use crate::reload::Reloader;
 use crate::runtime::Runtime;
-
-/// Rows in `/admin/top`.
-const TOP_ROWS: usize = 20;
 
 /// How long an admin connection may wait for a request (its first, or the
 /// next on a kept-alive one) before it is closed: admin clients ask at
@@ -46,6 +53,141 @@ pub struct Admin {
     /// Audit lines of refused callers without a valid token.
     refusals: audit::Throttle,
     started: std::time::Instant,
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let path = session.req_header().uri.path().to_string();
+        match path.as_str() {
+            // Any method, and no token asked: probes and scrapers.
+            "/healthz" => status::healthz(),
+            "/readyz" => self.readyz().await,
+            "/metrics" => self.metrics(),
+            p if p.starts_with("/admin/") => self.admin(session, p).await,
+            _ => problem(
+                404,
+                "admin-not-found",
+                "the admin listener has no such path",
+            ),
+        }
+    }
+}
+
+/// An `/admin/*` endpoint, as [`endpoint`] finds it. The item a path
+/// names (a credential, an id, a tenant) is still percent-encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint<'p> {
+    /// `GET /admin/top`.
+    Top,
+    /// `GET /admin/explain`.
+    Explain,
+    /// `GET /admin/usage`.
+    Usage,
+    /// `POST /admin/reset`.
+    Reset,
+    /// `POST /admin/credit`.
+    Credit,
+    /// `POST /admin/reload`.
+    Reload,
+    /// `GET /admin/revocations`.
+    Revocations,
+    /// `POST /admin/revocations`.
+    Revoke,
+    /// `DELETE /admin/revocations/{credential}`.
+    Unrevoke(&'p str),
+    /// `POST /admin/credentials`.
+    CreateCredential,
+    /// `GET /admin/credentials/{id}`.
+    ShowCredential(&'p str),
+    /// `DELETE /admin/credentials/{id}`.
+    DeleteCredential(&'p str),
+    /// `GET /admin/overrides`.
+    Overrides,
+    /// `PUT /admin/overrides/{tenant}`.
+    PutOverride(&'p str),
+    /// `DELETE /admin/overrides/{tenant}`.
+    DeleteOverride(&'p str),
+    /// A path of an endpoint above, asked with a method it does not take.
+    MethodNotAllowed,
+    /// No endpoint has this path.
+    NotFound,
+}
+
+impl Endpoint<'_> {
+    /// Whether the endpoint reads a JSON body, read before its handler
+    /// runs.
+    fn takes_body(self) -> bool {
+        matches!(
+            self,
+            Endpoint::Reset
+                | Endpoint::Credit
+                | Endpoint::Revoke
+                | Endpoint::CreateCredential
+                | Endpoint::PutOverride(_)
+        )
+    }
+}
+
+/// The router: every `/admin/*` endpoint, by method and path. A path of
+/// one of them asked with another method is 405, any other path 404.
+fn endpoint<'p>(method: &Method, path: &'p str) -> Endpoint<'p> {
+    use Endpoint as E;
+    let (collection, item) = split(path);
+    match (method, collection, item) {
+        (&Method::GET, "/admin/top", None) => E::Top,
+        (&Method::GET, "/admin/explain", None) => E::Explain,
+        (&Method::GET, "/admin/usage", None) => E::Usage,
+        (&Method::POST, "/admin/reset", None) => E::Reset,
+        (&Method::POST, "/admin/credit", None) => E::Credit,
+        (&Method::POST, "/admin/reload", None) => E::Reload,
+        (&Method::GET, "/admin/revocations", None) => E::Revocations,
+        (&Method::POST, "/admin/revocations", None) => E::Revoke,
+        (&Method::DELETE, "/admin/revocations", Some(credential)) => E::Unrevoke(credential),
+        (&Method::POST, "/admin/credentials", None) => E::CreateCredential,
+        (&Method::GET, "/admin/credentials", Some(id)) => E::ShowCredential(id),
+        (&Method::DELETE, "/admin/credentials", Some(id)) => E::DeleteCredential(id),
+        (&Method::GET, "/admin/overrides", None) => E::Overrides,
+        (&Method::PUT, "/admin/overrides", Some(tenant)) => E::PutOverride(tenant),
+        (&Method::DELETE, "/admin/overrides", Some(tenant)) => E::DeleteOverride(tenant),
+        (
+            _,
+            "/admin/top" | "/admin/explain" | "/admin/usage" | "/admin/reset" | "/admin/credit"
+            | "/admin/reload" | "/admin/revocations" | "/admin/credentials" | "/admin/overrides",
+            _,
+        ) => E::MethodNotAllowed,
+        _ => E::NotFound,
+    }
+}
+
+/// The paths whose last segment names an item of a collection
+/// (`/admin/overrides/{tenant}`), each with its trailing slash.
+const COLLECTIONS: [&str; 3] = [
+    "/admin/revocations/",
+    "/admin/credentials/",
+    "/admin/overrides/",
+];
+
+/// `path` as the collection it is under and the item it names (still
+/// percent-encoded; the collection's prefix taken off as many times as it
+/// leads), or as itself and no item.
+fn split(path: &str) -> (&str, Option<&str>) {
+    for prefix in COLLECTIONS {
+        if path.starts_with(prefix) {
+            let collection = prefix.trim_end_matches('/');
+            return (collection, Some(path.trim_start_matches(prefix)));
+        }
+    }
+    (path, None)
+}
+
+/// A path segment, percent-decoded (a credential id may hold any
+/// character).
+fn percent_decode(segment: &str) -> String {
+    form_urlencoded::parse(format!("x={}", segment.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
 }
 
 impl Admin {
@@ -75,528 +217,6 @@ impl Admin {
             refusals: audit::Throttle::default(),
             started: crate::clock::instant(),
         }
-    }
-
-    /// Records an admin write in the audit log and the metric.
-    fn audit(&self, rt: &Runtime, entry: audit::Entry<'_>) {
-        rt.services
-            .metrics
-            .admin_actions
-            .with_label_values(&[entry.action, entry.result])
-            .inc();
-        audit::record(rt.policy.server.audit_log.as_deref(), &entry);
-    }
-
-    /// Records the refusal of a caller no token identified: always in the
-    /// metric, in the audit log within [`audit::REFUSALS_PER_SECOND`] lines
-    /// in all, the count of those left out said before the next line.
-    fn audit_refusal(&self, rt: &Runtime, entry: audit::Entry<'_>) {
-        rt.services
-            .metrics
-            .admin_actions
-            .with_label_values(&[entry.action, entry.result])
-            .inc();
-        let now = crate::clock::instant() - self.started;
-        let Some(left_out) = self.refusals.admit(now) else {
-            return;
-        };
-        let file = rt.policy.server.audit_log.as_deref();
-        if left_out > 0 {
-            let time = crate::access_log::timestamp(crate::clock::wall());
-            audit::record(file, &audit::Entry::suppressed(time, left_out));
-        }
-        audit::record(file, &entry);
-    }
-
-    /// `POST /admin/reset` and `POST /admin/credit`: the key starts full,
-    /// or gets `units` back; audited with what it held before and after.
-    async fn reset_or_credit(
-        &self,
-        rt: &Runtime,
-        who: &access::Caller,
-        action: &'static str,
-        body: &[u8],
-    ) -> Response<Vec<u8>> {
-        let k = match body::parse(body).and_then(KeyOf::from_json) {
-            Ok(k) => k,
-            Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
-        };
-        let units = match (action, k.units) {
-            ("credit", Some(u)) if u > 0 => u,
-            ("credit", _) => {
-                return problem(
-                    400,
-                    "admin-bad-request",
-                    "a credit needs units, a whole number above 0",
-                )
-            }
-            (_, None) => 0,
-            (_, Some(_)) => return problem(400, "admin-bad-request", "a reset takes no units"),
-        };
-        let charge = match charge_of(rt, &k, units) {
-            Ok(c) => c,
-            Err((status, detail)) => return problem(status, "admin-bad-request", &detail),
-        };
-        let probe = Charge {
-            cost: 0,
-            ..charge.clone()
-        };
-        let remaining = |peeked: Vec<(Result<crate::limits::Verdict, String>, u64)>| {
-            peeked
-                .into_iter()
-                .next()
-                .and_then(|(v, _)| v.ok())
-                .map(|v| v.remaining)
-        };
-        let before = remaining(rt.limiter().peek(std::slice::from_ref(&probe)).await);
-        let done = if action == "reset" {
-            rt.limiter().reset(std::slice::from_ref(&charge)).await
-        } else {
-            rt.limiter().credit(std::slice::from_ref(&charge)).await
-        };
-        let after = remaining(rt.limiter().peek(std::slice::from_ref(&probe)).await);
-        let target = serde_json::json!({
-            "limit": k.limit, "credential": k.credential, "tenant": k.tenant,
-            "ip": k.ip, "route": k.route, "units": k.units,
-        });
-        self.audit(
-            rt,
-            audit::Entry {
-                time: crate::access_log::timestamp(crate::clock::wall()),
-                actor: who.actor(),
-                action,
-                target,
-                before: serde_json::json!({ "remaining": before }),
-                after: match &done {
-                    Ok(()) => serde_json::json!({ "remaining": after }),
-                    Err(e) => serde_json::json!({ "error": e }),
-                },
-                reason: k.reason.as_deref(),
-                result: if done.is_ok() { "ok" } else { "error" },
-                suppressed: None,
-            },
-        );
-        audited(match done {
-            Ok(()) => {
-                let body = serde_json::json!({
-                    "limit": k.limit,
-                    "remaining_before": before,
-                    "remaining": after,
-                });
-                respond(200, "application/json", body.to_string().into_bytes())
-            }
-            Err(e) => problem(
-                503,
-                "admin-store-unavailable",
-                &format!("the limit store: {e}"),
-            ),
-        })
-    }
-
-    /// `POST /admin/revocations`: the credential answers 401 on every
-    /// instance until the revocation expires.
-    async fn revoke(&self, rt: &Runtime, who: &access::Caller, body: &[u8]) -> Response<Vec<u8>> {
-        let r: Revoke = match body::parse(body) {
-            Ok(r) => r,
-            Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
-        };
-        if !(1..=MAX_REVOCATION_S).contains(&r.expires_in_s) {
-            return problem(
-                400,
-                "admin-bad-request",
-                "expires_in_s must be from 1 to 2592000 (30 days)",
-            );
-        }
-        if r.reason.trim().is_empty() {
-            return problem(400, "admin-bad-request", "a revocation needs a reason");
-        }
-        let auth = &rt.policy.auth;
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        let known = auth.jwt.names(&r.credential)
-            || r.credential.starts_with("fwd:") && auth.forward.is_some()
-            || auth.keys.credentials().any(|c| *c.id == *r.credential)
-            || auth.store_keys.is_some()
-                && matches!(
-                    rt.services.store_keys.get(store, &r.credential).await,
-                    Ok(Some(_))
-                );
-        if !known {
-            return problem(
-                404,
-                "admin-bad-request",
-                &format!("no credential {:?}", r.credential),
-            );
-        }
-        let now = crate::clock::wall_ms();
-        let revocation = crate::identity::revocations::Revocation {
-            credential: r.credential.clone(),
-            expires_at_ms: now + r.expires_in_s * 1000,
-            reason: r.reason.clone(),
-            actor: who.actor().to_string(),
-        };
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        let done = rt
-            .services
-            .revocations
-            .set(store, &r.credential, Some(revocation.clone()), now)
-            .await;
-        self.changed(
-            rt,
-            who,
-            Change {
-                action: "revoke",
-                target: serde_json::json!({ "credential": r.credential }),
-                reason: Some(&r.reason),
-                done,
-                after: serde_json::json!(revocation),
-                status: 201,
-            },
-        )
-    }
-
-    /// `PUT /admin/overrides/{tenant}`: another plan or other numbers for
-    /// the tenant until the expiry, on every instance.
-    async fn put_override(
-        &self,
-        rt: &Runtime,
-        who: &access::Caller,
-        tenant: &str,
-        body: &[u8],
-    ) -> Response<Vec<u8>> {
-        let put: PutOverride = match body::parse(body) {
-            Ok(p) => p,
-            Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
-        };
-        if !printable(tenant) {
-            return problem(
-                400,
-                "admin-bad-request",
-                "the tenant must be 1-256 printable characters",
-            );
-        }
-        if !(1..=MAX_REVOCATION_S).contains(&put.expires_in_s) {
-            return problem(
-                400,
-                "admin-bad-request",
-                "expires_in_s must be from 1 to 2592000 (30 days)",
-            );
-        }
-        if put.reason.trim().is_empty() {
-            return problem(400, "admin-bad-request", "an override needs a reason");
-        }
-        if put.plan.is_none() && put.limits.is_empty() {
-            return problem(
-                400,
-                "admin-bad-request",
-                "an override names a plan, limits, or both",
-            );
-        }
-        let now = crate::clock::wall_ms();
-        let o = crate::identity::overrides::Override {
-            tenant: tenant.to_string(),
-            plan: put.plan,
-            limits: put.limits,
-            expires_at_ms: now + put.expires_in_s * 1000,
-            reason: put.reason,
-            actor: who.actor().to_string(),
-        };
-        // Validated as the YAML would be, against the live policy.
-        if let Err(problems) = crate::config::resolve_override(&rt.policy, &o) {
-            return problem(400, "admin-bad-request", &problems.join("; "));
-        }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        let done = rt
-            .services
-            .overrides
-            .set(store, tenant, Some(o.clone()), now)
-            .await;
-        self.changed(
-            rt,
-            who,
-            Change {
-                action: "override",
-                target: serde_json::json!({ "tenant": tenant }),
-                reason: Some(&o.reason),
-                done,
-                after: serde_json::json!(o),
-                status: 200,
-            },
-        )
-    }
-
-    /// `DELETE /admin/overrides/{tenant}`.
-    async fn delete_override(
-        &self,
-        rt: &Runtime,
-        who: &access::Caller,
-        tenant: &str,
-    ) -> Response<Vec<u8>> {
-        let now = crate::clock::wall_ms();
-        if !rt
-            .services
-            .overrides
-            .active(now)
-            .iter()
-            .any(|o| o.tenant == tenant)
-        {
-            return problem(
-                404,
-                "admin-bad-request",
-                &format!("no override of {tenant:?} in force"),
-            );
-        }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        let done = rt.services.overrides.set(store, tenant, None, now).await;
-        self.changed(
-            rt,
-            who,
-            Change {
-                action: "unoverride",
-                target: serde_json::json!({ "tenant": tenant }),
-                reason: None,
-                done,
-                after: serde_json::Value::Null,
-                status: 200,
-            },
-        )
-    }
-
-    /// `POST /admin/credentials`: a credential for a key, kept in the store
-    /// and known to every instance within `server.admin_refresh_ms`.
-    async fn create_credential(
-        &self,
-        rt: &Runtime,
-        who: &access::Caller,
-        body: &[u8],
-    ) -> Response<Vec<u8>> {
-        if rt.policy.auth.store_keys.is_none() {
-            return store_keys_off();
-        }
-        let new: NewCredential = match body::parse(body) {
-            Ok(n) => n,
-            Err(e) => return problem(400, "admin-bad-request", &format!("the body: {e}")),
-        };
-        let Some(digest) =
-            crate::identity::auth::parse_digest(&new.sha256).filter(|_| new.sha256.len() == 64)
-        else {
-            return problem(
-                400,
-                "admin-bad-request",
-                "sha256 must be the key's SHA-256 as 64 hex digits",
-            );
-        };
-        if !printable(&new.id) || new.id.contains(' ') {
-            return problem(
-                400,
-                "admin-bad-request",
-                "id must be 1-256 printable characters, no spaces",
-            );
-        }
-        if new.id.starts_with("jwt:") || new.id.starts_with("fwd:") {
-            return problem(
-                400,
-                "admin-bad-request",
-                "ids starting jwt: and fwd: belong to JWT and forward-auth callers",
-            );
-        }
-        if !printable(&new.tenant) {
-            return problem(
-                400,
-                "admin-bad-request",
-                "tenant must be 1-256 printable characters",
-            );
-        }
-        if let Some(plan) = &new.plan {
-            if !rt.policy.plans.iter().any(|p| p.name == *plan) {
-                return problem(400, "admin-bad-request", &format!("no plan {plan:?}"));
-            }
-        }
-        let keys = &rt.policy.auth.keys;
-        if keys.has_id(&new.id) {
-            return problem(
-                409,
-                "admin-conflict",
-                &format!("credential {:?} is in the policy's keys", new.id),
-            );
-        }
-        if keys.verify_digest(&digest).is_some() {
-            return problem(
-                409,
-                "admin-conflict",
-                "the key belongs to a credential of the policy's keys",
-            );
-        }
-        let stored = crate::identity::store_keys::Stored {
-            id: new.id,
-            tenant: new.tenant,
-            plan: new.plan,
-        };
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        let done = match rt.services.store_keys.create(store, &stored, &digest).await {
-            Err(crate::identity::store_keys::CreateError::Conflict(why)) => {
-                return problem(409, "admin-conflict", &why)
-            }
-            Err(crate::identity::store_keys::CreateError::Store(e)) => Err(e),
-            Ok(()) => Ok(None::<crate::identity::store_keys::Stored>),
-        };
-        self.changed(
-            rt,
-            who,
-            Change {
-                action: "create_credential",
-                target: serde_json::json!({ "credential": stored.id }),
-                reason: None,
-                done,
-                after: serde_json::json!(stored),
-                status: 201,
-            },
-        )
-    }
-
-    /// `DELETE /admin/credentials/{id}`: refused on every instance within
-    /// `server.admin_refresh_ms`.
-    async fn delete_credential(
-        &self,
-        rt: &Runtime,
-        who: &access::Caller,
-        id: &str,
-    ) -> Response<Vec<u8>> {
-        if rt.policy.auth.store_keys.is_none() {
-            return store_keys_off();
-        }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        let done = rt.services.store_keys.delete(store, id).await;
-        if matches!(done, Ok(None)) {
-            return problem(
-                404,
-                "admin-bad-request",
-                &format!("no credential {id:?} in the store"),
-            );
-        }
-        self.changed(
-            rt,
-            who,
-            Change {
-                action: "delete_credential",
-                target: serde_json::json!({ "credential": id }),
-                reason: None,
-                done,
-                after: serde_json::Value::Null,
-                status: 200,
-            },
-        )
-    }
-
-    /// `GET /admin/credentials/{id}`.
-    async fn show_credential(&self, rt: &Runtime, id: &str) -> Response<Vec<u8>> {
-        if rt.policy.auth.store_keys.is_none() {
-            return store_keys_off();
-        }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        match rt.services.store_keys.get(store, id).await {
-            Ok(Some(stored)) => respond(
-                200,
-                "application/json",
-                serde_json::json!(stored).to_string().into_bytes(),
-            ),
-            Ok(None) => problem(
-                404,
-                "admin-bad-request",
-                &format!("no credential {id:?} in the store"),
-            ),
-            Err(e) => problem(
-                503,
-                "admin-store-unavailable",
-                &format!("the limit store: {e}"),
-            ),
-        }
-    }
-
-    /// `DELETE /admin/revocations/{credential}`.
-    async fn unrevoke(
-        &self,
-        rt: &Runtime,
-        who: &access::Caller,
-        credential: &str,
-    ) -> Response<Vec<u8>> {
-        let now = crate::clock::wall_ms();
-        if !rt.services.revocations.revoked(credential, now) {
-            return problem(
-                404,
-                "admin-bad-request",
-                &format!("no revocation of {credential:?} in force"),
-            );
-        }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
-        let done = rt
-            .services
-            .revocations
-            .set(store, credential, None, now)
-            .await;
-        self.changed(
-            rt,
-            who,
-            Change {
-                action: "unrevoke",
-                target: serde_json::json!({ "credential": credential }),
-                reason: None,
-                done,
-                after: serde_json::Value::Null,
-                status: 200,
-            },
-        )
-    }
-
-    /// A change of an admin record, audited with what was in force before
-    /// and after; the answer is `after` (with `status`), or 503 when the
-    /// store failed.
-    fn changed<T: serde::Serialize>(
-        &self,
-        rt: &Runtime,
-        who: &access::Caller,
-        change: Change<'_, T>,
-    ) -> Response<Vec<u8>> {
-        let (result, before, after) = match &change.done {
-            Ok(before) => ("ok", serde_json::json!(before), change.after.clone()),
-            Err(e) => (
-                "error",
-                serde_json::Value::Null,
-                serde_json::json!({ "error": e.to_string() }),
-            ),
-        };
-        self.audit(
-            rt,
-            audit::Entry {
-                time: crate::access_log::timestamp(crate::clock::wall()),
-                actor: who.actor(),
-                action: change.action,
-                target: change.target.clone(),
-                before,
-                after,
-                reason: change.reason,
-                result,
-                suppressed: None,
-            },
-        );
-        audited(match change.done {
-            Ok(_) => {
-                let body = if change.after.is_null() {
-                    serde_json::json!({ "removed": change.target })
-                } else {
-                    change.after
-                };
-                respond(
-                    change.status,
-                    "application/json",
-                    body.to_string().into_bytes(),
-                )
-            }
-            Err(e) => problem(
-                503,
-                "admin-store-unavailable",
-                &format!("the limit store: {e}"),
-            ),
-        })
     }
 
     /// `/admin/*`: the caller's rights checked, the request answered, and
@@ -656,7 +276,8 @@ impl Admin {
         response
     }
 
-    /// An allowed `/admin/*` request, answered.
+    /// An allowed `/admin/*` request, answered by the handler [`endpoint`]
+    /// names; a write's body is read first.
     async fn route(
         &self,
         session: &mut ServerSession,
@@ -665,148 +286,137 @@ impl Admin {
         method: &Method,
         path: &str,
     ) -> Response<Vec<u8>> {
-        let authorized = who.identified();
-        match (method, path) {
-            (&Method::GET, "/admin/revocations") => {
-                let active = rt.services.revocations.active(crate::clock::wall_ms());
-                let body = serde_json::json!({ "revocations": active }).to_string();
-                respond(200, "application/json", body.into_bytes())
+        let asked = endpoint(method, path);
+        let body = if asked.takes_body() {
+            match body::read(session).await {
+                Ok(body) => body,
+                Err(response) => return *response,
             }
-            (&Method::POST, "/admin/revocations") => {
-                let body = match body::read(session).await {
-                    Ok(body) => body,
-                    Err(response) => return *response,
-                };
-                self.revoke(rt, who, &body).await
+        } else {
+            Vec::new()
+        };
+        match asked {
+            Endpoint::Top => self.top(who.identified()),
+            Endpoint::Explain => {
+                limits::explain(rt, session.req_header().uri.query().unwrap_or("")).await
             }
-            (&Method::DELETE, p) if p.starts_with("/admin/revocations/") => {
-                let credential = p.trim_start_matches("/admin/revocations/");
-                let credential = percent_decode(credential);
-                self.unrevoke(rt, who, &credential).await
+            // The runtime live now, loaded afresh (as `top` does), not `rt`.
+            Endpoint::Usage => {
+                limits::usage(&self.live.load(), session.req_header().uri.query()).await
             }
-            (&Method::POST, "/admin/credentials") => {
-                let body = match body::read(session).await {
-                    Ok(body) => body,
-                    Err(response) => return *response,
-                };
-                self.create_credential(rt, who, &body).await
+            Endpoint::Reset => self.reset_or_credit(rt, who, "reset", &body).await,
+            Endpoint::Credit => self.reset_or_credit(rt, who, "credit", &body).await,
+            Endpoint::Reload => self.reload(rt, who).await,
+            Endpoint::Revocations => credentials::list_revocations(rt),
+            Endpoint::Revoke => self.revoke(rt, who, &body).await,
+            Endpoint::Unrevoke(credential) => {
+                self.unrevoke(rt, who, &percent_decode(credential)).await
             }
-            (&Method::GET, p) if p.starts_with("/admin/credentials/") => {
-                let id = percent_decode(p.trim_start_matches("/admin/credentials/"));
-                self.show_credential(rt, &id).await
+            Endpoint::CreateCredential => self.create_credential(rt, who, &body).await,
+            Endpoint::ShowCredential(id) => self.show_credential(rt, &percent_decode(id)).await,
+            Endpoint::DeleteCredential(id) => {
+                self.delete_credential(rt, who, &percent_decode(id)).await
             }
-            (&Method::DELETE, p) if p.starts_with("/admin/credentials/") => {
-                let id = percent_decode(p.trim_start_matches("/admin/credentials/"));
-                self.delete_credential(rt, who, &id).await
+            Endpoint::Overrides => overrides::list(rt),
+            Endpoint::PutOverride(tenant) => {
+                self.put_override(rt, who, &percent_decode(tenant), &body)
+                    .await
             }
-            (&Method::GET, "/admin/overrides") => {
-                let active = rt.services.overrides.active(crate::clock::wall_ms());
-                let body = serde_json::json!({ "overrides": active }).to_string();
-                respond(200, "application/json", body.into_bytes())
+            Endpoint::DeleteOverride(tenant) => {
+                self.delete_override(rt, who, &percent_decode(tenant)).await
             }
-            (&Method::PUT, p) if p.starts_with("/admin/overrides/") => {
-                let tenant = percent_decode(p.trim_start_matches("/admin/overrides/"));
-                let body = match body::read(session).await {
-                    Ok(body) => body,
-                    Err(response) => return *response,
-                };
-                self.put_override(rt, who, &tenant, &body).await
+            Endpoint::MethodNotAllowed => method_not_allowed(),
+            Endpoint::NotFound => {
+                problem(404, "admin-not-found", "no admin endpoint has this path")
             }
-            (&Method::DELETE, p) if p.starts_with("/admin/overrides/") => {
-                let tenant = percent_decode(p.trim_start_matches("/admin/overrides/"));
-                self.delete_override(rt, who, &tenant).await
-            }
-            (&Method::POST, "/admin/reset" | "/admin/credit") => {
-                let action = if path == "/admin/reset" {
-                    "reset"
-                } else {
-                    "credit"
-                };
-                let body = match body::read(session).await {
-                    Ok(body) => body,
-                    Err(response) => return *response,
-                };
-                self.reset_or_credit(rt, who, action, &body).await
-            }
-            (&Method::GET, "/admin/top") => {
-                let rt = self.live.load();
-                let rows = rt
-                    .services
-                    .top
-                    .report(TOP_ROWS, authorized, &rt.services.redactor);
-                let body = serde_json::json!({ "top": rows }).to_string();
-                respond(200, "application/json", body.into_bytes())
-            }
-            (&Method::GET, "/admin/explain") => {
-                explain(rt, session.req_header().uri.query().unwrap_or("")).await
-            }
-            (&Method::GET, "/admin/usage") => {
-                let rt = self.live.load();
-                usage(&rt, session.req_header().uri.query()).await
-            }
-            (&Method::POST, "/admin/reload") => {
-                let reloader = self.reloader.clone();
-                let before = rt.policy.policy_version.to_string();
-                let outcome = tokio::task::spawn_blocking(move || reloader.reload()).await;
-                let (result, after, response) = match outcome {
-                    Ok(Ok(version)) => (
-                        "ok",
-                        serde_json::json!(version.to_string()),
-                        text(200, format!("reloaded: policy {version}\n")),
-                    ),
-                    Ok(Err(e)) => (
-                        "rejected",
-                        serde_json::json!(e.to_string()),
-                        problem(
-                            400,
-                            "admin-reload-rejected",
-                            &format!("reload rejected, previous policy kept: {e}"),
-                        ),
-                    ),
-                    Err(_) => (
-                        "error",
-                        serde_json::Value::Null,
-                        problem(500, "admin-internal", "reload failed"),
-                    ),
-                };
-                self.audit(
-                    rt,
-                    audit::Entry {
-                        time: crate::access_log::timestamp(crate::clock::wall()),
-                        actor: who.actor(),
-                        action: "reload",
-                        target: serde_json::json!("policy"),
-                        before: serde_json::json!(before),
-                        after,
-                        reason: None,
-                        result,
-                        suppressed: None,
-                    },
-                );
-                audited(response)
-            }
-            (
-                _,
-                "/admin/top" | "/admin/reload" | "/admin/usage" | "/admin/explain" | "/admin/reset"
-                | "/admin/credit" | "/admin/revocations" | "/admin/overrides"
-                | "/admin/credentials",
-            ) => method_not_allowed(),
-            (_, p)
-                if [
-                    "/admin/revocations/",
-                    "/admin/overrides/",
-                    "/admin/credentials/",
-                ]
-                .iter()
-                .any(|prefix| p.starts_with(prefix)) =>
-            {
-                method_not_allowed()
-            }
-            _ => problem(404, "admin-not-found", "no admin endpoint has this path"),
         }
+    }
+
+    /// Records an admin write in the audit log and the metric.
+    fn audit(&self, rt: &Runtime, entry: audit::Entry<'_>) {
+        rt.services
+            .metrics
+            .admin_actions
+            .with_label_values(&[entry.action, entry.result])
+            .inc();
+        audit::record(rt.policy.server.audit_log.as_deref(), &entry);
+    }
+
+    /// Records the refusal of a caller no token identified: always in the
+    /// metric, in the audit log within [`audit::REFUSALS_PER_SECOND`] lines
+    /// in all, the count of those left out said before the next line.
+    fn audit_refusal(&self, rt: &Runtime, entry: audit::Entry<'_>) {
+        rt.services
+            .metrics
+            .admin_actions
+            .with_label_values(&[entry.action, entry.result])
+            .inc();
+        let now = crate::clock::instant() - self.started;
+        let Some(left_out) = self.refusals.admit(now) else {
+            return;
+        };
+        let file = rt.policy.server.audit_log.as_deref();
+        if left_out > 0 {
+            let time = crate::access_log::timestamp(crate::clock::wall());
+            audit::record(file, &audit::Entry::suppressed(time, left_out));
+        }
+        audit::record(file, &entry);
+    }
+
+    /// A change of an admin record, audited with what was in force before
+    /// and after; the answer is `after` (with `status`), or 503 when the
+    /// store failed.
+    fn changed<T: serde::Serialize>(
+        &self,
+        rt: &Runtime,
+        who: &access::Caller,
+        change: Change<'_, T>,
+    ) -> Response<Vec<u8>> {
+        let (result, before, after) = match &change.done {
+            Ok(before) => ("ok", serde_json::json!(before), change.after.clone()),
+            Err(e) => (
+                "error",
+                serde_json::Value::Null,
+                serde_json::json!({ "error": e.to_string() }),
+            ),
+        };
+        self.audit(
+            rt,
+            audit::Entry {
+                time: crate::access_log::timestamp(crate::clock::wall()),
+                actor: who.actor(),
+                action: change.action,
+                target: change.target.clone(),
+                before,
+                after,
+                reason: change.reason,
+                result,
+                suppressed: None,
+            },
+        );
+        audited(match change.done {
+            Ok(_) => {
+                let body = if change.after.is_null() {
+                    serde_json::json!({ "removed": change.target })
+                } else {
+                    change.after
+                };
+                respond(
+                    change.status,
+                    "application/json",
+                    body.to_string().into_bytes(),
+                )
+            }
+            Err(e) => problem(
+                503,
+                "admin-store-unavailable",
+                &format!("the limit store: {e}"),
+            ),
+        })
     }
 }
 
+/// An answer of `status` with `body`, never kept by a cache.
 fn respond(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     Response::builder()
         .status(status)
@@ -817,6 +427,7 @@ fn respond(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> 
         .unwrap_or_default()
 }
 
+/// A plain-text answer.
 fn text(status: u16, body: String) -> Response<Vec<u8>> {
     respond(status, "text/plain; charset=utf-8", body.into_bytes())
 }
@@ -912,395 +523,23 @@ fn printable(v: &str) -> bool {
     (1..=256).contains(&v.len()) && v.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
-/// The answer of a credentials endpoint when the policy has no
-/// `auth.store_keys`.
-fn store_keys_off() -> Response<Vec<u8>> {
-    problem(
-        404,
-        "admin-bad-request",
-        "credentials are kept in the store only with auth.store_keys in the policy",
-    )
-}
-
-/// The body of `POST /admin/credentials`.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewCredential {
-    id: String,
-    tenant: String,
-    plan: Option<String>,
-    sha256: String,
-}
-
-/// The body of `POST /admin/revocations`.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Revoke {
-    credential: String,
-    expires_in_s: u64,
-    reason: String,
-}
+/// The longest a revocation may last: 30 days.
+const MAX_REVOCATION_S: u64 = 30 * 24 * 3600;
 
 /// A change of an admin record, for [`Admin::changed`].
 struct Change<'a, T> {
+    /// The audit log's `action`, one of [`ACTIONS`].
     action: &'static str,
+    /// What it acts on; the answer's `removed` when the record is removed.
     target: serde_json::Value,
+    /// The reason the caller gave.
     reason: Option<&'a str>,
     /// The store's answer: the record in force before.
     done: Result<Option<T>, crate::limits::StoreError>,
     /// The record after (`null` when removed).
     after: serde_json::Value,
+    /// The answer's status when the store did its part.
     status: u16,
-}
-
-/// The body of `PUT /admin/overrides/{tenant}`.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PutOverride {
-    plan: Option<String>,
-    #[serde(default)]
-    limits: std::collections::BTreeMap<String, serde_json::Value>,
-    expires_in_s: u64,
-    reason: String,
-}
-
-/// The longest a revocation may last: 30 days.
-const MAX_REVOCATION_S: u64 = 30 * 24 * 3600;
-
-/// The body of `POST /admin/reset` and `POST /admin/credit`: a limit and
-/// the dimensions its key uses.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct KeyOf {
-    limit: String,
-    credential: Option<String>,
-    tenant: Option<String>,
-    ip: Option<std::net::IpAddr>,
-    route: Option<String>,
-    /// Units to give back (credit only).
-    units: Option<u64>,
-    /// Why, for the audit log.
-    reason: Option<String>,
-    /// Values of the dimensions read from requests, by name
-    /// (`"header.x-end-user": "alice"`).
-    #[serde(skip)]
-    values: std::collections::HashMap<String, String>,
-}
-
-impl KeyOf {
-    /// From a JSON object whose members are the fields above, and values
-    /// of the dimensions read from requests named as the key names them.
-    fn from_json(mut object: serde_json::Map<String, serde_json::Value>) -> Result<Self, String> {
-        let mut values = std::collections::HashMap::new();
-        let named: Vec<String> = object
-            .keys()
-            .filter(|k| crate::key_values::names_a_value(k))
-            .cloned()
-            .collect();
-        for name in named {
-            match object.remove(&name) {
-                Some(serde_json::Value::String(v)) => values.insert(name, v),
-                _ => return Err(format!("{name:?} takes a string")),
-            };
-        }
-        let mut k: KeyOf =
-            serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| e.to_string())?;
-        k.values = values;
-        Ok(k)
-    }
-}
-
-/// The charge naming `k`'s key (of `cost`), or the problem with `k`.
-fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)> {
-    let policy = &rt.policy;
-    let bad = |status: u16, detail: String| (status, detail);
-    let Some((id, limit)) = policy
-        .limits
-        .iter()
-        .enumerate()
-        .find(|(_, l)| *l.name == *k.limit)
-    else {
-        return Err(bad(404, format!("no limit {:?}", k.limit)));
-    };
-    let (credential, tenant) =
-        crate::explain::caller(policy, k.credential.as_deref(), k.tenant.as_deref())
-            .map_err(|id| bad(404, format!("no credential {id:?}")))?;
-    if let Some(route) = &k.route {
-        if !policy.routes.iter().any(|r| *r.name == **route) {
-            return Err(bad(404, format!("no route {route:?}")));
-        }
-    }
-    let dims = limit.key;
-    let missing = [
-        (dims.ip && k.ip.is_none(), "ip"),
-        (dims.credential && credential.is_none(), "credential"),
-        (dims.tenant && tenant.is_none(), "tenant"),
-        (dims.route && k.route.is_none(), "route"),
-    ];
-    if let Some((_, dim)) = missing.iter().find(|(m, _)| *m) {
-        return Err(bad(
-            400,
-            format!("limit {:?} is keyed by {dim}: give it", k.limit),
-        ));
-    }
-    let tuned = tenant
-        .as_ref()
-        .and_then(|t| rt.tenant_override(t, crate::clock::wall_ms()));
-    let plan = crate::admission::plan_of(
-        policy,
-        tuned.as_deref(),
-        credential.as_deref(),
-        tenant.as_ref(),
-    );
-    let who = Identity {
-        ip: k
-            .ip
-            .map(|ip| crate::client_ip::key_network(ip, policy.client_ip.ipv6_prefix)),
-        credential: credential.as_ref().map(|c| c.id.as_ref()),
-        tenant: tenant.as_ref(),
-        route: k.route.as_deref().unwrap_or(""),
-    };
-    let charge = crate::admission::charge(
-        policy,
-        id,
-        &who,
-        plan,
-        tuned.as_deref(),
-        cost,
-        Group::Request,
-    );
-    let overridden = tuned.as_deref().and_then(|o| o.params(id)).is_some();
-    crate::explain::with_values(&limit.values, &k.values, charge, overridden).map_err(|dims| {
-        bad(
-            400,
-            format!("limit {:?} is keyed by {dims}: give it", k.limit),
-        )
-    })
-}
-
-/// `GET /admin/explain?path=…`: the route a request takes and, for every
-/// limit of it, its parameters and state, read without charging.
-async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
-    let mut query = crate::explain::Query::parse(query);
-    // A credential of the store, not of the policy's keys: read from it.
-    if let Ok(q) = &mut query {
-        let unlisted = q
-            .credential
-            .as_deref()
-            .filter(|id| !rt.policy.auth.keys.has_id(id));
-        if let (Some(id), Some(_)) = (unlisted, rt.policy.auth.store_keys) {
-            let store = rt.limiter().shared_store().map(|s| s.as_ref());
-            if let Ok(Some(stored)) = rt.services.store_keys.get(store, id).await {
-                let plan = stored
-                    .plan
-                    .as_deref()
-                    .and_then(|name| rt.policy.plan_id(name));
-                q.verified =
-                    crate::identity::auth::Credential::new(&stored.id, &stored.tenant, plan)
-                        .map(Arc::new);
-            }
-        }
-    }
-    let explained = match query.and_then(|q| {
-        crate::explain::resolve(&rt.policy, &q, |t| {
-            rt.tenant_override(t, crate::clock::wall_ms())
-        })
-    }) {
-        Ok(e) => e,
-        Err(p) => return problem(p.status, p.kind, &p.detail),
-    };
-    let charges: Vec<Charge> = explained
-        .limits
-        .iter()
-        .filter_map(|(_, c)| c.as_ref().ok().cloned())
-        .collect();
-    let states = rt.limiter().peek(&charges).await;
-    let body = crate::explain::to_json(&rt.policy, &explained, states.into_iter());
-    respond(200, "application/json", body.to_string().into_bytes())
-}
-
-/// `GET /admin/usage?limit=L&tenant=T`: a quota's period, and how much of
-/// it the tenant has used, read from the store the limit lives in (nothing
-/// is charged). The quota's key may only be `[tenant]` or `[]`.
-async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
-    let args: std::collections::HashMap<String, String> =
-        form_urlencoded::parse(query.unwrap_or("").as_bytes())
-            .into_owned()
-            .collect();
-    let Some(name) = args.get("limit") else {
-        return problem(
-            400,
-            "admin-bad-request",
-            "usage needs ?limit=NAME (and &tenant=ID)",
-        );
-    };
-    let policy = &rt.policy;
-    let Some((id, limit)) = policy
-        .limits
-        .iter()
-        .enumerate()
-        .find(|(_, l)| *l.name == **name)
-    else {
-        return problem(404, "admin-bad-request", &format!("no limit {name:?}"));
-    };
-    if !matches!(limit.params, Params::Quota(_)) {
-        return problem(
-            400,
-            "admin-bad-request",
-            &format!("limit {name:?} is not a quota"),
-        );
-    }
-    if limit.key.ip || limit.key.credential || limit.key.route {
-        return problem(
-            400,
-            "admin-bad-request",
-            &format!("limit {name:?} is keyed by more than the tenant; usage is read per tenant"),
-        );
-    }
-    let tenant: Option<Arc<str>> = match (limit.key.tenant, args.get("tenant")) {
-        (true, Some(t)) => Some(t.as_str().into()),
-        (true, None) => {
-            return problem(
-                400,
-                "admin-bad-request",
-                &format!("limit {name:?} is per tenant: add &tenant=ID"),
-            )
-        }
-        (false, _) => None,
-    };
-    let tuned = tenant
-        .as_ref()
-        .and_then(|t| rt.tenant_override(t, crate::clock::wall_ms()));
-    let plan = crate::admission::plan_of(policy, tuned.as_deref(), None, tenant.as_ref());
-    let who = Identity {
-        ip: None,
-        credential: None,
-        tenant: tenant.as_ref(),
-        route: "",
-    };
-    // Read without charging or writing, from the store the quota lives in
-    // (a failing one is a 503 here, whatever the limit's failure mode).
-    let probe =
-        crate::admission::charge(policy, id, &who, plan, tuned.as_deref(), 0, Group::Request);
-    let named: std::collections::HashMap<String, String> = args
-        .iter()
-        .filter(|(k, _)| crate::key_values::names_a_value(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let overridden = tuned.as_deref().and_then(|o| o.params(id)).is_some();
-    let probe = match crate::explain::with_values(&limit.values, &named, probe, overridden) {
-        Ok(p) => p,
-        Err(dims) => {
-            return problem(
-                400,
-                "admin-bad-request",
-                &format!("limit {name:?} is keyed by {dims}: add &{dims}=VALUE"),
-            )
-        }
-    };
-    // The quota's numbers as this tenant's charges carry them (plan and
-    // override applied).
-    let Params::Quota(quota) = probe.params else {
-        return problem(
-            500,
-            "admin-internal",
-            "a plan changed the quota's algorithm",
-        );
-    };
-    let verdict = match rt.limiter().peek(std::slice::from_ref(&probe)).await.pop() {
-        Some((Ok(v), _)) => v,
-        _ => {
-            return problem(
-                503,
-                "admin-store-unavailable",
-                "the limit store is unavailable",
-            )
-        }
-    };
-    // The period is the store's: the time the counter was read at.
-    let now_ms = verdict.at;
-    let (start, end) = quota.period.bounds(now_ms);
-    let at = |ms: u64| {
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-        humantime::format_rfc3339_seconds(t).to_string()
-    };
-    let body = serde_json::json!({
-        "limit": limit.name.as_ref(),
-        "tenant": tenant.as_deref(),
-        "period": quota.period.name(now_ms),
-        "period_start": at(start),
-        "period_end": at(end),
-        "quota": quota.limit,
-        "used": quota.limit.saturating_sub(verdict.remaining),
-        "remaining": verdict.remaining,
-    });
-    respond(200, "application/json", body.to_string().into_bytes())
-}
-
-/// Whether every shared limit can decide without the store.
-///
-/// Only enforced limits that some route uses count.
-fn every_limit_has_a_fallback(rt: &Runtime) -> bool {
-    let policy = &rt.policy;
-    policy
-        .routes
-        .iter()
-        .flat_map(|r| r.pre_auth.iter().chain(&r.request))
-        .map(|&id| &policy.limits[id])
-        .all(|l| l.local || l.mode == Mode::Shadow || l.on_store_error != OnStoreError::Closed)
-}
-
-#[async_trait]
-impl ServeHttp for Admin {
-    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
-        let path = session.req_header().uri.path().to_string();
-        match path.as_str() {
-            "/healthz" => text(200, "ok\n".into()),
-            "/readyz" => {
-                let rt = self.live.load();
-                if self.drain.draining() {
-                    text(503, "not ready: shutting down\n".into())
-                } else if every_limit_has_a_fallback(&rt) || rt.limiter().store_ready().await {
-                    text(200, format!("ready: policy {}\n", rt.policy.policy_version))
-                } else {
-                    text(503, "not ready: the limit store is unreachable\n".into())
-                }
-            }
-            "/metrics" => {
-                let rt = self.live.load();
-                let metrics = rt.all_metrics();
-                // Read where it is kept, at each scrape.
-                metrics
-                    .store_pending
-                    .set(rt.limiter().store_pending() as i64);
-                metrics.revocations_active.set(
-                    rt.services
-                        .revocations
-                        .active(crate::clock::wall_ms())
-                        .len() as i64,
-                );
-                metrics
-                    .overrides_active
-                    .set(rt.services.overrides.active(crate::clock::wall_ms()).len() as i64);
-                respond(200, "text/plain; version=0.0.4", metrics.render())
-            }
-            p if p.starts_with("/admin/") => self.admin(session, p).await,
-            _ => problem(
-                404,
-                "admin-not-found",
-                "the admin listener has no such path",
-            ),
-        }
-    }
-}
-
-/// A path segment, percent-decoded (a credential id may hold any
-/// character).
-fn percent_decode(segment: &str) -> String {
-    form_urlencoded::parse(format!("x={}", segment.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -1326,5 +565,33 @@ mod tests {
         assert_eq!(action_of(&Method::POST, "/admin/nothing"), "unknown");
         assert_eq!(action_of(&Method::GET, "/admin/reload"), "read");
         assert!(ACTIONS.contains(&"unknown") && ACTIONS.contains(&"read"));
+    }
+
+    #[test]
+    fn the_router_tells_a_wrong_method_from_an_unknown_path() {
+        use super::Endpoint as E;
+        for (method, path, want) in [
+            (Method::GET, "/admin/top", E::Top),
+            (Method::POST, "/admin/top", E::MethodNotAllowed),
+            (Method::HEAD, "/admin/usage", E::MethodNotAllowed),
+            (Method::DELETE, "/admin/reload", E::MethodNotAllowed),
+            (Method::GET, "/admin/revocations", E::Revocations),
+            (Method::DELETE, "/admin/revocations", E::MethodNotAllowed),
+            (
+                Method::DELETE,
+                "/admin/revocations/c%201",
+                E::Unrevoke("c%201"),
+            ),
+            (Method::GET, "/admin/revocations/c1", E::MethodNotAllowed),
+            (Method::GET, "/admin/credentials", E::MethodNotAllowed),
+            (Method::GET, "/admin/credentials/", E::ShowCredential("")),
+            (Method::PUT, "/admin/overrides/acme", E::PutOverride("acme")),
+            (Method::POST, "/admin/overrides/acme", E::MethodNotAllowed),
+            (Method::GET, "/admin/top/x", E::NotFound),
+            (Method::GET, "/admin/overridesx", E::NotFound),
+            (Method::POST, "/admin/nothing", E::NotFound),
+        ] {
+            assert_eq!(endpoint(&method, path), want, "{method} {path}");
+        }
     }
 }

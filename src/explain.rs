@@ -14,7 +14,7 @@ use crate::config::{LimitId, Mode, PlanId, Policy, Route, Scope};
 use crate::edge::target;
 use crate::identity::auth::Credential;
 use crate::limits::algorithm::{Params, MICRO};
-use crate::limits::{Charge, Group, Identity, Verdict};
+use crate::limits::{Charge, Group, Verdict};
 use crate::routes;
 
 /// What to explain: a request (`path`, `method`, `host`) and the identity
@@ -124,7 +124,7 @@ pub struct Explained<'a> {
 }
 
 /// A caller an operator names: its credential, if any, and its tenant.
-pub type Caller = (Option<Arc<Credential>>, Option<Arc<str>>);
+pub type NamedCaller = (Option<Arc<Credential>>, Option<Arc<str>>);
 
 /// The caller an operator names: a credential of the policy's keys (`Err`
 /// with its id when there is none) and its tenant, or the tenant given.
@@ -132,7 +132,7 @@ pub fn caller(
     policy: &Policy,
     credential: Option<&str>,
     tenant: Option<&str>,
-) -> Result<Caller, String> {
+) -> Result<NamedCaller, String> {
     let credential = match credential {
         Some(id) => Some(
             policy
@@ -186,29 +186,25 @@ pub fn resolve<'a>(
         }
     };
     let tuned = tenant.as_deref().and_then(tuned);
-    let plan = match &q.plan {
-        Some(name) => Some(
+    let network =
+        q.ip.map(|ip| client_ip::key_network(ip, policy.client_ip.ipv6_prefix));
+    let mut caller = admission::Caller::of_tenant(
+        policy,
+        network,
+        credential.as_deref(),
+        tenant.as_ref(),
+        tuned.as_deref(),
+    );
+    if let Some(name) = &q.plan {
+        caller.plan = Some(
             policy
                 .plans
                 .iter()
                 .position(|p| p.name == *name)
                 .ok_or_else(|| bad(format!("unknown plan {name:?}")))?,
-        ),
-        None => admission::plan_of(
-            policy,
-            tuned.as_deref(),
-            credential.as_deref(),
-            tenant.as_ref(),
-        ),
-    };
-    let network =
-        q.ip.map(|ip| client_ip::key_network(ip, policy.client_ip.ipv6_prefix));
-    let who = Identity {
-        ip: network,
-        credential: credential.as_ref().map(|c| c.id.as_ref()),
-        tenant: tenant.as_ref(),
-        route: &route.name,
-    };
+        );
+    }
+    let plan = caller.plan;
     let cost = q.cost.unwrap_or_else(|| route.admission_cost());
     let limits = route
         .pre_auth
@@ -228,11 +224,14 @@ pub fn resolve<'a>(
             };
             let charge = match needs {
                 Some(dim) => Err(dim.to_owned()),
-                None => with_values(
-                    &policy.limits[id].values,
+                None => admission::plan::named_charge(
+                    policy,
+                    id,
+                    &caller,
+                    &route.name,
+                    cost,
+                    group,
                     &q.values,
-                    admission::charge(policy, id, &who, plan, tuned.as_deref(), cost, group),
-                    tuned.as_deref().and_then(|o| o.params(id)).is_some(),
                 ),
             };
             (id, charge)
@@ -243,28 +242,6 @@ pub fn resolve<'a>(
         plan,
         limits,
     })
-}
-
-/// `charge` keyed by the values of the dimensions read from requests that
-/// the operator named, with a listed value's numbers (unless the tenant's
-/// override sets them: `overridden`); else the dimension it needs.
-pub fn with_values(
-    key: &crate::key_values::ValueKey,
-    named: &std::collections::HashMap<String, String>,
-    charge: Charge,
-    overridden: bool,
-) -> Result<Charge, String> {
-    let names = || {
-        key.dims
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match crate::key_values::given(key, named) {
-        Ok(read) => read.keyed(charge, overridden).ok_or_else(names),
-        Err(problem) => Err(format!("{} that {}", names(), problem.says())),
-    }
 }
 
 /// A limit's parameters as the policy writes them.

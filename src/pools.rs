@@ -276,6 +276,12 @@ pub struct PoolPermit {
     in_flight: IntGauge,
 }
 
+impl std::fmt::Debug for PoolPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolPermit").finish_non_exhaustive()
+    }
+}
+
 impl Drop for PoolPermit {
     fn drop(&mut self) {
         let mut permits = lock(&self.permits);

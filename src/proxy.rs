@@ -24,9 +24,10 @@ use crate::config::{HostHeader, Oversize};
 use crate::drain::{Drain, InFlight};
 use crate::edge::body::{self, BodyReservation};
 use crate::edge::headers::{self, Forwarding};
+use crate::identity::AuthSource;
 use crate::limits::meter::{Meter, MAX_HELD};
 use crate::metrics::Outcome;
-use crate::pools::{PoolPermit, PoolRefusal, Retry};
+use crate::pools::{PoolRefusal, Retry};
 use crate::respond::Rejection;
 use crate::runtime::Runtime;
 use crate::top::Caller;
@@ -49,9 +50,6 @@ pub struct RequestCtx {
     _in_flight: Option<InFlight>,
     runtime: Option<Arc<Runtime>>,
     facts: Facts,
-    /// The pool slot; released when the context is dropped, after the
-    /// response is over or the request failed.
-    permit: Option<PoolPermit>,
     server: Option<(usize, SocketAddr)>,
     /// The `outcome` label of `tollgate_requests_total`, once decided.
     outcome: Option<Outcome>,
@@ -62,8 +60,6 @@ pub struct RequestCtx {
     /// Forwarding attempts after the first (connect failures, failed
     /// reused connections).
     retries: u32,
-    /// The share of `buffered_bytes_total` a body read whole holds.
-    body_buffer: Option<BodyReservation>,
     /// The upstream's response head arrived.
     answered: bool,
     /// The status of the upstream's response, once its head arrived.
@@ -192,7 +188,7 @@ impl Gateway {
             };
             let party = ctx.facts.party(rt.policy.client_ip.ipv6_prefix);
             match pool.admit(ctx.facts.priority, party).await {
-                Ok(permit) => ctx.permit = Some(permit),
+                Ok(permit) => ctx.facts.held.permit = Some(permit),
                 Err(r) => return Ok(Err(refusal(r))),
             }
             match pool.pick() {
@@ -301,7 +297,7 @@ async fn read_whole(
         }
     }
     body::read(0, true);
-    ctx.body_buffer = Some(reservation);
+    ctx.facts.held.body = Some(reservation);
     Ok(Ok(kept.map(bytes::BytesMut::freeze)))
 }
 
@@ -592,12 +588,12 @@ impl ProxyHttp for Gateway {
                 content_type,
             }) => {
                 // Answered here: the request's holds go before the answer.
-                ctx.facts.holds.clear();
+                ctx.facts.held.holds.clear();
                 respond_directly(session, ctx, status, body, content_type).await?;
                 Ok(true)
             }
             Err(rejection) => {
-                ctx.facts.holds.clear();
+                ctx.facts.held.holds.clear();
                 reject(session, &rejection, ctx).await?;
                 Ok(true)
             }
@@ -744,7 +740,7 @@ impl ProxyHttp for Gateway {
             upstream.remove_header(&http::header::TRANSFER_ENCODING);
             upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
         }
-        if let Some(trace) = &ctx.facts.trace {
+        if let Some(trace) = &ctx.facts.telemetry.trace {
             // This gateway's span is the upstream's parent; a state that
             // came with a trace the gateway did not continue is not its.
             upstream.insert_header("traceparent", trace.header())?;
@@ -838,8 +834,7 @@ impl ProxyHttp for Gateway {
         // The upstream's work is done: its permit and holds go now, before
         // the last bytes are written, not once the client has read them.
         if complete {
-            ctx.permit = None;
-            ctx.facts.holds.clear();
+            ctx.facts.held.release_upstream();
         }
         if session.req_header().version == http::Version::HTTP_2 {
             if let (Some(rt), Some(_)) = (&ctx.runtime, body.as_ref()) {
@@ -916,7 +911,7 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // The pool slot is free as soon as the response is over.
-        ctx.permit = None;
+        ctx.facts.held.permit = None;
         if let (Some(e), Some(rt)) = (e, &ctx.runtime) {
             let h2 = session.req_header().version == http::Version::HTTP_2;
             if h2 && e.etype() == &ErrorType::WriteTimedout {
@@ -934,7 +929,7 @@ impl ProxyHttp for Gateway {
             return;
         };
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        if let (Some(ledger), Some(slot)) = (&rt.services.usage, ctx.facts.usage.take()) {
+        if let (Some(ledger), Some(slot)) = (&rt.services.usage, ctx.facts.held.usage.take()) {
             if ctx.outcome == Some(Outcome::Allowed) {
                 ledger.record(&usage_record(ledger, &rt, session, ctx, status), slot);
             }
@@ -967,7 +962,7 @@ impl ProxyHttp for Gateway {
         if let Some(log) = rt.services.access_log.as_ref().filter(|l| l.wants()) {
             access(log, &rt, session, ctx, status, elapsed_ms);
         }
-        if let (Some(tracer), Some(trace)) = (&rt.services.tracer, ctx.facts.trace) {
+        if let (Some(tracer), Some(trace)) = (&rt.services.tracer, ctx.facts.telemetry.trace) {
             if trace.sampled {
                 tracer.export(&trace, &spans_of(session, ctx, status));
             }
@@ -990,9 +985,10 @@ fn spans_of(session: &Session, ctx: &RequestCtx, status: u16) -> crate::trace::o
         request: (start, now),
         decision: ctx
             .facts
+            .telemetry
             .decided
             .map(|(from, to)| (ago(from.elapsed()), ago(to.elapsed()))),
-        store_calls: ctx.facts.store_calls.clone(),
+        store_calls: ctx.facts.telemetry.store_calls.clone(),
         upstream: ctx.upstream_started.map(|s| {
             let server = ctx.server.map(|(_, a)| a.to_string()).unwrap_or_default();
             (ago(s.elapsed()), now, server)
@@ -1044,7 +1040,7 @@ fn usage_record(
         values: (ctx.facts.used.matched.iter())
             .map(|(limit, value)| (limit.to_string(), value.clone()))
             .collect(),
-        trace_id: ctx.facts.trace.as_ref().map(|t| t.trace_id_hex()),
+        trace_id: ctx.facts.telemetry.trace.as_ref().map(|t| t.trace_id_hex()),
     }
 }
 
@@ -1096,7 +1092,7 @@ fn access(
         outcome: ctx.outcome.map(Outcome::as_str),
         tenant: credential.map(|c| c.tenant.as_ref()),
         credential: credential.map(|c| c.id.as_ref()),
-        auth_source: ctx.facts.auth_source,
+        auth_source: ctx.facts.auth_source.map(AuthSource::as_str),
         client,
         cost: ctx.facts.cost,
         violated: ctx.facts.violated.iter().map(|v| v.as_ref()).collect(),
@@ -1104,7 +1100,7 @@ fn access(
         duration_ms,
         bytes_in: ctx.body_bytes,
         bytes_out: session.body_bytes_sent() as u64,
-        trace_id: ctx.facts.trace.as_ref().map(|t| t.trace_id_hex()),
+        trace_id: ctx.facts.telemetry.trace.as_ref().map(|t| t.trace_id_hex()),
         key_values: (ctx.facts.used.values.iter())
             .map(|(dim, value)| (dim.clone(), rt.services.redactor.tag(value)))
             .collect(),

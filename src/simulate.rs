@@ -26,6 +26,7 @@ use crate::clock::{Clock, ManualClock};
 use crate::config::Policy;
 use crate::edge::target;
 use crate::identity::auth::Credential;
+use crate::identity::AuthSource;
 use crate::limits::memory::MemoryStore;
 use crate::limits::{gate, Charge, Gate};
 use crate::routes::request_host;
@@ -408,16 +409,22 @@ impl Simulation {
             .unwrap_or_else(|| {
                 ipnet::IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED))
             });
-        let credential = match (line.credential.as_deref(), line.auth_source.as_deref()) {
-            (Some(id), Some("jwt" | "forward" | "store")) => line
+        let source = line.auth_source.as_deref().and_then(AuthSource::parse);
+        let credential = match (line.credential.as_deref(), source) {
+            // A caller the policy does not list (a JWT's, forward auth's,
+            // the store's) replays as the line names it.
+            (Some(id), Some(source)) if !source.listed() => line
                 .tenant
                 .as_deref()
                 .and_then(|tenant| Credential::new(id, tenant, None))
                 .map(Arc::new),
-            (Some(id), source) => self.credentials.get(id).cloned().or_else(|| {
+            (Some(id), _) => self.credentials.get(id).cloned().or_else(|| {
                 // A ledger record names no source: a caller the policy does
-                // not list (a JWT's, forward auth's) replays as it names it.
-                let tenant = line.tenant.as_deref().filter(|_| source.is_none())?;
+                // not list replays as it names it.
+                let tenant = line
+                    .tenant
+                    .as_deref()
+                    .filter(|_| line.auth_source.is_none())?;
                 Credential::new(id, tenant, None).map(Arc::new)
             }),
             (None, _) => None,
@@ -432,33 +439,26 @@ impl Simulation {
             named: Some(&named),
             ..crate::key_values::RequestView::of_head(&headers, path, None)
         };
-        let charged = match admission::charges(
-            &self.policy,
-            route,
-            network,
-            credential.as_deref(),
-            None,
-            &view,
-        ) {
-            Ok(charged) => charged,
-            // Refused before any limit is charged, as the gateway refuses
-            // it (a pre-auth key's value it must have): nothing to decide.
-            Err(refused) => admission::Charges {
-                charges: Vec::new(),
-                authenticated: !route.auth_required || credential.is_some(),
-                refused: Some(refused),
-                used: Default::default(),
-            },
-        };
-        let (charges, authenticated, refused) =
-            (charged.charges, charged.authenticated, charged.refused);
-        let verdicts = self.store.decide_now(&charges, Gate::Open).0;
+        let caller =
+            admission::Caller::new(&self.policy, Some(network), credential.as_deref(), None);
+        let charged =
+            admission::plan::plan(&self.policy, route, &view, &caller, admission::Groups::Both)
+                .unwrap_or_else(|refused| admission::Charges {
+                    // Refused before any limit is charged, as the gateway refuses
+                    // it (a pre-auth key's value it must have): nothing to decide.
+                    charges: Vec::new(),
+                    authenticated: caller.admitted_on(route),
+                    refused: Some(refused),
+                    used: Default::default(),
+                });
+        let verdicts = self.store.decide_now(&charged.charges, Gate::Open).0;
         if self.models_holds {
-            let charged = gate(&charges, |i| verdicts[i].allowed, Gate::Open);
-            let holds: Vec<Charge> = charges
+            let gated = gate(&charged.charges, |i| verdicts[i].allowed, Gate::Open);
+            let holds: Vec<Charge> = charged
+                .charges
                 .iter()
                 .zip(&verdicts)
-                .filter(|(c, v)| c.hold.is_some() && v.allowed && charged.admits(c.group))
+                .filter(|(c, v)| c.hold.is_some() && v.allowed && gated.admits(c.group))
                 .map(|(c, _)| c.clone())
                 .collect();
             if !holds.is_empty() {
@@ -472,15 +472,7 @@ impl Simulation {
         }
         let cost = route.cost;
         // Concluded exactly as the gateway concludes.
-        let plan = admission::Plan {
-            route,
-            charges,
-            authenticated,
-            lookup: None,
-            refused,
-            estimate: route.cost,
-            body_path: None,
-        };
+        let plan = admission::Plan::new(route, charged, route.cost);
         let concluded = admission::conclude(
             &plan,
             &verdicts,

@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::sync::Barrier;
 use std::thread;
 use std::time::Duration;
 
@@ -217,7 +218,7 @@ routes:
     )
 }
 
-/// Requests at three times the rate: none is lost within the delay bound,
+/// Requests faster than the rate: none is lost within the delay bound,
 /// and the gateway holds them (decided `delayed`) instead of refusing them.
 /// Then a burst beyond the bound: what the schedule cannot fit within a
 /// second is refused at once. (When each delayed request goes out is the
@@ -225,16 +226,29 @@ routes:
 /// tests on a clock moved by hand; here only outcomes are asserted.)
 fn assert_smoothed(gw: &Gateway) {
     let addr = gw.addr;
-    // Twelve requests, one every 33 ms (30 a second against 10).
-    let paced: Vec<_> = (0..12u64)
-        .map(|i| {
-            thread::spawn(move || {
-                thread::sleep(Duration::from_millis(33 * i));
-                get(addr, "/x", &[]).status
+    // Twelve requests from three clients that start together, each sending
+    // its next request as soon as its last is answered: three in line at
+    // once where the rate lets one through every 100 ms. Each client waits
+    // for the gateway's answer, not a guessed pace, so the line is never
+    // longer than three, and no request waits more than about 300 ms of the
+    // 1000 ms bound however slow the machine.
+    let start = Barrier::new(3);
+    let replies: Vec<u16> = thread::scope(|scope| {
+        let clients: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    start.wait();
+                    (0..4)
+                        .map(|_| get(addr, "/x", &[]).status)
+                        .collect::<Vec<u16>>()
+                })
             })
-        })
-        .collect();
-    let replies: Vec<u16> = paced.into_iter().map(|t| t.join().unwrap()).collect();
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect()
+    });
     assert!(replies.iter().all(|s| *s == 200), "none lost: {replies:?}");
     let decided = |outcome: &str| {
         gw.metric(&format!(
@@ -244,11 +258,20 @@ fn assert_smoothed(gw: &Gateway) {
     assert!(decided("delayed") >= 1.0);
     assert_eq!(decided("delayed") + decided("allowed"), 12.0);
 
-    // Thirty at once: about eleven fit the next second, the rest get 429.
-    let burst: Vec<_> = (0..30)
-        .map(|_| thread::spawn(move || get(addr, "/x", &[]).status))
-        .collect();
-    let statuses: Vec<u16> = burst.into_iter().map(|t| t.join().unwrap()).collect();
+    // Thirty at once (released together once all are ready): about eleven
+    // fit the next second, the rest get 429.
+    let at_once = Barrier::new(30);
+    let statuses: Vec<u16> = thread::scope(|scope| {
+        let burst: Vec<_> = (0..30)
+            .map(|_| {
+                scope.spawn(|| {
+                    at_once.wait();
+                    get(addr, "/x", &[]).status
+                })
+            })
+            .collect();
+        burst.into_iter().map(|t| t.join().unwrap()).collect()
+    });
     assert!(
         statuses.iter().all(|&s| s == 200 || s == 429),
         "{statuses:?}"

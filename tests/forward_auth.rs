@@ -11,7 +11,7 @@ mod support;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -28,8 +28,6 @@ struct AuthState {
     calls: AtomicUsize,
     /// The headers of each call, names lowercased, in arrival order.
     seen: Mutex<Vec<Vec<(String, String)>>>,
-    /// Milliseconds to wait before answering.
-    delay_ms: AtomicU64,
     /// While true, every call waits for [`AuthServer::release`].
     held: Mutex<bool>,
     released: Condvar,
@@ -86,10 +84,6 @@ impl AuthServer {
             .collect()
     }
 
-    fn delay(&self, ms: u64) {
-        self.state.delay_ms.store(ms, Ordering::SeqCst);
-    }
-
     fn hold(&self) {
         *self.state.held.lock().unwrap() = true;
     }
@@ -140,7 +134,6 @@ fn serve_auth(conn: TcpStream, state: &AuthState) {
         state.seen.lock().unwrap().push(headers);
         let held = state.held.lock().unwrap();
         drop(state.released.wait_while(held, |held| *held).unwrap());
-        thread::sleep(Duration::from_millis(state.delay_ms.load(Ordering::SeqCst)));
         let (status, identity) = answer(&authorization);
         let mut reply = format!("HTTP/1.1 {status} {}\r\n", reason(status));
         for (k, v) in identity {
@@ -355,10 +348,17 @@ fn cached_answers_are_asked_again_once_their_ttl_ends() {
 
 #[test]
 fn forty_concurrent_first_requests_share_one_call() {
-    let s = start("");
-    s.auth.delay(300);
+    // The service answers only once all forty are in: the lookup's timeout
+    // is far beyond the time they take to arrive on a slow machine.
+    let s = start(", timeout_ms: 10000");
+    s.auth.hold();
     let together = Barrier::new(40);
-    let statuses: Vec<u16> = thread::scope(|scope| {
+    // Every request read and found in no `auth.keys` entry: each is on its
+    // way to the forward lookup, which is held unanswered.
+    let unknown_to_the_file = || {
+        s.gw.metric("tollgate_auth_lookups_total{result=\"miss\",source=\"file\"}")
+    };
+    let (statuses, all_in): (Vec<u16>, bool) = thread::scope(|scope| {
         let threads: Vec<_> = (0..40)
             .map(|_| {
                 scope.spawn(|| {
@@ -367,8 +367,16 @@ fn forty_concurrent_first_requests_share_one_call() {
                 })
             })
             .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
+        let all_in = eventually(Duration::from_secs(8), || unknown_to_the_file() >= 40.0);
+        s.auth.release();
+        let statuses: Vec<u16> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        (statuses, all_in)
     });
+    assert!(
+        all_in,
+        "not all forty requests reached the gateway: {}",
+        s.gw.metrics()
+    );
     assert_eq!(statuses, [200; 40]);
     assert_eq!(s.auth.calls(), 1);
 }
@@ -407,9 +415,10 @@ fn a_failing_service_is_asked_again_on_the_next_request() {
 #[test]
 fn a_service_slower_than_timeout_ms_gets_503_and_is_not_remembered() {
     let s = start(", timeout_ms: 100");
-    s.auth.delay(1_000);
+    // The service says nothing until the gateway has given up on it.
+    s.auth.hold();
     assert_auth_unavailable(&call(&s.gw, "good-slow"));
-    s.auth.delay(0);
+    s.auth.release();
     let r = call(&s.gw, "good-slow");
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.upstream_saw("x-credential-id"), ["fwd:slow"]);

@@ -6,6 +6,7 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -152,16 +153,36 @@ fn a_dropped_syn_is_latency_not_a_502() {
 fn an_upstream_that_closes_idle_connections_causes_no_502() {
     // Every connection answers one request, then the server closes it
     // without saying so: the gateway's next request on it finds it closed.
-    let addr = raw_upstream(|mut conn, _| {
+    // The server closes only when told to, once the gateway is done with
+    // the request (and so keeps the connection idle); the test sends the
+    // next request only once the server says it has closed.
+    let (close, told_to_close) = mpsc::channel::<()>();
+    let (closed, has_closed) = mpsc::channel::<()>();
+    let (told_to_close, closed) = (Mutex::new(told_to_close), Mutex::new(closed));
+    let addr = raw_upstream(move |mut conn, _| {
         let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
-        thread::sleep(Duration::from_millis(50));
+        if told_to_close.lock().unwrap().recv().is_err() {
+            return;
+        }
         let _ = conn.shutdown(std::net::Shutdown::Both);
+        let _ = closed.lock().unwrap().send(());
     });
     let gw = Gateway::start(&policy(&format!("\"{addr}\""), "", OPEN), None);
+    let finished = || gw.metric("tollgate_requests_total{outcome=\"allowed\",route=\"open\"}");
     for i in 0..12 {
         let r = gw.get("/x", &[]);
         assert_eq!(r.status, 200, "request {i}: {}\n{}", r.body, gw.log());
-        thread::sleep(Duration::from_millis(60));
+        // Counted once the gateway has finished the request, after it put
+        // the upstream connection back among its idle ones.
+        assert!(
+            eventually(Duration::from_secs(10), || finished() >= (i + 1) as f64),
+            "request {i} never finished: {}",
+            gw.metrics()
+        );
+        close.send(()).unwrap();
+        has_closed
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the upstream closed the connection it answered on");
     }
 }
 
@@ -291,11 +312,16 @@ fn an_upgraded_connection_holds_its_pool_permit_until_it_closes() {
 
 #[test]
 fn an_error_after_the_response_started_is_not_written_into_it() {
-    // Headers and the first chunk, then nothing past the route's deadline.
-    let addr = raw_upstream(|mut conn, _| {
+    // Headers and the first chunk, then nothing until the gateway gives up
+    // at the route's deadline and hangs up: the silence ends with the
+    // gateway's error, not after a guessed time.
+    let (hung_up, gave_up) = mpsc::channel::<()>();
+    let hung_up = Mutex::new(hung_up);
+    let addr = raw_upstream(move |mut conn, mut reader| {
         let _ =
             conn.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n");
-        thread::sleep(Duration::from_secs(3));
+        let _ = reader.read_to_end(&mut Vec::new());
+        let _ = hung_up.lock().unwrap().send(());
     });
     let routes = "  - { name: api, path: \"/**\", auth: none, upstream: api, timeout_ms: 300 }";
     let gw = Gateway::start(&policy(&format!("\"{addr}\""), "", routes), None);
@@ -310,6 +336,10 @@ fn an_error_after_the_response_started_is_not_written_into_it() {
     assert!(
         !text.contains("problem"),
         "no error body inside the 200: {text}"
+    );
+    assert!(
+        gave_up.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "the route's deadline ended the upstream call"
     );
 }
 

@@ -68,6 +68,10 @@ fn trickle(to: std::net::SocketAddr, length: usize) -> thread::JoinHandle<String
         if s.write_all(head.as_bytes()).is_err() {
             return String::new();
         }
+        // The pace is the behaviour under test, not an ordering: a read
+        // that waits up to 200 ms for an answer between bytes makes this a
+        // writer slower than `body_min_rate`, yet never idle for
+        // `body_read_ms`.
         s.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         let mut got = Vec::new();
@@ -297,6 +301,9 @@ async fn trickled_http2_bodies_are_reset_and_free_their_permits() {
             if open == 0 {
                 break;
             }
+            // The pace is the behaviour under test, not an ordering: one
+            // byte every 200 ms is a body slower than `body_min_rate`, never
+            // stalled for `body_read_ms`, which the gateway must cut.
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let mut outcomes = Vec::new();
@@ -386,7 +393,16 @@ fn a_body_that_comes_late_with_the_next_request_is_answered() {
         .as_bytes(),
     )
     .unwrap();
-    thread::sleep(Duration::from_millis(300));
+    // The body comes late: only once the gateway has read the head on its
+    // own and gone on with it (authenticated its key, which comes before
+    // the body is read), so the body and the next request reach it in a
+    // later read than the head.
+    let head_read = || gw.metric("tollgate_auth_lookups_total{result=\"hit\",source=\"file\"}");
+    assert!(
+        eventually(Duration::from_secs(10), || head_read() >= 1.0),
+        "the head was never read: {}",
+        gw.metrics()
+    );
     s.write_all(
         format!("helloGET /next HTTP/1.1\r\nhost: t\r\nauthorization: {KEY}\r\nconnection: close\r\n\r\n")
             .as_bytes(),

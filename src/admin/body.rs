@@ -41,11 +41,23 @@ pub async fn read(session: &mut ServerSession) -> Result<Vec<u8>, Box<Response<V
     }
 }
 
+/// Why a write's body was refused; shown as serde_json's message.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Not JSON, or a member named twice in one object.
+    #[error(transparent)]
+    Unreadable(serde_json::Error),
+    /// JSON, but not the shape the write takes: a member missing, unknown
+    /// or of the wrong type.
+    #[error(transparent)]
+    Shape(serde_json::Error),
+}
+
 /// `body` as a `T`, refusing a member name given twice in one object
 /// (serde_json's error, or the name repeated, as the message).
-pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
-    serde_json::from_slice::<Unique>(body).map_err(|e| e.to_string())?;
-    serde_json::from_slice(body).map_err(|e| e.to_string())
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, BodyError> {
+    serde_json::from_slice::<Unique>(body).map_err(BodyError::Unreadable)?;
+    serde_json::from_slice(body).map_err(BodyError::Shape)
 }
 
 /// Any JSON value whose objects name each member once.
@@ -134,10 +146,15 @@ mod tests {
             r#"{"tenant": "a", "ten\u0061nt": "b"}"#,
         ] {
             let e = parse::<Body>(twice.as_bytes()).unwrap_err();
-            assert!(e.contains("given twice"), "{twice}: {e}");
+            assert!(matches!(e, BodyError::Unreadable(_)), "{twice}: {e}");
+            assert!(e.to_string().contains("given twice"), "{twice}: {e}");
         }
         // serde_json's own errors are kept.
-        assert!(parse::<Body>(b"not json").unwrap_err().contains("expected"));
-        assert!(parse::<Body>(b"{}").unwrap_err().contains("tenant"));
+        let e = parse::<Body>(b"not json").unwrap_err();
+        assert!(matches!(e, BodyError::Unreadable(_)), "{e}");
+        assert!(e.to_string().contains("expected"), "{e}");
+        let e = parse::<Body>(b"{}").unwrap_err();
+        assert!(matches!(e, BodyError::Shape(_)), "{e}");
+        assert!(e.to_string().contains("tenant"), "{e}");
     }
 }

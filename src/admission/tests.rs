@@ -1,15 +1,19 @@
-//! The request path without a server: [`plan`] and [`conclude`] over a
-//! policy, with verdicts written by hand.
+//! Admission from plain values: a policy from text, a request head, a
+//! caller and verdicts written by hand. No runtime, no store, no files.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use pingora::http::RequestHeader;
+
+use super::conclude::Conclusion;
+use super::head::{self, Routed};
+use super::plan::{self as planning, Caller, Groups, Plan};
 use super::*;
-use crate::limits::limiter::Limiter;
-use crate::limits::memory::MemoryStore;
-use crate::metrics::Metrics;
-use crate::pools::Pools;
-use crate::runtime::Services;
-use crate::top::{Redactor, Top};
+use crate::config::Policy;
+use crate::edge::target;
+use crate::identity::overrides::Resolved;
+use crate::limits::algorithm::Params;
 
 const POLICY: &str = r#"
 version: 1
@@ -17,48 +21,27 @@ client_ip: { trusted_proxies: ["10.0.0.0/8"] }
 ip_rules: { deny: ["192.0.2.0/24"] }
 auth:
   keys:
-    - { id: a1, tenant: acme, sha256: "DIGEST" }
+    - { id: a1, tenant: acme, sha256: "1111111111111111111111111111111111111111111111111111111111111111" }
+    - { id: p1, tenant: bigco, plan: pro, sha256: "2222222222222222222222222222222222222222222222222222222222222222" }
+plans:
+  pro: { reports-limit: { capacity: 100, refill_per_second: 10 } }
 limits:
   ip-guard: { scope: pre_auth, key: [ip], capacity: 10, refill_per_second: 1 }
   reports-limit: { key: [credential], capacity: 10, refill_per_second: 1 }
   shadowed: { key: [tenant], capacity: 10, refill_per_second: 1, mode: shadow }
+  per-user: { key: [tenant, header.x-end-user], absent: reject, capacity: 5, refill_per_second: 1 }
 upstreams:
   api: { servers: ["127.0.0.1:9"] }
 routes:
   - { name: reports, methods: [POST], path: "/v1/reports/{id}", upstream: api, cost: 2, limits: [ip-guard, reports-limit, shadowed] }
+  - { name: users, path: "/v1/users", upstream: api, limits: [ip-guard, per-user] }
   - { name: public, path: "/public/**", auth: none, upstream: api, max_body_bytes: 8 }
   - { name: teapot, path: /teapot, auth: none, respond: { status: 418, body: "short" } }
   - { name: metered, path: /metered, upstream: api, limits: [reports-limit], cost_from_response: { header: x-cost, max: 5 } }
 "#;
 
-fn runtime() -> Runtime {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("policy.yaml");
-    let digest = hex::encode(crate::identity::auth::digest(b"key-a1"));
-    std::fs::write(&file, POLICY.replace("DIGEST", &digest)).unwrap();
-    let policy = crate::config::load(&file).unwrap();
-    let metrics = Arc::new(Metrics::new());
-    let services = Arc::new(Services {
-        body_budget: crate::edge::body::BodyBudget::new(),
-        client_log: crate::logs::ClientLog::new(1),
-        access_log: None,
-        certificate: None,
-        limiter: Arc::new(Limiter::new(
-            Arc::new(MemoryStore::default()),
-            None,
-            metrics.clone(),
-        )),
-        pools: Pools::new(metrics.clone()),
-        metrics,
-        top: Top::new(),
-        redactor: Redactor::new().unwrap(),
-        revocations: Arc::default(),
-        overrides: Arc::default(),
-        store_keys: Arc::default(),
-        tracer: None,
-        usage: None,
-    });
-    Runtime::new(policy, services)
+fn policy() -> Policy {
+    crate::config::from_text(std::path::Path::new("policy.yaml"), POLICY).unwrap()
 }
 
 fn request(method: &str, target: &str, headers: &[(&str, &str)]) -> RequestHeader {
@@ -70,35 +53,65 @@ fn request(method: &str, target: &str, headers: &[(&str, &str)]) -> RequestHeade
 }
 
 const PEER: &str = "203.0.113.5";
-const KEY: (&str, &str) = ("authorization", "Bearer key-a1");
 
-fn planned(
-    rt: &Runtime,
+/// The credential `id` of the policy's keys.
+fn credential(policy: &Policy, id: &str) -> Arc<Credential> {
+    policy
+        .auth
+        .keys
+        .credentials()
+        .find(|c| &*c.id == id)
+        .cloned()
+        .unwrap()
+}
+
+/// The head of `method target`, and the facts it noted.
+fn routed<'p>(
+    policy: &'p Policy,
     method: &str,
     target: &str,
     headers: &[(&str, &str)],
-) -> (Result<(String, usize, bool), Rejection>, Facts) {
+) -> (Result<Routed<'p>, Rejection>, Facts) {
     let req = request(method, target, headers);
-    let planned = plan(rt, PEER.parse().unwrap(), &req);
-    let out = planned
-        .plan
-        .map(|p| (p.route.name.to_string(), p.charges.len(), p.authenticated));
-    (out, planned.facts)
+    let mut facts = Facts::default();
+    let routed = head::route(policy, PEER.parse().unwrap(), &req, &mut facts);
+    (routed, facts)
+}
+
+/// The plan of `method target` from the caller `id` names (`None`: no
+/// valid key), as the gateway makes it when it knows the caller at once.
+fn planned<'p>(
+    policy: &'p Policy,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    id: Option<&str>,
+    tuned: Option<&Resolved>,
+) -> Result<Plan<'p>, Rejection> {
+    let req = request(method, target, headers);
+    let routed = head::route(policy, PEER.parse().unwrap(), &req, &mut Facts::default())?;
+    let credential = id.map(|id| credential(policy, id));
+    let caller = Caller::new(policy, Some(routed.network), credential.as_deref(), tuned);
+    let view = routed.view(&req, credential.as_deref());
+    let charged = planning::plan(policy, routed.route, &view, &caller, Groups::Both)
+        .map_err(|r| conclude::key_value(&r))?;
+    Ok(Plan::new(routed.route, charged, routed.estimate))
 }
 
 #[test]
-fn plans_route_on_the_normalized_target() {
-    let rt = runtime();
-    let (out, facts) = planned(&rt, "POST", "/v1/%72eports//1?x=%2F", &[KEY]);
-    assert_eq!(out, Ok(("reports".into(), 3, true)));
+fn the_head_routes_on_the_normalized_target() {
+    let policy = policy();
+    let (out, facts) = routed(&policy, "POST", "/v1/%72eports//1?x=%2F", &[]);
+    let out = out.unwrap();
+    assert_eq!(&*out.route.name, "reports");
+    assert_eq!(out.path, "/v1/reports/1");
     assert_eq!(
         facts.rewritten_target.as_deref(),
         Some("/v1/reports/1?x=%2F")
     );
     assert_eq!(facts.cost, 2);
-    assert_eq!(facts.credential.as_ref().map(|c| c.id.as_ref()), Some("a1"));
 
-    let (_, facts) = planned(&rt, "GET", "/public/x", &[]);
+    let (_, facts) = routed(&policy, "GET", "/public/x", &[]);
     assert_eq!(
         facts.rewritten_target, None,
         "a normal target is forwarded as received"
@@ -109,8 +122,8 @@ fn plans_route_on_the_normalized_target() {
 type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], Rejection);
 
 #[test]
-fn plan_refusals_table() {
-    let rt = runtime();
+fn head_refusals_table() {
+    let policy = policy();
     let bad = |detail| Rejection::BadRequest { detail };
     let table: &[Case] = &[
         (
@@ -141,30 +154,162 @@ fn plan_refusals_table() {
         ),
     ];
     for (method, target, headers, want) in table {
-        let (out, _) = planned(&rt, method, target, headers);
+        let (out, _) = routed(&policy, method, target, headers);
         assert_eq!(out.as_ref().err(), Some(want), "{method} {target}");
     }
 }
 
 #[test]
 fn denied_addresses_are_refused_before_anything_else() {
-    let rt = runtime();
+    let policy = policy();
     let req = request("GET", "v1/secret", &[]);
-    let planned = plan(&rt, "192.0.2.7".parse().unwrap(), &req);
-    assert_eq!(planned.plan.err(), Some(Rejection::Forbidden));
+    let mut facts = Facts::default();
+    let out = head::route(&policy, "192.0.2.7".parse().unwrap(), &req, &mut facts);
+    assert_eq!(out.err(), Some(Rejection::Forbidden));
     assert_eq!(
-        planned.facts.client_ip,
+        facts.client_ip,
         Some("192.0.2.7".parse().unwrap()),
         "a refusal keeps what the path learnt"
     );
 }
 
 #[test]
-fn a_missing_key_plans_only_the_pre_auth_charges() {
-    let rt = runtime();
-    let (out, facts) = planned(&rt, "POST", "/v1/reports/1", &[]);
-    assert_eq!(out, Ok(("reports".into(), 1, false)));
-    assert!(facts.credential.is_none());
+fn a_caller_without_a_key_is_planned_only_its_pre_auth_charges() {
+    let policy = policy();
+    let plan = planned(&policy, "POST", "/v1/reports/1", &[], None, None).unwrap();
+    assert_eq!(plan.charges.len(), 1);
+    assert_eq!(&*plan.charges[0].name, "ip-guard");
+    assert!(!plan.authenticated);
+
+    let plan = planned(&policy, "POST", "/v1/reports/1", &[], Some("a1"), None).unwrap();
+    let names: Vec<&str> = plan.charges.iter().map(|c| &*c.name).collect();
+    assert_eq!(names, ["ip-guard", "reports-limit", "shadowed"]);
+    assert!(plan.authenticated);
+    assert!(plan.charges.iter().all(|c| c.cost == 2));
+}
+
+#[test]
+fn the_caller_s_plan_and_override_price_its_request_limits_only() {
+    let policy = policy();
+    let capacity = |plan: &Plan<'_>, i: usize| match plan.charges[i].params {
+        Params::TokenBucket(b) => b.capacity / crate::limits::algorithm::MICRO,
+        other => panic!("{other:?}"),
+    };
+    let free = planned(&policy, "POST", "/v1/reports/1", &[], Some("a1"), None).unwrap();
+    let pro = planned(&policy, "POST", "/v1/reports/1", &[], Some("p1"), None).unwrap();
+    assert_eq!((capacity(&free, 1), capacity(&pro, 1)), (10, 100));
+    assert_eq!(capacity(&pro, 0), 10, "a pre-auth limit runs under no plan");
+
+    let reports = policy
+        .limits
+        .iter()
+        .position(|l| &*l.name == "reports-limit");
+    let boosted = Params::TokenBucket(crate::limits::algorithm::Bucket {
+        capacity: 7 * crate::limits::algorithm::MICRO,
+        per_ms: 1,
+    });
+    let tuned = Resolved {
+        limits: HashMap::from([(reports.unwrap(), boosted)]),
+        ..Resolved::default()
+    };
+    let plan = planned(
+        &policy,
+        "POST",
+        "/v1/reports/1",
+        &[],
+        Some("p1"),
+        Some(&tuned),
+    )
+    .unwrap();
+    assert_eq!((capacity(&plan, 0), capacity(&plan, 1)), (10, 7));
+}
+
+#[test]
+fn a_value_a_request_limit_cannot_use_is_refused_after_the_pre_auth_limits() {
+    let policy = policy();
+    let plan = planned(&policy, "GET", "/v1/users", &[], Some("a1"), None).unwrap();
+    // `per-user` reads a header the request does not send, and says
+    // `absent: reject`: the request charges are left out, and the
+    // request is refused once its pre-auth limits admit it.
+    assert_eq!(plan.charges.len(), 1);
+    let refused = plan.refused.as_ref().unwrap();
+    assert_eq!(&*refused.limit, "per-user");
+    let admitted = conclude(
+        &plan,
+        &[verdict(true)],
+        Conclusion::default(),
+        &mut Facts::default(),
+    );
+    assert!(
+        matches!(admitted, Err(Rejection::KeyValue { .. })),
+        "{admitted:?}"
+    );
+    let limited = conclude(
+        &plan,
+        &[verdict(false)],
+        Conclusion::default(),
+        &mut Facts::default(),
+    );
+    assert!(
+        matches!(limited, Err(Rejection::RateLimited { .. })),
+        "{limited:?}"
+    );
+
+    let plan = planned(
+        &policy,
+        "GET",
+        "/v1/users",
+        &[("x-end-user", "u-1")],
+        Some("a1"),
+        None,
+    )
+    .unwrap();
+    assert!(plan.refused.is_none());
+    assert_eq!(plan.charges.len(), 2);
+}
+
+#[test]
+fn an_operator_names_a_key_s_values_as_a_request_would_send_them() {
+    let policy = policy();
+    let a1 = credential(&policy, "a1");
+    let caller = Caller::new(&policy, None, Some(&a1), None);
+    let id = policy
+        .limits
+        .iter()
+        .position(|l| &*l.name == "per-user")
+        .unwrap();
+    let named = HashMap::from([("header.x-end-user".to_owned(), "u-1".to_owned())]);
+    let by_operator = planning::named_charge(
+        &policy,
+        id,
+        &caller,
+        "users",
+        1,
+        crate::limits::Group::Request,
+        &named,
+    )
+    .unwrap();
+    let by_request = planned(
+        &policy,
+        "GET",
+        "/v1/users",
+        &[("x-end-user", "u-1")],
+        Some("a1"),
+        None,
+    )
+    .unwrap();
+    assert_eq!(by_operator.key, by_request.charges[1].key);
+    let missing = planning::named_charge(
+        &policy,
+        id,
+        &caller,
+        "users",
+        1,
+        crate::limits::Group::Request,
+        &HashMap::new(),
+    );
+    let missing = missing.unwrap_err();
+    assert!(missing.starts_with("header.x-end-user that "), "{missing}");
 }
 
 fn verdict(allowed: bool) -> Verdict {
@@ -182,20 +327,9 @@ fn verdict(allowed: bool) -> Verdict {
     }
 }
 
-fn concluded(headers: &[(&str, &str)], verdicts: &[bool]) -> (Result<Admitted, Rejection>, Facts) {
-    let rt = runtime();
-    let req = request("POST", "/v1/reports/1", headers);
-    let Planned { plan, mut facts } = plan(&rt, PEER.parse().unwrap(), &req);
-    let plan = plan.unwrap();
-    let verdicts: Vec<Verdict> = verdicts.iter().map(|&a| verdict(a)).collect();
-    (
-        conclude(&plan, &verdicts, Conclusion::of(&rt), &mut facts),
-        facts,
-    )
-}
-
 #[test]
 fn conclusion_table() {
+    let policy = policy();
     let limited = |name: &str| Rejection::RateLimited {
         violated: vec![name.into()],
         retry_after: Some(2),
@@ -212,8 +346,11 @@ fn conclusion_table() {
         (false, &[true], Err(Rejection::Unauthorized)),
     ];
     for (with_key, verdicts, want) in cases {
-        let headers: &[(&str, &str)] = if *with_key { &[KEY] } else { &[] };
-        let (out, facts) = concluded(headers, verdicts);
+        let id = with_key.then_some("a1");
+        let plan = planned(&policy, "POST", "/v1/reports/1", &[], id, None).unwrap();
+        let verdicts: Vec<Verdict> = verdicts.iter().map(|&a| verdict(a)).collect();
+        let mut facts = Facts::default();
+        let out = conclude(&plan, &verdicts, Conclusion::default(), &mut facts);
         match (out, want) {
             (Ok(Admitted::Forward(_)), Ok(())) => assert!(facts.violated.is_empty()),
             (Err(got), Err(want)) => {
@@ -229,13 +366,12 @@ fn conclusion_table() {
 
 #[test]
 fn a_charge_the_local_fallback_made_is_settled_in_its_share() {
-    let rt = runtime();
-    let req = request("GET", "/metered", &[KEY]);
-    let plan = plan(&rt, PEER.parse().unwrap(), &req).plan.unwrap();
+    let policy = policy();
+    let plan = planned(&policy, "GET", "/metered", &[], Some("a1"), None).unwrap();
     assert_eq!(plan.charges.len(), 1);
     let how = Conclusion {
         instances: 4,
-        ..Conclusion::of(&rt)
+        ..Conclusion::default()
     };
     let decided = |source| {
         let mut v = verdict(true);
@@ -267,12 +403,10 @@ fn a_charge_the_local_fallback_made_is_settled_in_its_share() {
 
 #[test]
 fn respond_routes_answer_directly() {
-    let rt = runtime();
-    let req = request("GET", "/teapot", &[]);
-    let Planned { plan, mut facts } = plan(&rt, PEER.parse().unwrap(), &req);
-    let plan = plan.unwrap();
+    let policy = policy();
+    let plan = planned(&policy, "GET", "/teapot", &[], None, None).unwrap();
     assert!(plan.charges.is_empty());
-    match conclude(&plan, &[], Conclusion::of(&rt), &mut facts) {
+    match conclude(&plan, &[], Conclusion::default(), &mut Facts::default()) {
         Ok(Admitted::Respond { status, body, .. }) => {
             assert_eq!(status, 418);
             assert_eq!(&body[..], b"short");

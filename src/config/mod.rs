@@ -77,8 +77,13 @@ fn render_problems(file: &str, problems: &[Problem]) -> String {
 
 /// Reads, parses and validates a policy file.
 pub fn load(path: &Path) -> Result<Policy, ConfigError> {
-    let text = read(path)?;
-    let raw: schema::RawConfig = parse(path, &text)?;
+    from_text(path, &read(path)?)
+}
+
+/// Parses and validates a policy's `text` as if read from `path` (files it
+/// names are resolved beside `path`): a policy built from plain values.
+pub fn from_text(path: &Path, text: &str) -> Result<Policy, ConfigError> {
+    let raw: schema::RawConfig = parse(path, text)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     validate::policy(raw, path, &base)
 }
