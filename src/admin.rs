@@ -254,7 +254,7 @@ impl Admin {
         let unrecorded = response.extensions().get::<Audited>().is_none();
         if unrecorded && (access::is_write(&method) || result == "refused") {
             let entry = audit::Entry {
-                time: crate::access_log::timestamp(crate::clock::wall()),
+                time: crate::access_log::timestamp(rt.wall()),
                 actor: who.actor(),
                 action: action_of(&method, path),
                 target: serde_json::json!({ "method": method.as_str(), "path": path }),
@@ -357,7 +357,7 @@ impl Admin {
         };
         let file = rt.policy.server.audit_log.as_deref();
         if left_out > 0 {
-            let time = crate::access_log::timestamp(crate::clock::wall());
+            let time = crate::access_log::timestamp(rt.wall());
             audit::record(file, &audit::Entry::suppressed(time, left_out));
         }
         audit::record(file, &entry);
@@ -383,7 +383,7 @@ impl Admin {
         self.audit(
             rt,
             audit::Entry {
-                time: crate::access_log::timestamp(crate::clock::wall()),
+                time: crate::access_log::timestamp(rt.wall()),
                 actor: who.actor(),
                 action: change.action,
                 target: change.target.clone(),

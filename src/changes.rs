@@ -59,13 +59,13 @@ fn limit_settings(policy: &Policy, l: &Limit, params: &Params) -> BTreeMap<&'sta
         "shadow"
     };
     out.insert("mode", mode.into());
-    let local = l.local && policy.store.backend != crate::config::schema::Backend::Memory;
+    let local = l.sync.is_local() && policy.store.backend != crate::config::schema::Backend::Memory;
     out.insert("store", if local { "local" } else { "shared" }.into());
     out.insert(
         "on_store_error",
         format!("{:?}", l.on_store_error).to_lowercase(),
     );
-    match l.lease {
+    match l.sync.lease() {
         Some(t) => {
             out.insert("sync", "lease".into());
             out.insert(
@@ -80,8 +80,8 @@ fn limit_settings(policy: &Policy, l: &Limit, params: &Params) -> BTreeMap<&'sta
             out.insert("sync", "exact".into());
         }
     }
-    if l.max_delay_ms > 0 {
-        out.insert("max_delay_ms", l.max_delay_ms.to_string());
+    if let crate::limits::OnLimit::Delay { max_ms } = l.on_limit {
+        out.insert("max_delay_ms", max_ms.to_string());
     }
     out
 }

@@ -9,14 +9,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-/// The wall clock, for timestamps people read (log lines).
+/// The wall clock, for timestamps people read (log lines), where no
+/// runtime is wired (a thread of its own, the command line); with one,
+/// read its [`WallClock`].
 #[allow(clippy::disallowed_methods)]
 pub fn wall() -> SystemTime {
     SystemTime::now()
 }
 
 /// The wall clock in ms since the epoch, for expiries people set (a
-/// revocation's): comparable across instances, as a monotonic clock is not.
+/// revocation's): comparable across instances, as a monotonic clock is
+/// not. Where a runtime is wired, read its [`WallClock`] instead.
 pub fn wall_ms() -> u64 {
     wall()
         .duration_since(std::time::UNIX_EPOCH)
@@ -28,6 +31,32 @@ pub fn wall_ms() -> u64 {
 #[allow(clippy::disallowed_methods)]
 pub fn instant() -> Instant {
     Instant::now()
+}
+
+/// The wall clock a runtime reads, for expiries people set (a
+/// revocation's, an override's) and timestamps people read: the system's
+/// in the gateway ([`SystemWall`]), one set by hand in tests
+/// ([`ManualClock`]).
+pub trait WallClock: Send + Sync + 'static {
+    /// The time now.
+    fn wall(&self) -> SystemTime;
+
+    /// The time now, in ms since the epoch (0 before it).
+    fn wall_ms(&self) -> u64 {
+        self.wall()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+}
+
+/// The system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemWall;
+
+impl WallClock for SystemWall {
+    fn wall(&self) -> SystemTime {
+        wall()
+    }
 }
 
 /// A source of milliseconds that never goes backwards.
@@ -65,6 +94,7 @@ impl Default for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
+    #[allow(clippy::disallowed_methods)]
     fn now_ms(&self) -> u64 {
         // Never zero, even on a machine whose clock reads 1970: "time zero"
         // must not collide with a fresh state's timestamp arithmetic.
@@ -96,5 +126,11 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl WallClock for ManualClock {
+    fn wall(&self) -> SystemTime {
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.now_ms())
     }
 }

@@ -14,6 +14,7 @@ use crate::config::{LimitId, Mode, PlanId, Policy, Route, Scope};
 use crate::edge::target;
 use crate::identity::auth::Credential;
 use crate::limits::algorithm::{Params, MICRO};
+use crate::limits::limiter::KeyStateError;
 use crate::limits::{Charge, Group, Verdict};
 use crate::routes;
 
@@ -126,13 +127,22 @@ pub struct Explained<'a> {
 /// A caller an operator names: its credential, if any, and its tenant.
 pub type NamedCaller = (Option<Arc<Credential>>, Option<Arc<str>>);
 
+/// A credential an operator named that the policy's keys do not hold;
+/// shown as its id alone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{id}")]
+pub struct UnknownCredential {
+    /// The credential's id, as named.
+    pub id: String,
+}
+
 /// The caller an operator names: a credential of the policy's keys (`Err`
 /// with its id when there is none) and its tenant, or the tenant given.
 pub fn caller(
     policy: &Policy,
     credential: Option<&str>,
     tenant: Option<&str>,
-) -> Result<NamedCaller, String> {
+) -> Result<NamedCaller, UnknownCredential> {
     let credential = match credential {
         Some(id) => Some(
             policy
@@ -141,7 +151,7 @@ pub fn caller(
                 .credentials()
                 .find(|c| *c.id == *id)
                 .cloned()
-                .ok_or_else(|| id.to_string())?,
+                .ok_or_else(|| UnknownCredential { id: id.to_string() })?,
         ),
         None => None,
     };
@@ -178,10 +188,10 @@ pub fn resolve<'a>(
     let (credential, tenant) = match &q.verified {
         Some(c) => (Some(c.clone()), Some(c.tenant.clone())),
         None => {
-            caller(policy, q.credential.as_deref(), q.tenant.as_deref()).map_err(|id| Problem {
+            caller(policy, q.credential.as_deref(), q.tenant.as_deref()).map_err(|e| Problem {
                 status: 404,
                 kind: "admin-unknown-credential",
-                detail: format!("no credential {id:?} in the policy's keys"),
+                detail: format!("no credential {:?} in the policy's keys", e.id),
             })?
         }
     };
@@ -299,7 +309,7 @@ pub fn algorithm(params: &Params) -> &'static str {
 pub fn to_json(
     policy: &Policy,
     explained: &Explained<'_>,
-    mut states: impl Iterator<Item = (Result<Verdict, String>, u64)>,
+    mut states: impl Iterator<Item = (Result<Verdict, KeyStateError>, u64)>,
 ) -> Value {
     let limits: Vec<Value> = explained
         .limits
@@ -318,8 +328,8 @@ pub fn to_json(
                 "key": key,
                 "algorithm": algorithm(&params),
                 "mode": if l.mode == Mode::Enforce { "enforce" } else { "shadow" },
-                "store": if l.local { "local" } else { "shared" },
-                "sync": if l.lease.is_some() { "lease" } else { "exact" },
+                "store": if l.sync.is_local() { "local" } else { "shared" },
+                "sync": if l.sync.lease().is_some() { "lease" } else { "exact" },
                 "params": params_json(&params),
             });
             match charge {
@@ -335,7 +345,7 @@ pub fn to_json(
                                 (false, Some(ms)) => json!(ms),
                                 (false, None) => Value::Null,
                             };
-                            if l.lease.is_some() {
+                            if l.sync.lease().is_some() {
                                 out["held_units"] = json!(held);
                             }
                         }
@@ -423,8 +433,12 @@ pub fn to_text(
             },
             dims.join(", "),
             algorithm(&params),
-            if l.local { "local" } else { "shared" },
-            if l.lease.is_some() { "lease" } else { "exact" },
+            if l.sync.is_local() { "local" } else { "shared" },
+            if l.sync.lease().is_some() {
+                "lease"
+            } else {
+                "exact"
+            },
             if l.mode == Mode::Enforce {
                 "enforce"
             } else {
@@ -441,7 +455,7 @@ pub fn to_text(
             Ok(c) => {
                 let key = match keys {
                     StoreKeys::InProcess => "in process (backend: memory)".to_string(),
-                    _ if c.local => "in process (store: local)".to_string(),
+                    _ if c.is_local() => "in process (store: local)".to_string(),
                     StoreKeys::Hashed(hasher) => hasher.key(c),
                     StoreKeys::Unknown(why) => format!("not computed: {why}"),
                 };

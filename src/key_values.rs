@@ -43,22 +43,42 @@ pub enum ValueDim {
     Body(Box<[Box<str>]>),
 }
 
+/// Why the name of a `kind.NAME` dimension was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DimError {
+    /// `header.NAME` or `auth.NAME` with a name no header can have.
+    #[error("{name:?} is not a header name")]
+    HeaderName {
+        /// The name as given.
+        name: String,
+    },
+    /// A name (or a part of a body field's dotted path) that is empty or
+    /// holds more than letters, digits, `_ - $ @ :`.
+    #[error("{name:?} is not a name (letters, digits, _ - $ @ :)")]
+    Name {
+        /// The name (or part) as given.
+        name: String,
+    },
+}
+
 impl ValueDim {
     /// Parses `kind.NAME`; `None` for a word that names no such dimension
     /// (the caller reports it with the dimensions it could have meant).
-    pub fn parse(text: &str) -> Option<Result<ValueDim, String>> {
+    pub fn parse(text: &str) -> Option<Result<ValueDim, DimError>> {
         let (kind, name) = text.split_once('.')?;
         let header = |name: &str| {
-            HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("{name:?} is not a header name"))
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| DimError::HeaderName {
+                name: name.to_owned(),
+            })
         };
         let word = |name: &str| {
             let ok = !name.is_empty()
                 && name
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"_-$@:".contains(&b));
-            ok.then(|| Box::from(name))
-                .ok_or_else(|| format!("{name:?} is not a name (letters, digits, _ - $ @ :)"))
+            ok.then(|| Box::from(name)).ok_or_else(|| DimError::Name {
+                name: name.to_owned(),
+            })
         };
         Some(match kind {
             "header" => header(name).map(ValueDim::Header),
@@ -640,9 +660,24 @@ mod tests {
         assert_eq!(dim("body.model").to_string(), "body.model");
         assert!(ValueDim::parse("tenant").is_none());
         assert!(ValueDim::parse("cookie.x").is_none());
-        assert!(ValueDim::parse("header.bad name").unwrap().is_err());
-        assert!(ValueDim::parse("body.a..b").unwrap().is_err());
-        assert!(ValueDim::parse("path.").unwrap().is_err());
+        assert_eq!(
+            ValueDim::parse("header.bad name"),
+            Some(Err(DimError::HeaderName {
+                name: "bad name".into()
+            }))
+        );
+        assert_eq!(
+            ValueDim::parse("body.a..b"),
+            Some(Err(DimError::Name { name: "".into() }))
+        );
+        assert_eq!(
+            ValueDim::parse("path."),
+            Some(Err(DimError::Name { name: "".into() }))
+        );
+        assert_eq!(
+            DimError::Name { name: "".into() }.to_string(),
+            "\"\" is not a name (letters, digits, _ - $ @ :)"
+        );
     }
 
     #[test]

@@ -446,7 +446,11 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<String> {
             let jwt = &policy.auth.jwt;
             if !jwt.is_empty() && tollgate::identity::jwt::looks_like_jwt(&key) {
                 let caller = jwt
-                    .verify(&key, |name| policy.plan_id(name))
+                    .verify(
+                        &key,
+                        |name| policy.plan_id(name),
+                        tollgate::clock::wall_ms() / 1000,
+                    )
                     .map_err(|f| anyhow::anyhow!("the JWT on stdin is refused ({})", f.reason()))?;
                 (None, Some(Arc::new(caller)))
             } else {
@@ -674,6 +678,7 @@ fn services(policy: &config::Policy, client_log: Arc<ClientLog>) -> anyhow::Resu
         store_keys: Arc::default(),
         tracer,
         usage,
+        wall: Arc::new(tollgate::clock::SystemWall),
     }))
 }
 

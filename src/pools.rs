@@ -37,8 +37,8 @@ use ipnet::IpNet;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use tokio::sync::oneshot;
 
-use crate::config::Priority;
 use crate::config::Upstream;
+use crate::config::{Priority, QueueOrder};
 use crate::metrics::Metrics;
 
 /// One server of a pool and what the health checks think of it.
@@ -154,8 +154,8 @@ struct Permits {
     /// Waiters in the order they are served: by priority, then turn.
     waiters: BTreeMap<Place, Waiter>,
     arrivals: u64,
-    /// `queue.fair: tenant`.
-    fair: bool,
+    /// The order waiters of one priority are served in.
+    order: QueueOrder,
     /// `queue.per_tenant_max`.
     per_tenant_max: Option<u32>,
     /// The tag last served, by priority (fair queueing's virtual time).
@@ -176,7 +176,7 @@ impl Permits {
 
     /// Whether waiters are counted by tenant.
     fn by_tenant(&self) -> bool {
-        self.fair || self.per_tenant_max.is_some()
+        self.order == QueueOrder::FairByTenant || self.per_tenant_max.is_some()
     }
 
     /// Queues a waiter of `priority` for `party`; `None` when the party
@@ -196,7 +196,7 @@ impl Permits {
                 return None;
             }
             turns.waiting += 1;
-            if self.fair {
+            if self.order == QueueOrder::FairByTenant {
                 turn = turns.last[priority as usize].max(served) + 1;
                 turns.last[priority as usize] = turn;
             }
@@ -345,7 +345,7 @@ impl Pool {
                 in_flight: 0,
                 waiters: BTreeMap::new(),
                 arrivals: 0,
-                fair: def.queue_fair,
+                order: def.queue_order,
                 per_tenant_max: def.queue_per_tenant_max,
                 served: [0; 3],
                 tenants: HashMap::new(),
@@ -485,7 +485,7 @@ impl Pool {
         permits.size = def.max_in_flight;
         permits.reserved = def.reserved_critical;
         // Waiters keep their places; those queued after take the new rules.
-        permits.fair = def.queue_fair;
+        permits.order = def.queue_order;
         permits.per_tenant_max = def.queue_per_tenant_max;
         permits.hand_off();
     }

@@ -964,16 +964,20 @@ impl ProxyHttp for Gateway {
         }
         if let (Some(tracer), Some(trace)) = (&rt.services.tracer, ctx.facts.telemetry.trace) {
             if trace.sampled {
-                tracer.export(&trace, &spans_of(session, ctx, status));
+                tracer.export(&trace, &spans_of(session, ctx, status, rt.wall()));
             }
         }
     }
 }
 
 /// What a finished request did, for its spans: times read back from the
-/// monotonic clock onto the wall clock's now.
-fn spans_of(session: &Session, ctx: &RequestCtx, status: u16) -> crate::trace::otlp::RequestSpans {
-    let now = crate::clock::wall();
+/// monotonic clock onto the wall clock's `now`.
+fn spans_of(
+    session: &Session,
+    ctx: &RequestCtx,
+    status: u16,
+    now: std::time::SystemTime,
+) -> crate::trace::otlp::RequestSpans {
     let ago = |elapsed: std::time::Duration| now.checked_sub(elapsed).unwrap_or(now);
     let start = ctx.started.map_or(now, |s| ago(s.elapsed()));
     crate::trace::otlp::RequestSpans {
@@ -1019,7 +1023,7 @@ fn usage_record(
         .map(|p| p.name.to_string());
     crate::usage::Record {
         id: crate::usage::record::new_id(),
-        time: access_log::timestamp(crate::clock::wall()),
+        time: access_log::timestamp(rt.wall()),
         instance: ledger.instance().to_owned(),
         tenant: credential.map(|c| c.tenant.to_string()),
         credential: credential.map(|c| c.id.to_string()),
@@ -1082,7 +1086,7 @@ fn access(
         .network(rt.policy.client_ip.ipv6_prefix)
         .map(|net| net.to_string());
     log.log(&Line {
-        time: access_log::timestamp(crate::clock::wall()),
+        time: access_log::timestamp(rt.wall()),
         policy_version: &rt.policy.policy_version,
         method: req.method.as_str(),
         host: host.as_deref(),

@@ -11,6 +11,18 @@ use arc_swap::ArcSwap;
 use crate::config;
 use crate::runtime::{Runtime, Services};
 
+/// Why a reload was rejected; the previous policy stays live.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The policy file does not load: unreadable, malformed or invalid.
+    #[error(transparent)]
+    Policy(#[from] config::ConfigError),
+    /// The TLS certificate and key changed since they were validated, and
+    /// no longer make a pair that can be served.
+    #[error(transparent)]
+    Certificate(#[from] crate::tls::CertError),
+}
+
 /// Reloads the policy file into the live runtime; shared by SIGHUP and the
 /// admin endpoint.
 pub struct Reloader {
@@ -57,7 +69,7 @@ impl Reloader {
 
     /// Loads the file again; returns the new policy version, or the error
     /// that kept the old policy in place.
-    pub fn reload(&self) -> Result<String, String> {
+    pub fn reload(&self) -> Result<String, ReloadError> {
         let _one_at_a_time = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let metrics = &self.services.metrics;
         let policy = match config::load(&self.path) {
@@ -65,7 +77,7 @@ impl Reloader {
             Err(e) => {
                 tracing::error!(error = %e, "policy reload rejected; the previous policy stays live");
                 metrics.config_reloads.with_label_values(&["error"]).inc();
-                return Err(e.to_string());
+                return Err(e.into());
             }
         };
         if let (Some(tls), Some(cert)) = (&policy.server.tls, &self.services.certificate) {
@@ -73,7 +85,7 @@ impl Reloader {
             if let Err(e) = cert.reload(&tls.cert_file, &tls.key_file) {
                 tracing::error!(error = %e, "policy reload rejected; the previous certificate stays");
                 metrics.config_reloads.with_label_values(&["error"]).inc();
-                return Err(e);
+                return Err(e.into());
             }
         }
         let old = self.live.load_full();

@@ -302,7 +302,7 @@ impl RateHeaders {
             .iter()
             .zip(verdicts)
             // Concurrency limits count requests in flight, not a rate.
-            .filter(|(c, _)| c.enforce && c.hold.is_none())
+            .filter(|(c, _)| c.enforced() && c.hold.is_none())
             .min_by_key(|(c, v)| {
                 (v.remaining as u128 * 1_000_000) / c.params.quota().max(1) as u128
             })?;

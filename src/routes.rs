@@ -229,9 +229,17 @@ pub enum HostPattern {
     Subdomains(String),
 }
 
+/// Why a host pattern was rejected: not a host name, nor `*.` before one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a host name (letters, digits, - and ., or *. before them; no port)")]
+pub struct HostError {
+    /// The pattern as given.
+    pub text: String,
+}
+
 impl HostPattern {
     /// Parses `api.example.com` or `*.example.com`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, HostError> {
         let lower = text.to_ascii_lowercase();
         let (wild, name) = match lower.strip_prefix("*.") {
             Some(rest) => (true, rest),
@@ -247,9 +255,9 @@ impl HostPattern {
                         .all(|b| b.is_ascii_alphanumeric() || b == b'-')
             });
         if !valid {
-            return Err(format!(
-                "{text:?} is not a host name (letters, digits, - and ., or *. before them; no port)"
-            ));
+            return Err(HostError {
+                text: text.to_owned(),
+            });
         }
         Ok(if wild {
             HostPattern::Subdomains(format!(".{name}"))

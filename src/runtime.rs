@@ -45,6 +45,8 @@ pub struct Services {
     pub tracer: Option<&'static crate::trace::otlp::Exporter>,
     /// The usage ledger, when `usage` is set (at start).
     pub usage: Option<Arc<crate::usage::Ledger>>,
+    /// The wall clock requests and operators' changes are timed by.
+    pub wall: Arc<dyn crate::clock::WallClock>,
 }
 
 /// Reload generations: each runtime's is new, so what was resolved against
@@ -103,7 +105,7 @@ impl Runtime {
             policy.routes.iter().map(|r| r.name.clone()).collect(),
             policy.limits.iter().map(|l| l.name.clone()).collect(),
         );
-        for limit in policy.limits.iter().filter(|l| l.lease.is_some()) {
+        for limit in policy.limits.iter().filter(|l| l.sync.lease().is_some()) {
             metrics.export_lease(&limit.name);
         }
         for limit in policy.limits.iter().filter(|l| l.params.is_concurrency()) {
@@ -117,6 +119,16 @@ impl Runtime {
             metrics,
             dropped: AfterDrop::default(),
         }
+    }
+
+    /// The wall clock now, in ms since the epoch.
+    pub fn wall_ms(&self) -> u64 {
+        self.services.wall.wall_ms()
+    }
+
+    /// The wall clock now, for timestamps.
+    pub fn wall(&self) -> std::time::SystemTime {
+        self.services.wall.wall()
     }
 
     /// The override of `tenant` in force at `now_ms` (wall clock),

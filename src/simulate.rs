@@ -485,7 +485,7 @@ impl Simulation {
         };
         let charges = plan.charges;
         for (c, v) in charges.iter().zip(&verdicts) {
-            if !v.allowed && c.enforce {
+            if !v.allowed && c.enforced() {
                 *self
                     .limit_minutes
                     .entry(c.name.to_string())
@@ -493,7 +493,7 @@ impl Simulation {
                     .entry(minute)
                     .or_default() += 1;
             }
-            let limit = match (v.allowed, c.enforce) {
+            let limit = match (v.allowed, c.enforced()) {
                 (true, _) => Outcome::Admitted,
                 (false, true) => Outcome::Refused,
                 (false, false) => Outcome::Flagged,
@@ -506,7 +506,7 @@ impl Simulation {
         let flagged = charges
             .iter()
             .zip(&verdicts)
-            .any(|(c, v)| !c.enforce && !v.allowed);
+            .any(|(c, v)| !c.enforced() && !v.allowed);
         let whole = match outcome {
             Outcome::Admitted if flagged => Outcome::Flagged,
             other => other,

@@ -4,11 +4,11 @@
 //! (integration tests and benches), never into the gateway.
 //!
 //! A charge that differs from the defaults in a field or two is written with
-//! struct update syntax: `Charge { enforce: false, ..charge(..) }`.
+//! struct update syntax: `Charge { mode: Mode::Shadow, ..charge(..) }`.
 
 use crate::config::OnStoreError;
 use crate::limits::algorithm::{Bucket, Params, Window};
-use crate::limits::{Charge, Group, Op};
+use crate::limits::{Charge, Group, Mode, Op, SyncMode};
 
 /// A bucket of `capacity` whole tokens refilling `per_second` whole tokens a
 /// second.
@@ -38,21 +38,20 @@ pub fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
         key: key.into(),
         tenant: None,
         cost,
-        enforce: true,
+        mode: Mode::Enforce,
         group: Group::Request,
-        local: false,
+        sync: SyncMode::Exact,
         on_store_error: OnStoreError::Closed,
-        lease: None,
         op: Op::DECIDE,
         hold: None,
     }
 }
 
-/// The same [`charge`] decided in this process (`local: true`), as the
-/// memory store's limits are.
+/// The same [`charge`] decided in this process (`SyncMode::Local`), as
+/// the memory store's limits are.
 pub fn local_charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
     Charge {
-        local: true,
+        sync: SyncMode::Local,
         ..charge(name, key, params, cost)
     }
 }

@@ -21,7 +21,7 @@ use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::cluster::ClusterStore;
 use tollgate::limits::redis::{Bounds, RedisStore};
-use tollgate::limits::{Charge, Gate, Group, LimitStore, Op, Verdict};
+use tollgate::limits::{Charge, Gate, Group, LimitStore, Mode, OnLimit, Op, Verdict};
 use tollgate::testing::{bucket_params as bucket, charge, window};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -510,7 +510,7 @@ fn steps(limits: usize) -> impl Strategy<Value = Vec<Step>> {
                     // A lease's take: as many of these units as fit.
                     3 => (1u64..40).prop_map(|units| Op::Take { units }),
                     // `on_limit: delay`: the longest wait.
-                    3 => (1u64..3_000).prop_map(|max_delay_ms| Op::Decide { max_delay_ms }),
+                    3 => (1u64..3_000).prop_map(|max_ms| Op::Decide { on_limit: OnLimit::Delay { max_ms } }),
                     // A cost learnt after the response, into a debt
                     // bound of its own.
                     1 => (0u64..30).prop_map(|max_debt| Op::Force { max_debt }),
@@ -590,7 +590,7 @@ fn lua_and_rust_agree_on_random_sequences() {
                                 };
                                 let key = format!("case{id}-l{i}");
                                 let mut c = charge(&format!("l{i}"), &key, params, cost);
-                                c.enforce = enforce;
+                                c.mode = if enforce { Mode::Enforce } else { Mode::Shadow };
                                 c.group = group;
                                 c.op = op;
                                 if params.is_concurrency() {
@@ -732,7 +732,7 @@ fn lua_and_rust_agree_on_refunds() {
                         let (params, _, enforce) = limits[i];
                         let mut c =
                             charge(&format!("l{i}"), &format!("refund{id}-l{i}"), params, cost);
-                        c.enforce = enforce;
+                        c.mode = if enforce { Mode::Enforce } else { Mode::Shadow };
                         c.group = group;
                         c
                     })
@@ -1149,7 +1149,9 @@ fn forced_charges_and_delays_agree_in_lua_and_rust() {
     let redis = store(&server, &clock);
     for p in [bucket(10, 10), Params::Gcra(Bucket::per_second(10, 10))] {
         let c = Charge {
-            op: Op::Decide { max_delay_ms: 500 },
+            op: Op::Decide {
+                on_limit: OnLimit::Delay { max_ms: 500 },
+            },
             ..charge("d", &format!("delay-{p:?}"), p, 1)
         };
         let mut delays = Vec::new();
@@ -1185,7 +1187,7 @@ fn a_forced_charge_never_lifts_a_deeper_debt() {
         // of debt, deeper than a forced charge may go.
         let delayed = Charge {
             op: Op::Decide {
-                max_delay_ms: 10_000,
+                on_limit: OnLimit::Delay { max_ms: 10_000 },
             },
             ..charge("d", &key, p, 1)
         };

@@ -10,7 +10,7 @@ use super::{access, body, printable, problem, respond, Admin, Change, MAX_REVOCA
 
 /// `GET /admin/revocations`: the revocations in force.
 pub(super) fn list_revocations(rt: &Runtime) -> Response<Vec<u8>> {
-    let active = rt.services.revocations.active(crate::clock::wall_ms());
+    let active = rt.services.revocations.active(rt.wall_ms());
     let body = serde_json::json!({ "revocations": active }).to_string();
     respond(200, "application/json", body.into_bytes())
 }
@@ -55,7 +55,7 @@ impl Admin {
                 &format!("no credential {:?}", r.credential),
             );
         }
-        let now = crate::clock::wall_ms();
+        let now = rt.wall_ms();
         let revocation = crate::identity::revocations::Revocation {
             credential: r.credential.clone(),
             expires_at_ms: now + r.expires_in_s * 1000,
@@ -89,7 +89,7 @@ impl Admin {
         who: &access::Caller,
         credential: &str,
     ) -> Response<Vec<u8>> {
-        let now = crate::clock::wall_ms();
+        let now = rt.wall_ms();
         if !rt.services.revocations.revoked(credential, now) {
             return problem(
                 404,

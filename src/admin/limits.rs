@@ -71,7 +71,7 @@ impl Admin {
         self.audit(
             rt,
             audit::Entry {
-                time: crate::access_log::timestamp(crate::clock::wall()),
+                time: crate::access_log::timestamp(rt.wall()),
                 actor: who.actor(),
                 action,
                 target,
@@ -185,7 +185,7 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
     };
     let (credential, tenant) =
         crate::explain::caller(policy, k.credential.as_deref(), k.tenant.as_deref())
-            .map_err(|id| bad(404, format!("no credential {id:?}")))?;
+            .map_err(|e| bad(404, format!("no credential {:?}", e.id)))?;
     if let Some(route) = &k.route {
         if !policy.routes.iter().any(|r| *r.name == **route) {
             return Err(bad(404, format!("no route {route:?}")));
@@ -206,7 +206,7 @@ fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)
     }
     let tuned = tenant
         .as_ref()
-        .and_then(|t| rt.tenant_override(t, crate::clock::wall_ms()));
+        .and_then(|t| rt.tenant_override(t, rt.wall_ms()));
     let network =
         k.ip.map(|ip| crate::client_ip::key_network(ip, policy.client_ip.ipv6_prefix));
     let caller = crate::admission::Caller::of_tenant(
@@ -258,9 +258,7 @@ pub(super) async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
         }
     }
     let explained = match query.and_then(|q| {
-        crate::explain::resolve(&rt.policy, &q, |t| {
-            rt.tenant_override(t, crate::clock::wall_ms())
-        })
+        crate::explain::resolve(&rt.policy, &q, |t| rt.tenant_override(t, rt.wall_ms()))
     }) {
         Ok(e) => e,
         Err(p) => return problem(p.status, p.kind, &p.detail),
@@ -326,7 +324,7 @@ pub(super) async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>
     };
     let tuned = tenant
         .as_ref()
-        .and_then(|t| rt.tenant_override(t, crate::clock::wall_ms()));
+        .and_then(|t| rt.tenant_override(t, rt.wall_ms()));
     let caller =
         crate::admission::Caller::of_tenant(policy, None, None, tenant.as_ref(), tuned.as_deref());
     let named: std::collections::HashMap<String, String> = args

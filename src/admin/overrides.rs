@@ -9,7 +9,7 @@ use super::{access, body, printable, problem, respond, Admin, Change, MAX_REVOCA
 
 /// `GET /admin/overrides`: the overrides in force.
 pub(super) fn list(rt: &Runtime) -> Response<Vec<u8>> {
-    let active = rt.services.overrides.active(crate::clock::wall_ms());
+    let active = rt.services.overrides.active(rt.wall_ms());
     let body = serde_json::json!({ "overrides": active }).to_string();
     respond(200, "application/json", body.into_bytes())
 }
@@ -52,7 +52,7 @@ impl Admin {
                 "an override names a plan, limits, or both",
             );
         }
-        let now = crate::clock::wall_ms();
+        let now = rt.wall_ms();
         let o = crate::identity::overrides::Override {
             tenant: tenant.to_string(),
             plan: put.plan,
@@ -92,7 +92,7 @@ impl Admin {
         who: &access::Caller,
         tenant: &str,
     ) -> Response<Vec<u8>> {
-        let now = crate::clock::wall_ms();
+        let now = rt.wall_ms();
         if !rt
             .services
             .overrides

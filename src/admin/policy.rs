@@ -38,7 +38,7 @@ impl Admin {
         self.audit(
             rt,
             audit::Entry {
-                time: crate::access_log::timestamp(crate::clock::wall()),
+                time: crate::access_log::timestamp(rt.wall()),
                 actor: who.actor(),
                 action: "reload",
                 target: serde_json::json!("policy"),

@@ -38,15 +38,12 @@ impl Admin {
         metrics
             .store_pending
             .set(rt.limiter().store_pending() as i64);
-        metrics.revocations_active.set(
-            rt.services
-                .revocations
-                .active(crate::clock::wall_ms())
-                .len() as i64,
-        );
+        metrics
+            .revocations_active
+            .set(rt.services.revocations.active(rt.wall_ms()).len() as i64);
         metrics
             .overrides_active
-            .set(rt.services.overrides.active(crate::clock::wall_ms()).len() as i64);
+            .set(rt.services.overrides.active(rt.wall_ms()).len() as i64);
         respond(200, "text/plain; version=0.0.4", metrics.render())
     }
 
@@ -74,5 +71,7 @@ fn every_limit_has_a_fallback(rt: &Runtime) -> bool {
         .iter()
         .flat_map(|r| r.pre_auth.iter().chain(&r.request))
         .map(|&id| &policy.limits[id])
-        .all(|l| l.local || l.mode == Mode::Shadow || l.on_store_error != OnStoreError::Closed)
+        .all(|l| {
+            l.sync.is_local() || l.mode == Mode::Shadow || l.on_store_error != OnStoreError::Closed
+        })
 }

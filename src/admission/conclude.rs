@@ -5,7 +5,7 @@
 
 use crate::config::Target;
 use crate::key_values::Refused;
-use crate::limits::{combine, Charge, Decision, Group, Source, Verdict};
+use crate::limits::{combine, Charge, Decision, Group, Source, SyncMode, Verdict};
 use crate::respond::{RateHeaders, Rejection};
 use crate::runtime::Runtime;
 
@@ -79,7 +79,7 @@ pub fn conclude(
                     Source::Store => Some((c.clone(), v.at)),
                     Source::Fallback => Some((
                         Charge {
-                            local: true,
+                            sync: SyncMode::Local,
                             ..crate::limits::plan::fallback_charge(c, how.instances.max(1))
                         },
                         v.at,
@@ -94,7 +94,7 @@ pub fn conclude(
         .charges
         .iter()
         .zip(verdicts)
-        .filter(|(c, _)| c.enforce)
+        .filter(|(c, _)| c.enforced())
         .map(|(_, v)| v.delay_ms)
         .max()
         .unwrap_or(0);

@@ -43,9 +43,14 @@ pub enum Identified {
 /// The caller a request's key names, and the source that knew it (`file`
 /// for the policy's keys and its keys file, `jwt`, `forward` when the
 /// service's answer is cached); else the failure's reason, or the entry to
-/// ask the forward-auth service about. A JWT that fails is refused, never
-/// tried as an API key.
-pub fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
+/// ask the forward-auth service about. A cached answer counts if it is
+/// still fresh at `now`. A JWT that fails is refused, never tried as an
+/// API key.
+pub fn authenticate(
+    rt: &Runtime,
+    headers: &http::HeaderMap,
+    now: tokio::time::Instant,
+) -> Identified {
     let policy = &rt.policy;
     let metrics = rt.all_metrics();
     let Some(key) = auth::presented_key(headers, &policy.auth.header) else {
@@ -75,7 +80,7 @@ pub fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
         match rt
             .services
             .store_keys
-            .cached(&field, rt.generation, plans, taken)
+            .cached(&field, rt.generation, plans, taken, now)
         {
             Some(store_keys::Lookup::Known(c)) => {
                 metrics.auth_lookup(AuthSource::Store.as_str(), "cached");
@@ -90,7 +95,7 @@ pub fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
     if let Some(service) = &policy.auth.forward {
         let entry = service.entry(headers);
         // The store comes first: its answer is not known yet.
-        let cached = pending.store.is_none().then(|| service.cached(&entry));
+        let cached = pending.store.is_none().then(|| service.cached(&entry, now));
         match cached.flatten() {
             Some(forward_auth::Answer::Known(c)) => {
                 metrics.auth_lookup(AuthSource::Forward.as_str(), "cached");
@@ -107,11 +112,17 @@ pub fn authenticate(rt: &Runtime, headers: &http::HeaderMap) -> Identified {
     }
 }
 
-fn verify_jwt(rt: &Runtime, headers: &http::HeaderMap) -> Result<Arc<Credential>, &'static str> {
+/// The caller a JWT names at `now_ms` (wall clock), or the reason it is
+/// refused.
+fn verify_jwt(
+    rt: &Runtime,
+    headers: &http::HeaderMap,
+    now_ms: u64,
+) -> Result<Arc<Credential>, &'static str> {
     let policy = &rt.policy;
     let key = auth::presented_key(headers, &policy.auth.header).ok_or("missing")?;
     let plans = |name: &str| policy.plan_id(name);
-    let verified = policy.auth.jwt.verify(key, plans);
+    let verified = policy.auth.jwt.verify(key, plans, now_ms / 1000);
     let result = if verified.is_ok() { "hit" } else { "miss" };
     rt.all_metrics()
         .auth_lookup(AuthSource::Jwt.as_str(), result);
@@ -165,7 +176,7 @@ async fn identify(
             None => Ok(None),
         };
     };
-    let started = crate::clock::instant();
+    let started = tokio::time::Instant::now();
     let (answer, via) = service.ask(entry, headers).await;
     if via == forward_auth::Via::Call {
         metrics
@@ -189,16 +200,18 @@ async fn identify(
 }
 
 /// Makes the pending lookups of a request whose pre-auth limits admitted
-/// it: the caller they name and its source, `None` for a key none of them
+/// it (a JWT checked at `now_ms`, wall clock): the caller they name and
+/// its source, `None` for a key none of them
 /// knows (counted as `unknown`), or the 503 of sources that could not
 /// answer.
 pub async fn look_up(
     rt: &Runtime,
     pending: Pending,
     headers: &http::HeaderMap,
+    now_ms: u64,
 ) -> Result<Option<(Arc<Credential>, AuthSource)>, Rejection> {
     let identified = if pending.jwt {
-        match verify_jwt(rt, headers) {
+        match verify_jwt(rt, headers, now_ms) {
             Ok(credential) => Some((credential, AuthSource::Jwt)),
             Err(reason) => {
                 rt.all_metrics().auth_failure(reason);

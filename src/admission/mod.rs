@@ -129,8 +129,9 @@ impl Held {
 pub struct Telemetry {
     /// The trace the request belongs to (W3C `traceparent`).
     pub trace: Option<crate::trace::TraceContext>,
-    /// When the decision of its limits began and ended, for its span.
-    pub decided: Option<(std::time::Instant, std::time::Instant)>,
+    /// When the decision of its limits began and ended, for its span (on
+    /// tokio's clock, as every span of the request).
+    pub decided: Option<(tokio::time::Instant, tokio::time::Instant)>,
     /// The store calls that decided it.
     pub store_calls: Vec<crate::trace::CallRef>,
 }
@@ -194,11 +195,13 @@ pub async fn admit<'a>(
         // request the ledger could not record is not admitted.
         facts.held.usage = Some(ledger.slot().ok_or(Rejection::UsageUnavailable)?);
     }
-    // Revocations and overrides hold until a wall-clock expiry: read once.
-    let now = crate::clock::wall_ms();
+    // Revocations and overrides hold until a wall-clock expiry, cached
+    // answers until a monotonic one: each clock is read once.
+    let now = rt.wall_ms();
+    let monotonic = tokio::time::Instant::now();
     let mut lookup = None;
     let verified = if route.auth_required {
-        match identify::authenticate(rt, &req.headers) {
+        match identify::authenticate(rt, &req.headers, monotonic) {
             identify::Identified::Known(c, source) => Some((c, source)),
             identify::Identified::Refused(reason) => {
                 rt.all_metrics().auth_failure(reason);
@@ -237,7 +240,7 @@ pub async fn admit<'a>(
     if let Some(pending) = lookup.filter(|_| conclude::admits(&plan, &verdicts, Group::PreAuth)) {
         // Boxed: a lookup's state (a store or an HTTP call) is ten times
         // the rest of the decision's, and most requests never make one.
-        let found = match Box::pin(identify::look_up(rt, pending, &req.headers)).await {
+        let found = match Box::pin(identify::look_up(rt, pending, &req.headers, now)).await {
             Ok(found) => found,
             Err(rejection) => {
                 record_decisions(rt, &plan.charges, &verdicts);
@@ -353,7 +356,7 @@ pub async fn admit_body(
         }
     }
     let credential = facts.credential.clone();
-    let now = credential.as_ref().map_or(0, |_| crate::clock::wall_ms());
+    let now = credential.as_ref().map_or(0, |_| rt.wall_ms());
     let tuned = credential
         .as_ref()
         .and_then(|c| rt.tenant_override(&c.tenant, now));
@@ -400,7 +403,7 @@ async fn decide(rt: &Runtime, charges: &[Charge], facts: &mut Facts) -> Vec<Verd
     }
     let limiter = rt.limiter();
     let timed = facts.telemetry.trace.is_some_and(|t| t.sampled);
-    let started = timed.then(crate::clock::instant);
+    let started = timed.then(tokio::time::Instant::now);
     let holds = limiter.watch_holds(charges);
     let verdicts = if timed {
         // The store calls that decide it are noted, and exported.
@@ -423,7 +426,7 @@ async fn decide(rt: &Runtime, charges: &[Charge], facts: &mut Facts) -> Vec<Verd
     if let Some(started) = started {
         // From the first call's start to the last one's end.
         let first = facts.telemetry.decided.map_or(started, |(first, _)| first);
-        facts.telemetry.decided = Some((first, crate::clock::instant()));
+        facts.telemetry.decided = Some((first, tokio::time::Instant::now()));
     }
     verdicts
 }
@@ -448,7 +451,7 @@ fn record_decisions(rt: &Runtime, charges: &[Charge], verdicts: &[Verdict]) {
         return;
     }
     for (c, v) in charges.iter().zip(verdicts) {
-        let outcome = match (v.source, v.allowed, c.enforce) {
+        let outcome = match (v.source, v.allowed, c.enforced()) {
             // A shed decision sheds every charge of it (above).
             (Source::Shed(_), ..) => continue,
             (Source::FailOpen, ..) => DecisionOutcome::FailOpen,

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{LimitId, Mode, PlanId, Policy, Route};
+use crate::config::{LimitId, PlanId, Policy, Route};
 use crate::identity::auth::Credential;
 use crate::identity::overrides::Resolved;
 use crate::key_values::{self as values, Refused, RequestView, Used};
@@ -286,13 +286,12 @@ pub fn charge(
         key: who.key(&l.name, l.key),
         tenant: who.tenant.filter(|_| tenant_scoped).cloned(),
         cost: if hold.is_some() { 1 } else { cost },
-        enforce: l.mode == Mode::Enforce,
+        mode: l.mode,
         group,
-        local: l.local,
+        sync: l.sync,
         on_store_error: l.on_store_error,
-        lease: l.lease,
         op: Op::Decide {
-            max_delay_ms: l.max_delay_ms,
+            on_limit: l.on_limit,
         },
         hold,
     }

@@ -385,13 +385,13 @@ fn a_charge_the_local_fallback_made_is_settled_in_its_share() {
     let stored = decided(crate::limits::Source::Store);
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].0.key, plan.charges[0].key);
-    assert!(stored[0].0.local == plan.charges[0].local && stored[0].1 == 7);
+    assert!(stored[0].0.sync == plan.charges[0].sync && stored[0].1 == 7);
     // The local fallback charged it (the store failing): settled where it
     // was, in this process's quarter of the budget.
     let fallback = decided(crate::limits::Source::Fallback);
     assert_eq!(fallback.len(), 1);
     let (charge, at) = &fallback[0];
-    assert!(charge.local && *at == 7);
+    assert!(charge.is_local() && *at == 7);
     assert_eq!(
         charge.key,
         crate::limits::plan::fallback_charge(&plan.charges[0], 4).key

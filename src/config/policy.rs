@@ -38,6 +38,9 @@ pub struct Policy {
     pub server: ServerSettings,
     /// The backend of shared limits and how to call it.
     pub store: StoreSettings,
+    /// What validation found valid but probably unintended, said again
+    /// with [`Policy::warnings`].
+    pub notes: Vec<String>,
     /// How the client IP is resolved behind trusted proxies.
     pub client_ip: ClientIpConfig,
     /// Networks denied or allowed before routing.
@@ -260,19 +263,28 @@ pub struct Limit {
     pub key: KeyDims,
     /// The algorithm and its numbers, before any plan override.
     pub params: Params,
-    /// Decided in this process rather than in the shared store.
-    pub local: bool,
+    /// Where it is decided: in this process, in the shared store, or
+    /// against a lease of the shared budget.
+    pub sync: crate::limits::SyncMode,
     /// What it does while the store fails.
     pub on_store_error: OnStoreError,
     /// Enforced, or only decided and counted (shadow).
     pub mode: Mode,
-    /// `sync: lease`: decided against units taken ahead from the shared
-    /// budget; `None` for one store decision per request.
-    pub lease: Option<crate::limits::LeaseTerms>,
-    /// `on_limit: delay`: the longest wait a request is held for; 0 refuses.
-    pub max_delay_ms: u64,
+    /// What a request whose cost does not fit gets: 429, or a wait.
+    pub on_limit: crate::limits::OnLimit,
     /// The part of its key read from the request (`header.*`, `path.*`, …).
     pub values: crate::key_values::ValueKey,
+}
+
+/// The order a pool's waiters of one priority are served in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum QueueOrder {
+    /// In arrival order (the default).
+    #[default]
+    Arrival,
+    /// In turn between tenants (`queue.fair: tenant`), a request without
+    /// a credential taking its turns as its client's network.
+    FairByTenant,
 }
 
 /// An upstream pool.
@@ -309,9 +321,8 @@ pub struct Upstream {
     pub health: Option<HealthCheck>,
     /// Permits only critical routes may take.
     pub reserved_critical: u32,
-    /// Whether waiters of one priority are served fairly between tenants
-    /// (`queue.fair: tenant`) rather than in arrival order.
-    pub queue_fair: bool,
+    /// The order waiters of one priority are served in.
+    pub queue_order: QueueOrder,
     /// The most waiters one tenant may have in the queue
     /// (`queue.per_tenant_max`).
     pub queue_per_tenant_max: Option<u32>,
@@ -593,15 +604,7 @@ impl Policy {
                  reach it reads the admin API (/admin/top, /admin/explain, /admin/overrides…)"
             ));
         }
-        for limit in self.limits.iter() {
-            if limit.local && limit.lease.is_some() {
-                out.push(format!(
-                    "limit {:?}: sync: lease has no effect on a limit decided in this process \
-                     (store backend memory)",
-                    limit.name
-                ));
-            }
-        }
+        out.extend(self.notes.iter().cloned());
         for route in self.routes.iter() {
             for &id in route.pre_auth.iter().chain(&route.request) {
                 let limit = &self.limits[id];
@@ -632,7 +635,7 @@ impl Policy {
                         ));
                     }
                 }
-                if limit.local || limit.on_store_error != OnStoreError::Local {
+                if limit.sync.is_local() || limit.on_store_error != OnStoreError::Local {
                     continue;
                 }
                 let plans = self.plans.iter().filter_map(|p| p.params_for(id));

@@ -16,7 +16,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::{HeaderMap, HeaderName};
 use lru::LruCache;
@@ -166,9 +168,8 @@ impl ForwardAuth {
         h.finalize().into()
     }
 
-    /// The cached answer for `entry`, if one is fresh.
-    pub fn cached(&self, entry: &Entry) -> Option<Answer> {
-        let now = crate::clock::instant();
+    /// The cached answer for `entry`, if one is still fresh at `now`.
+    pub fn cached(&self, entry: &Entry, now: Instant) -> Option<Answer> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((credential, until)) = cache.known.get(entry) {
             if *until > now {
@@ -188,7 +189,7 @@ impl ForwardAuth {
     /// The service's answer for a request whose entry is `entry`: asked
     /// once however many requests wait for it, and cached.
     pub async fn ask(&self, entry: Entry, headers: &HeaderMap) -> (Answer, Via) {
-        if let Some(answer) = self.cached(&entry) {
+        if let Some(answer) = self.cached(&entry, Instant::now()) {
             return (answer, Via::Cache);
         }
         let (answer, called) = self
@@ -207,7 +208,7 @@ impl ForwardAuth {
             Ok(answer) => answer,
             Err(_) => Answer::Unavailable("no answer within timeout_ms"),
         };
-        let now = crate::clock::instant();
+        let now = Instant::now();
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         match &answer {
             Answer::Known(c) => {
@@ -426,7 +427,7 @@ mod tests {
         let c = Arc::new(Credential::new("fwd:a", "acme", None).unwrap());
         {
             let mut cache = fa.cache.lock().unwrap();
-            let until = crate::clock::instant() + Duration::from_secs(60);
+            let until = Instant::now() + Duration::from_secs(60);
             cache.known.put(known, (c, until));
             for i in 0..5_000u32 {
                 let mut e = [0u8; 32];
@@ -434,7 +435,10 @@ mod tests {
                 cache.unknown.put(e, until);
             }
         }
-        assert!(matches!(fa.cached(&known), Some(Answer::Known(_))));
+        assert!(matches!(
+            fa.cached(&known, Instant::now()),
+            Some(Answer::Known(_))
+        ));
         assert_eq!(fa.cache.lock().unwrap().unknown.len(), 1_000);
     }
 }

@@ -133,6 +133,8 @@ pub struct Issuer {
     tenant_prefix: String,
     credential_claim: String,
     plan_claim: Option<String>,
+    /// Seconds a token's `exp` and `nbf` are stretched by.
+    leeway_s: u64,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -150,27 +152,79 @@ struct Keys {
     current: ArcSwap<HashMap<String, DecodingKey>>,
 }
 
+/// Why a JWKS cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum JwksError {
+    /// A key without a `kid`, which no token could name.
+    #[error("key {index} of the JWKS has no `kid`")]
+    NoKid {
+        /// The key's place in the set, from 0.
+        index: usize,
+    },
+    /// A shared secret (`kty: oct`), which must never verify a caller.
+    #[error("key {kid:?} is a shared secret (`oct`); only public keys verify callers")]
+    SharedSecret {
+        /// The key's `kid`.
+        kid: String,
+    },
+    /// A key that is not a usable public key.
+    #[error("key {kid:?}: {source}")]
+    BadKey {
+        /// The key's `kid`.
+        kid: String,
+        /// Why the key cannot verify.
+        source: jsonwebtoken::errors::Error,
+    },
+    /// Two keys with the same `kid`.
+    #[error("two keys of the JWKS have kid {kid:?}")]
+    DuplicateKid {
+        /// The `kid` given twice.
+        kid: String,
+    },
+    /// A set without keys.
+    #[error("the JWKS holds no key")]
+    Empty,
+}
+
 /// The keys of a JWKS, or why it cannot be used.
-fn parse_keys(jwks: &JwkSet) -> Result<HashMap<String, DecodingKey>, String> {
+fn parse_keys(jwks: &JwkSet) -> Result<HashMap<String, DecodingKey>, JwksError> {
     let mut keys = HashMap::new();
-    for (i, jwk) in jwks.keys.iter().enumerate() {
+    for (index, jwk) in jwks.keys.iter().enumerate() {
         let Some(kid) = &jwk.common.key_id else {
-            return Err(format!("key {i} of the JWKS has no `kid`"));
+            return Err(JwksError::NoKid { index });
         };
         if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)) {
-            return Err(format!(
-                "key {kid:?} is a shared secret (`oct`); only public keys verify callers"
-            ));
+            return Err(JwksError::SharedSecret { kid: kid.clone() });
         }
-        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {kid:?}: {e}"))?;
+        let key = DecodingKey::from_jwk(jwk).map_err(|source| JwksError::BadKey {
+            kid: kid.clone(),
+            source,
+        })?;
         if keys.insert(kid.clone(), key).is_some() {
-            return Err(format!("two keys of the JWKS have kid {kid:?}"));
+            return Err(JwksError::DuplicateKid { kid: kid.clone() });
         }
     }
     if keys.is_empty() {
-        return Err("the JWKS holds no key".into());
+        return Err(JwksError::Empty);
     }
     Ok(keys)
+}
+
+/// Why a fetch of an issuer's JWKS brought no keys.
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    /// The request failed: no connection, a redirect, an error status.
+    #[error(transparent)]
+    Request(Box<ureq::Error>),
+    /// The body could not be read, or is over [`MAX_JWKS_BYTES`].
+    #[error(transparent)]
+    Body(Box<ureq::Error>),
+    /// The body is not a JWKS document.
+    #[error("not a JWKS: {0}")]
+    NotAJwks(serde_json::Error),
+    /// The JWKS has no usable keys.
+    #[error(transparent)]
+    Keys(JwksError),
 }
 
 /// A JWKS fetched by the running gateway.
@@ -208,28 +262,42 @@ impl Remote {
     }
 
     /// One fetch: the keys, or why there are none.
-    fn fetch(&self) -> Result<HashMap<String, DecodingKey>, String> {
+    fn fetch(&self) -> Result<HashMap<String, DecodingKey>, FetchError> {
         self.fetches.fetch_add(1, Ordering::Relaxed);
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(std::time::Duration::from_secs(5)))
             .max_redirects(0)
             .build()
             .into();
-        let mut response = agent.get(&self.url).call().map_err(|e| e.to_string())?;
+        let mut response = agent
+            .get(&self.url)
+            .call()
+            .map_err(|e| FetchError::Request(Box::new(e)))?;
         let body = response
             .body_mut()
             .with_config()
             .limit(MAX_JWKS_BYTES)
             .read_to_vec()
-            .map_err(|e| e.to_string())?;
-        let set: JwkSet = serde_json::from_slice(&body).map_err(|e| format!("not a JWKS: {e}"))?;
-        parse_keys(&set)
+            .map_err(|e| FetchError::Body(Box::new(e)))?;
+        let set: JwkSet = serde_json::from_slice(&body).map_err(FetchError::NotAJwks)?;
+        parse_keys(&set).map_err(FetchError::Keys)
     }
+}
+
+/// Why an issuer cannot verify tokens.
+#[derive(Debug, thiserror::Error)]
+pub enum IssuerError {
+    /// Its JWKS (read with the policy) cannot be used.
+    #[error(transparent)]
+    Keys(#[from] JwksError),
+    /// It lists no algorithm.
+    #[error("needs at least one algorithm")]
+    NoAlgorithm,
 }
 
 impl Issuer {
     /// The issuer, or why its keys cannot be used.
-    pub fn new(s: IssuerSettings) -> Result<Self, String> {
+    pub fn new(s: IssuerSettings) -> Result<Self, IssuerError> {
         let (keys, remote) = match s.jwks {
             Jwks::Set(set) => (parse_keys(&set)?, None),
             Jwks::Url { url, refresh } => {
@@ -248,15 +316,17 @@ impl Issuer {
             current: ArcSwap::from_pointee(keys),
         });
         if s.algorithms.is_empty() {
-            return Err("needs at least one algorithm".into());
+            return Err(IssuerError::NoAlgorithm);
         }
         let validations = s
             .algorithms
             .iter()
             .map(|&alg| {
                 let mut v = Validation::new(alg);
-                v.leeway = s.leeway_s;
-                v.validate_nbf = true;
+                // Time is checked by `verify` against the `now` it is
+                // given, not by the library against the system clock.
+                v.validate_exp = false;
+                v.validate_nbf = false;
                 v.set_issuer(&[&s.issuer]);
                 v.set_audience(&s.audiences);
                 v.set_required_spec_claims(&["exp", "iss", "aud"]);
@@ -273,6 +343,7 @@ impl Issuer {
             tenant_prefix: s.tenant_prefix,
             credential_claim: s.credential_claim,
             plan_claim: s.plan_claim,
+            leeway_s: s.leeway_s,
         })
     }
 }
@@ -361,12 +432,13 @@ impl Issuers {
         self.issuers.is_empty()
     }
 
-    /// The caller a token names, or why it is refused. `plans` names the
-    /// policy's plans.
+    /// The caller a token names at `now_s` (wall clock, seconds since the
+    /// epoch), or why it is refused. `plans` names the policy's plans.
     pub fn verify(
         &self,
         token: &[u8],
         plans: impl Fn(&str) -> Option<PlanId>,
+        now_s: u64,
     ) -> Result<Credential, Failure> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(Failure::BadClaims);
@@ -420,6 +492,7 @@ impl Issuers {
                 | ErrorKind::InvalidRsaKey(_) => Failure::BadSignature,
                 _ => Failure::BadClaims,
             })?;
+        in_time(&data.claims, now_s, issuer.leeway_s)?;
         // Identity claims: printable ASCII (they become header values and
         // log fields), as forward auth's identity headers are.
         let claim = |name: &str| {
@@ -443,6 +516,25 @@ impl Issuers {
         }
         Ok(caller)
     }
+}
+
+/// Whether a token's `exp` and `nbf` (both whole seconds since the epoch)
+/// hold at `now_s`, each stretched by `leeway_s`: `exp` is required, `nbf`
+/// optional. An `exp` passed is `Expired`; a time that is not a whole
+/// number, or an `nbf` still to come, is a bad claim.
+fn in_time(claims: &Value, now_s: u64, leeway_s: u64) -> Result<(), Failure> {
+    let seconds = |name: &str| match claims.get(name) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or(Failure::BadClaims),
+    };
+    let exp = seconds("exp")?.ok_or(Failure::BadClaims)?;
+    if exp.saturating_add(leeway_s) < now_s {
+        return Err(Failure::Expired);
+    }
+    if seconds("nbf")?.is_some_and(|nbf| nbf > now_s.saturating_add(leeway_s)) {
+        return Err(Failure::BadClaims);
+    }
+    Ok(())
 }
 
 /// The claims limits key on, as their keys read them: a string as it is,
@@ -517,15 +609,33 @@ fn names_an_algorithm(token: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Why an issuer may not list an algorithm.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AlgorithmError {
+    /// Not the name of a JWS algorithm (names are case-sensitive; `none`
+    /// is none).
+    #[error("unknown algorithm {name:?}")]
+    Unknown {
+        /// The name as listed.
+        name: String,
+    },
+    /// An HMAC algorithm: a shared secret, never a public key.
+    #[error("{name} is HMAC, a shared secret: tollgate verifies callers with public keys only")]
+    Hmac {
+        /// The name as listed.
+        name: String,
+    },
+}
+
 /// The algorithms an issuer may list: public-key signatures only.
-pub fn algorithm(name: &str) -> Result<Algorithm, String> {
-    let alg: Algorithm = name
-        .parse()
-        .map_err(|_| format!("unknown algorithm {name:?}"))?;
+pub fn algorithm(name: &str) -> Result<Algorithm, AlgorithmError> {
+    let alg: Algorithm = name.parse().map_err(|_| AlgorithmError::Unknown {
+        name: name.to_owned(),
+    })?;
     match alg {
-        Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => Err(format!(
-            "{name} is HMAC, a shared secret: tollgate verifies callers with public keys only"
-        )),
+        Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => Err(AlgorithmError::Hmac {
+            name: name.to_owned(),
+        }),
         _ => Ok(alg),
     }
 }
@@ -555,8 +665,17 @@ mod tests {
     fn hmac_and_unknown_algorithms_cannot_be_listed() {
         assert!(algorithm("RS256").is_ok());
         assert!(algorithm("EdDSA").is_ok());
-        for name in ["HS256", "HS512", "none", "rs256", ""] {
-            assert!(algorithm(name).is_err(), "{name}");
+        for name in ["HS256", "HS512"] {
+            assert!(
+                matches!(algorithm(name), Err(AlgorithmError::Hmac { .. })),
+                "{name}"
+            );
+        }
+        for name in ["none", "rs256", ""] {
+            assert!(
+                matches!(algorithm(name), Err(AlgorithmError::Unknown { .. })),
+                "{name}"
+            );
         }
     }
 
@@ -613,6 +732,50 @@ mod tests {
         assert!(*remote.wanted.lock().unwrap());
     }
 
+    #[test]
+    fn a_token_is_in_time_by_the_now_it_is_given_with_leeway() {
+        let claims = |exp: serde_json::Value, nbf: Option<u64>| {
+            let mut c = serde_json::json!({ "exp": exp });
+            if let Some(nbf) = nbf {
+                c["nbf"] = nbf.into();
+            }
+            c
+        };
+        let now = 1_000;
+        // `exp` passed more than the leeway ago is expired; within it, not.
+        assert_eq!(
+            in_time(&claims(969.into(), None), now, 30),
+            Err(Failure::Expired)
+        );
+        assert_eq!(in_time(&claims(970.into(), None), now, 30), Ok(()));
+        assert_eq!(in_time(&claims(2_000.into(), None), now, 0), Ok(()));
+        // The same token a second later, by the clock it is given.
+        assert_eq!(in_time(&claims(1_000.into(), None), 1_000, 0), Ok(()));
+        assert_eq!(
+            in_time(&claims(1_000.into(), None), 1_001, 0),
+            Err(Failure::Expired)
+        );
+        // `nbf` still to come beyond the leeway is refused.
+        assert_eq!(
+            in_time(&claims(2_000.into(), Some(1_031)), now, 30),
+            Err(Failure::BadClaims)
+        );
+        assert_eq!(in_time(&claims(2_000.into(), Some(1_030)), now, 30), Ok(()));
+        // `exp` is required, and a whole number.
+        assert_eq!(
+            in_time(&serde_json::json!({}), now, 30),
+            Err(Failure::BadClaims)
+        );
+        assert_eq!(
+            in_time(&claims("2000".into(), None), now, 30),
+            Err(Failure::BadClaims)
+        );
+        assert_eq!(
+            in_time(&claims((-1).into(), None), now, 30),
+            Err(Failure::BadClaims)
+        );
+    }
+
     proptest! {
         /// Whatever a client sends, verification answers with a refusal,
         /// never a panic and never a caller.
@@ -622,9 +785,9 @@ mod tests {
             segments in prop::collection::vec("[A-Za-z0-9_-]{0,60}", 3),
         ) {
             let issuers = issuers();
-            prop_assert!(issuers.verify(&bytes, |_| None).is_err());
+            prop_assert!(issuers.verify(&bytes, |_| None, 1_700_000_000).is_err());
             let token = segments.join(".");
-            prop_assert!(issuers.verify(token.as_bytes(), |_| None).is_err());
+            prop_assert!(issuers.verify(token.as_bytes(), |_| None, 1_700_000_000).is_err());
             // A well-formed header and claims, and a signature made up.
             use base64::Engine;
             let b64 = |v: &serde_json::Value| {
@@ -637,7 +800,7 @@ mod tests {
                     "sub": segments[0], "org_id": "t", "exp": u32::MAX })),
                 segments[2]
             );
-            prop_assert!(issuers.verify(forged.as_bytes(), |_| None).is_err());
+            prop_assert!(issuers.verify(forged.as_bytes(), |_| None, 1_700_000_000).is_err());
         }
     }
 }

@@ -18,7 +18,9 @@
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lru::LruCache;
 use serde::{Deserialize, Serialize};
@@ -176,8 +178,8 @@ impl StoreKeys {
         generation: u64,
         plans: impl Fn(&str) -> Option<PlanId>,
         taken: impl Fn(&str) -> bool,
+        now: Instant,
     ) -> Option<Lookup> {
-        let now = crate::clock::instant();
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(known) = cache.known.get_mut(field) {
             if known.generation != generation && taken(&known.credential.id) {
@@ -217,7 +219,7 @@ impl StoreKeys {
         plans: impl Fn(&str) -> Option<PlanId>,
         taken: impl Fn(&str) -> bool,
     ) -> (Result<Lookup, StoreError>, bool) {
-        if let Some(found) = self.cached(field, generation, &plans, &taken) {
+        if let Some(found) = self.cached(field, generation, &plans, &taken, Instant::now()) {
             return (Ok(found), false);
         }
         let (found, called) = self
@@ -228,7 +230,7 @@ impl StoreKeys {
             .await;
         let lookup = match found {
             Found::Known(stored) => self
-                .cached(field, generation, &plans, &taken)
+                .cached(field, generation, &plans, &taken, Instant::now())
                 .ok_or_else(|| StoreError::Reply(format!("credential {:?}", stored.id))),
             Found::Unknown => Ok(Lookup::Unknown),
             Found::Failed(e) => Err(e),
@@ -266,7 +268,7 @@ impl StoreKeys {
             }
             free
         });
-        let now = crate::clock::instant();
+        let now = Instant::now();
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         match stored {
             Some(stored) => {
@@ -601,7 +603,7 @@ mod tests {
         let keys = StoreKeys::new();
         let feed = Feed::default();
         let store: &dyn LimitStore = &feed;
-        let is_cached = |field: &str| keys.cached(field, 0, plans, free).is_some();
+        let is_cached = |field: &str| keys.cached(field, 0, plans, free, Instant::now()).is_some();
         feed.append(1, "other");
         keys.refresh(store).await.unwrap();
         for field in ["a", "b"] {
@@ -638,7 +640,7 @@ mod tests {
             .unwrap();
         let _ = keys.look_up(None, &field, 0, plans, free).await;
         let moved = |name: &str| (name == "pro").then_some(3);
-        let Some(Lookup::Known(c)) = keys.cached(&field, 1, moved, free) else {
+        let Some(Lookup::Known(c)) = keys.cached(&field, 1, moved, free, Instant::now()) else {
             panic!("not cached")
         };
         assert_eq!(c.plan, Some(3));

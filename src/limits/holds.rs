@@ -65,7 +65,7 @@ impl Live {
     fn maybe_shared(&self) -> bool {
         match self.place {
             Place::Shared => true,
-            Place::Deciding => !self.charge.local,
+            Place::Deciding => !self.charge.is_local(),
             Place::Local => false,
         }
     }
@@ -267,7 +267,7 @@ impl Holds {
             .zip(verdicts)
             .filter(|(c, v)| {
                 c.hold.is_some()
-                    && !c.local
+                    && !c.is_local()
                     && matches!(
                         v.source,
                         Source::FailOpen | Source::FailClosed | Source::Fallback
@@ -285,7 +285,7 @@ impl Holds {
             let Some(id) = c.hold else { continue };
             let place = match v.source {
                 _ if !(v.allowed && charged.admits(c.group)) => None,
-                Source::Store if c.local => Some(Place::Local),
+                Source::Store if c.is_local() => Some(Place::Local),
                 Source::Store => Some(Place::Shared),
                 Source::Fallback => Some(Place::Local),
                 Source::FailOpen | Source::FailClosed | Source::Shed(_) => None,
@@ -329,7 +329,7 @@ impl Holds {
                 }
                 // Its decision was dropped: the hold may have been taken,
                 // here at once, in the store by a call still to land.
-                Place::Deciding if held.charge.local => (self.release_local)(&held.charge),
+                Place::Deciding if held.charge.is_local() => (self.release_local)(&held.charge),
                 Place::Deciding => shared.push(Release {
                     until: now + self.late_by + hold_ttl(&held.charge),
                     charge: held.charge,

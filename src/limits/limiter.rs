@@ -44,6 +44,21 @@ pub struct Shared {
     pub instances: u32,
 }
 
+/// Why an operator's read or change of a limit's key (peek, reset,
+/// credit) failed for a shared limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyStateError {
+    /// The limit is shared, but this gateway runs without a shared store.
+    #[error("no shared store")]
+    NoSharedStore,
+    /// The store answered for fewer charges than it was asked about.
+    #[error("no answer")]
+    NoAnswer,
+    /// The store could not answer.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// Decides requests' charges: local ones in `local`, shared ones through
 /// `shared`'s store, the breaker timed by `C`.
 pub struct Limiter<C: Clock = MonotonicClock> {
@@ -145,12 +160,12 @@ impl<C: Clock> Limiter<C> {
         let Some(shared) = &self.shared else {
             return self.local.decide_now(charges, Gate::Open).0;
         };
-        if charges.iter().all(|c| c.local) {
+        if charges.iter().all(|c| c.is_local()) {
             return self.local.decide_now(charges, Gate::Open).0;
         }
         // A take in flight for a leased key this request cannot pay for
         // from what is held: its landing decides this request too.
-        for c in charges.iter().filter(|c| c.lease.is_some() && !c.local) {
+        for c in charges.iter().filter(|c| c.lease().is_some()) {
             if let Some(landing) = self.leases.landing(c) {
                 let _ = tokio::time::timeout(shared.timeout, landing).await;
             }
@@ -162,7 +177,7 @@ impl<C: Clock> Limiter<C> {
         let mut held: Vec<Option<(Verdict, Option<Token>)>> = vec![None; charges.len()];
         let mut takes: Vec<(usize, Charge, u64)> = Vec::new();
         for (i, c) in charges.iter().enumerate() {
-            let Some(terms) = c.lease.filter(|_| !c.local) else {
+            let Some(terms) = c.lease() else {
                 continue;
             };
             match self.leases.spend(c, terms, now) {
@@ -494,7 +509,7 @@ impl<C: Clock> Limiter<C> {
             return 0;
         }
         let settle = settlement(charged, delta, debt);
-        let (local, shared): (Vec<_>, Vec<_>) = settle.iter().partition(|(c, _)| c.local);
+        let (local, shared): (Vec<_>, Vec<_>) = settle.iter().partition(|(c, _)| c.is_local());
         if delta > 0 {
             let mut verdicts = Vec::new();
             let local: Vec<&Charge> = local.iter().map(|(c, _)| c).collect();
@@ -559,33 +574,31 @@ impl<C: Clock> Limiter<C> {
     /// and what leases hold as this instance sees them, shared ones read
     /// from the store (`Err` with why when it cannot answer). With each,
     /// the units this instance holds under a lease of its key.
-    pub async fn peek(&self, charges: &[Charge]) -> Vec<(Result<Verdict, String>, u64)> {
+    pub async fn peek(&self, charges: &[Charge]) -> Vec<(Result<Verdict, KeyStateError>, u64)> {
         let held = |c: &Charge| {
-            if c.lease.is_some() {
+            if c.lease().is_some() {
                 self.leases.held_for(&c.key)
             } else {
                 0
             }
         };
-        let shared: Vec<&Charge> = charges.iter().filter(|c| !c.local).collect();
+        let shared: Vec<&Charge> = charges.iter().filter(|c| !c.is_local()).collect();
         let mut remote = match (&self.shared, shared.is_empty()) {
             (_, true) => Vec::new(),
-            (None, false) => vec![Err("no shared store".to_string()); shared.len()],
+            (None, false) => vec![Err(KeyStateError::NoSharedStore); shared.len()],
             (Some(s), false) => match s.store.peek(&shared).await {
                 Ok(v) => v.into_iter().map(Ok).collect(),
-                Err(e) => vec![Err(e.to_string()); shared.len()],
+                Err(e) => vec![Err(KeyStateError::Store(e)); shared.len()],
             },
         }
         .into_iter();
         charges
             .iter()
             .map(|c| {
-                let verdict = if c.local {
+                let verdict = if c.is_local() {
                     Ok(self.local.peek_now(std::slice::from_ref(c))[0])
                 } else {
-                    remote
-                        .next()
-                        .unwrap_or_else(|| Err("no answer".to_string()))
+                    remote.next().unwrap_or(Err(KeyStateError::NoAnswer))
                 };
                 (verdict, held(c))
             })
@@ -594,30 +607,32 @@ impl<C: Clock> Limiter<C> {
 
     /// Starts each charge's key afresh, where it lives (an operator's
     /// reset). Units leases hold stay held until they go back.
-    pub async fn reset(&self, charges: &[Charge]) -> Result<(), String> {
-        let (local, shared): (Vec<&Charge>, Vec<&Charge>) = charges.iter().partition(|c| c.local);
+    pub async fn reset(&self, charges: &[Charge]) -> Result<(), KeyStateError> {
+        let (local, shared): (Vec<&Charge>, Vec<&Charge>) =
+            charges.iter().partition(|c| c.is_local());
         self.local.reset_now(&local);
         match (&self.shared, shared.is_empty()) {
             (_, true) => Ok(()),
-            (None, false) => Err("no shared store".into()),
-            (Some(s), false) => s.store.reset(&shared).await.map_err(|e| e.to_string()),
+            (None, false) => Err(KeyStateError::NoSharedStore),
+            (Some(s), false) => s.store.reset(&shared).await.map_err(KeyStateError::Store),
         }
     }
 
     /// Gives each charge's cost back to its key now, where it lives (an
     /// operator's credit).
-    pub async fn credit(&self, charges: &[Charge]) -> Result<(), String> {
-        let (local, shared): (Vec<&Charge>, Vec<&Charge>) = charges.iter().partition(|c| c.local);
+    pub async fn credit(&self, charges: &[Charge]) -> Result<(), KeyStateError> {
+        let (local, shared): (Vec<&Charge>, Vec<&Charge>) =
+            charges.iter().partition(|c| c.is_local());
         self.local.credit_now(&local);
         match (&self.shared, shared.is_empty()) {
             (_, true) => Ok(()),
-            (None, false) => Err("no shared store".into()),
+            (None, false) => Err(KeyStateError::NoSharedStore),
             (Some(s), false) => s
                 .store
                 .credit(&shared)
                 .await
                 .map(drop)
-                .map_err(|e| e.to_string()),
+                .map_err(KeyStateError::Store),
         }
     }
 

@@ -64,6 +64,67 @@ pub enum Mode {
     Shadow,
 }
 
+/// Where a limit's decisions are made: one of three, so that a limit can
+/// never be both decided in this process and leased from the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// In this process alone (`store: local`, or the memory store), or by
+    /// the local fallback while the store fails.
+    Local,
+    /// In the shared store, each decision a store call (`sync: exact`).
+    Exact,
+    /// Against units this instance took from the shared budget ahead of
+    /// time, instead of one store call per request (`sync: lease`).
+    Lease(LeaseTerms),
+}
+
+impl SyncMode {
+    /// Whether it is decided in this process.
+    pub fn is_local(self) -> bool {
+        self == SyncMode::Local
+    }
+
+    /// The lease's terms, for `sync: lease`.
+    pub fn lease(self) -> Option<LeaseTerms> {
+        match self {
+            SyncMode::Lease(terms) => Some(terms),
+            _ => None,
+        }
+    }
+}
+
+/// What a limit does with a request whose cost does not fit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnLimit {
+    /// Refuses it at once (429).
+    #[default]
+    Reject,
+    /// Admits it after a wait, when the cost fits within `max_ms`
+    /// (`on_limit: delay`), charged now for the instant it fits.
+    Delay {
+        /// The longest wait a request is held for.
+        max_ms: u64,
+    },
+}
+
+impl OnLimit {
+    /// A wait of at most `max_ms`, or (for 0) none.
+    pub fn delay_up_to(max_ms: u64) -> Self {
+        match max_ms {
+            0 => OnLimit::Reject,
+            max_ms => OnLimit::Delay { max_ms },
+        }
+    }
+
+    /// The longest wait a cost may be admitted after (0: none).
+    pub fn max_delay_ms(self) -> u64 {
+        match self {
+            OnLimit::Reject => 0,
+            OnLimit::Delay { max_ms } => max_ms,
+        }
+    }
+}
+
 /// The order in which a request's limits are decided and charged: a group
 /// is charged only if every enforced limit of it and of the groups before
 /// it admits.
@@ -128,18 +189,16 @@ pub struct Charge {
     pub tenant: Option<Arc<str>>,
     /// What the request spends, in whole units.
     pub cost: u64,
-    /// `false` for shadow limits: decided and counted, never denying.
-    pub enforce: bool,
+    /// Enforced, or (shadow) decided and counted, never denying.
+    pub mode: Mode,
     /// Decision order: a group is charged only if every enforced limit of
     /// it and of the groups before it admits.
     pub group: Group,
-    /// Decided in this process rather than in the shared store.
-    pub local: bool,
+    /// Where it is decided: in this process, in the shared store, or
+    /// against a lease of the shared budget.
+    pub sync: SyncMode,
     /// What a shared limit does while the store is failing.
     pub on_store_error: OnStoreError,
-    /// `sync: lease`: decided against units this instance took from the
-    /// shared budget ahead of time, instead of one store call per request.
-    pub lease: Option<LeaseTerms>,
     /// What the charge does to its limit.
     pub op: Op,
     /// The request's hold on a concurrency limit: taken when the charge
@@ -148,17 +207,33 @@ pub struct Charge {
     pub hold: Option<HoldId>,
 }
 
+impl Charge {
+    /// Whether a denial of it refuses the request (not a shadow limit).
+    pub fn enforced(&self) -> bool {
+        self.mode == Mode::Enforce
+    }
+
+    /// Whether it is decided in this process.
+    pub fn is_local(&self) -> bool {
+        self.sync.is_local()
+    }
+
+    /// The terms it is leased on, for `sync: lease`.
+    pub fn lease(&self) -> Option<LeaseTerms> {
+        self.sync.lease()
+    }
+}
+
 /// What a charge does to its limit: each meaning with only what it needs,
 /// so that no charge can both delay and take, or be forced and delayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
-    /// Decided with the request's other charges, all-or-nothing. With
-    /// `max_delay_ms` (`on_limit: delay`), a cost that fits within that
-    /// many ms is admitted after that wait, charged now for the instant it
-    /// fits; 0 refuses at once.
+    /// Decided with the request's other charges, all-or-nothing; a cost
+    /// that does not fit is refused, or admitted after a wait
+    /// ([`OnLimit`]).
     Decide {
-        /// The longest wait a cost may be admitted after.
-        max_delay_ms: u64,
+        /// What a cost that does not fit gets.
+        on_limit: OnLimit,
     },
     /// Decided as [`Op::Decide`] without delay, then up to `units` more
     /// taken, as many as fit: a lease's take or renewal.
@@ -179,7 +254,9 @@ pub enum Op {
 
 impl Op {
     /// A plain decision, refused at once when the cost does not fit.
-    pub const DECIDE: Op = Op::Decide { max_delay_ms: 0 };
+    pub const DECIDE: Op = Op::Decide {
+        on_limit: OnLimit::Reject,
+    };
 
     /// Units to take beyond the cost (0 but for [`Op::Take`]).
     pub fn units(self) -> u64 {
@@ -193,7 +270,7 @@ impl Op {
     /// delaying [`Op::Decide`]).
     pub fn max_delay_ms(self) -> u64 {
         match self {
-            Op::Decide { max_delay_ms } => max_delay_ms,
+            Op::Decide { on_limit } => on_limit.max_delay_ms(),
             _ => 0,
         }
     }
@@ -608,7 +685,7 @@ pub fn gate<'a>(
     charges
         .into_iter()
         .enumerate()
-        .filter(|(i, c)| c.enforce && !allowed(*i))
+        .filter(|(i, c)| c.enforced() && !allowed(*i))
         .map(|(_, c)| Gate::At(c.group))
         .fold(blocked_from, Gate::min)
 }
@@ -692,7 +769,7 @@ pub fn combine(charges: &[Charge], verdicts: &[Verdict], group: Group) -> Decisi
         if let Source::Shed(why) = v.source {
             return Decision::Shed(why);
         }
-        if !c.enforce || v.allowed {
+        if !c.enforced() || v.allowed {
             continue;
         }
         if v.source == Source::FailClosed {
@@ -740,7 +817,7 @@ mod tests {
             ..charge("ip", "a", bucket_params(1, 1), 1)
         };
         let shadow = Charge {
-            enforce: false,
+            mode: Mode::Shadow,
             group: Group::PreAuth,
             ..charge("shadow", "b", bucket_params(1, 1), 1)
         };

@@ -16,7 +16,7 @@
 //! what settles a cost learnt after the response ([`settlement`]).
 
 use super::algorithm::Params;
-use super::{gate, undone, Charge, Gate, OnStoreError, Op, Source, Verdict};
+use super::{gate, undone, Charge, Gate, OnStoreError, Op, Source, SyncMode, Verdict};
 
 /// Where each of a decision's charges is decided: spent from (or refused
 /// by) a lease this instance holds, in this process, or in the store.
@@ -36,7 +36,7 @@ impl Split {
     pub fn new(charges: &[Charge], held: impl Fn(usize) -> bool) -> Self {
         let mut split = Self::default();
         for (i, c) in charges.iter().enumerate() {
-            match (held(i), c.local) {
+            match (held(i), c.is_local()) {
                 (true, _) => split.held.push(i),
                 (false, true) => split.local.push(i),
                 (false, false) => split.remote.push(i),
@@ -74,7 +74,7 @@ impl Fallback {
             if fixed[i].is_some() {
                 continue;
             }
-            match (c.local, c.on_store_error) {
+            match (c.is_local(), c.on_store_error) {
                 (true, _) => run.push((i, c.clone())),
                 (false, OnStoreError::Local) => run.push((i, fallback_charge(c, instances))),
                 (false, OnStoreError::Open) => {
@@ -82,7 +82,7 @@ impl Fallback {
                 }
                 (false, OnStoreError::Closed) => {
                     fixed[i] = Some(Verdict::undecided(false, Source::FailClosed));
-                    if c.enforce {
+                    if c.enforced() {
                         blocked = blocked.min(Gate::At(c.group));
                     }
                 }
@@ -106,7 +106,7 @@ impl Fallback {
     pub fn conclude(self, charges: &[Charge], decided: Vec<Verdict>) -> Vec<Verdict> {
         let mut verdicts = self.fixed;
         for ((i, _), mut v) in self.run.iter().zip(decided) {
-            if !charges[*i].local {
+            if !charges[*i].is_local() {
                 v.source = Source::Fallback;
             }
             verdicts[*i] = Some(v);
@@ -167,7 +167,13 @@ pub fn settlement(charged: &[(Charge, u64)], delta: i64, debt: DebtBound) -> Vec
                 } else {
                     Op::DECIDE
                 },
-                lease: None,
+                // A lease's units are taken ahead, not settled: what a
+                // leased limit owes is settled in the store.
+                sync: if c.is_local() {
+                    SyncMode::Local
+                } else {
+                    SyncMode::Exact
+                },
                 ..c.clone()
             };
             (c, *at)
@@ -350,7 +356,7 @@ mod tests {
     #[test]
     fn shadow_limits_gate_nothing_and_forced_charges_stay() {
         let mut owned = charges();
-        owned[2].enforce = false;
+        owned[2].mode = crate::limits::Mode::Shadow;
         owned[3].op = crate::limits::Op::Force { max_debt: 1 };
         let c: Vec<&Charge> = owned.iter().collect();
         let parts = [
@@ -370,7 +376,7 @@ mod tests {
     #[test]
     fn each_charge_is_decided_by_one_part() {
         let mut owned = charges();
-        owned[1].local = true;
+        owned[1].sync = SyncMode::Local;
         let split = Split::new(&owned, |i| i == 2);
         assert_eq!(split.held, vec![2]);
         assert_eq!(split.local, vec![1]);
@@ -384,7 +390,7 @@ mod tests {
         // a local limit.
         owned[0].on_store_error = OnStoreError::Local;
         owned[1].on_store_error = OnStoreError::Open;
-        owned[3].local = true;
+        owned[3].sync = SyncMode::Local;
         let plan = Fallback::new(&owned, &[None; 4], 4);
         assert_eq!(
             plan.fixed[1].map(|v| (v.allowed, v.source)),
@@ -456,7 +462,7 @@ mod tests {
         let forced = Op::Force { max_debt: 1 };
         assert!(more
             .iter()
-            .all(|(c, _)| c.cost == 7 && c.op == forced && c.lease.is_none()));
+            .all(|(c, _)| c.cost == 7 && c.op == forced && c.lease().is_none()));
         let deep = DebtBound {
             explicit: None,
             default: 90,

@@ -21,7 +21,7 @@ fn upstream(servers: &[&str], max_in_flight: u32, max_waiting: u32, wait_ms: u64
         protocol: crate::config::UpstreamProtocol::Http1,
         health: None,
         reserved_critical: 0,
-        queue_fair: false,
+        queue_order: QueueOrder::Arrival,
         queue_per_tenant_max: None,
     }
 }
@@ -178,7 +178,7 @@ async fn waiters_are_served_by_priority_and_the_lowest_is_displaced() {
 async fn the_reserved_share_goes_only_to_critical_routes() {
     let def = Upstream {
         reserved_critical: 1,
-        queue_fair: false,
+        queue_order: QueueOrder::Arrival,
         queue_per_tenant_max: None,
         ..upstream(&["127.0.0.1:1"], 3, 0, 0)
     };
@@ -205,7 +205,7 @@ async fn the_reserved_share_goes_only_to_critical_routes() {
 async fn a_freed_reserved_permit_waits_for_a_critical_route() {
     let def = Upstream {
         reserved_critical: 1,
-        queue_fair: false,
+        queue_order: QueueOrder::Arrival,
         queue_per_tenant_max: None,
         ..upstream(&["127.0.0.1:1"], 2, 4, 60_000)
     };
@@ -237,7 +237,11 @@ async fn a_freed_reserved_permit_waits_for_a_critical_route() {
 /// tenants or not, with at most `per_tenant` waiters a tenant.
 fn queue(fair: bool, per_tenant: Option<u32>) -> (Arc<Pool>, Arc<Metrics>) {
     let mut def = upstream(&["127.0.0.1:1"], 1, 100, 10_000);
-    def.queue_fair = fair;
+    def.queue_order = if fair {
+        QueueOrder::FairByTenant
+    } else {
+        QueueOrder::Arrival
+    };
     def.queue_per_tenant_max = per_tenant;
     pool(&def)
 }

@@ -355,12 +355,38 @@ impl Sink {
     }
 
     /// Ships `lines`; the number the sink already had.
-    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, String> {
+    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, ShipError> {
         match self {
             Sink::Redis(r) => r.ship(lines),
             Sink::Http(h) => h.ship(lines),
         }
     }
+}
+
+/// Why a sink did not take a batch (it is tried again).
+#[derive(Debug, thiserror::Error)]
+enum ShipError {
+    /// No connection to the Redis stream's server could be made.
+    #[error(transparent)]
+    Connect(Box<redis::RedisError>),
+    /// A line of the spool holds no record id.
+    #[error("a spool record without an id")]
+    NoId,
+    /// The append script failed (the connection is made again).
+    #[error(transparent)]
+    Append(Box<redis::RedisError>),
+    /// A line of the spool is not a record a CloudEvent can be made of.
+    #[error(transparent)]
+    Event(serde_json::Error),
+    /// The batch could not be sent to the HTTP sink, or no answer came.
+    #[error(transparent)]
+    Send(Box<ureq::Error>),
+    /// The HTTP sink answered with a status other than 2xx.
+    #[error("the sink answered {status}")]
+    Status {
+        /// The status it answered.
+        status: http::StatusCode,
+    },
 }
 
 /// Appends each record to the stream once: the script sets the id's key
@@ -400,15 +426,18 @@ impl RedisSink {
         Ok(Box::new(conn))
     }
 
-    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, String> {
+    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, ShipError> {
         if self.conn.is_none() {
-            self.conn = Some(self.connect().map_err(|e| e.to_string())?);
+            self.conn = Some(
+                self.connect()
+                    .map_err(|e| ShipError::Connect(Box::new(e)))?,
+            );
         }
         let conn = self.conn.as_mut().expect("connected");
         let script = redis::Script::new(APPEND_ONCE);
         let mut call = script.key(&self.key);
         for line in lines {
-            let id = id_of(line).ok_or("a spool record without an id")?;
+            let id = id_of(line).ok_or(ShipError::NoId)?;
             call.key(seen_key(&self.key, &id)).arg(line.as_slice());
         }
         match call.invoke::<u64>(conn.as_mut()) {
@@ -416,7 +445,7 @@ impl RedisSink {
             Err(e) => {
                 // A broken connection is made again for the next try.
                 self.conn = None;
-                Err(e.to_string())
+                Err(ShipError::Append(Box::new(e)))
             }
         }
     }
@@ -446,14 +475,14 @@ struct HttpSink {
 }
 
 impl HttpSink {
-    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, String> {
+    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, ShipError> {
         let mut body = Vec::with_capacity(lines.iter().map(|l| l.len() + 200).sum());
         body.push(b'[');
         for line in lines {
             if body.len() > 1 {
                 body.push(b',');
             }
-            cloud_event(&mut body, line, &self.instance).map_err(|e| e.to_string())?;
+            cloud_event(&mut body, line, &self.instance).map_err(ShipError::Event)?;
         }
         body.push(b']');
         let mut request = self
@@ -463,12 +492,14 @@ impl HttpSink {
         if let Some(token) = &self.token {
             request = request.header("authorization", &format!("Bearer {token}"));
         }
-        let response = request.send(&body[..]).map_err(|e| e.to_string())?;
+        let response = request
+            .send(&body[..])
+            .map_err(|e| ShipError::Send(Box::new(e)))?;
         let status = response.status();
         if status.is_success() {
             Ok(0)
         } else {
-            Err(format!("the sink answered {status}"))
+            Err(ShipError::Status { status })
         }
     }
 }

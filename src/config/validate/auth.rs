@@ -224,7 +224,7 @@ fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::identit
             .enumerate()
             .filter_map(|(k, name)| {
                 crate::identity::jwt::algorithm(name)
-                    .map_err(|e| c.fail(format!("{path}.algorithms[{k}]"), e))
+                    .map_err(|e| c.fail(format!("{path}.algorithms[{k}]"), e.to_string()))
                     .ok()
             })
             .collect();
@@ -266,7 +266,7 @@ fn jwt_issuers(c: &mut Checker, raw: Vec<RawJwt>, base: &Path) -> crate::identit
         };
         match crate::identity::jwt::Issuer::new(settings) {
             Ok(issuer) => out.push(issuer),
-            Err(e) => c.fail(format!("{path}.jwks_file"), e),
+            Err(e) => c.fail(format!("{path}.jwks_file"), e.to_string()),
         }
     }
     crate::identity::jwt::Issuers::new(out)

@@ -126,6 +126,7 @@ pub(super) fn limits(
     c: &mut Checker,
     raw: UniqueMap<RawLimit>,
     memory: bool,
+    notes: &mut Vec<String>,
 ) -> (Vec<Limit>, LimitNames) {
     let mut out = Vec::new();
     let mut ids = HashMap::new();
@@ -165,7 +166,22 @@ pub(super) fn limits(
             continue;
         };
         let lease = lease(c, &path, &l, &params);
-        let max_delay_ms = delay(c, &path, &l, &params);
+        let on_limit = match delay(c, &path, &l, &params) {
+            0 => crate::limits::OnLimit::Reject,
+            max_ms => crate::limits::OnLimit::Delay { max_ms },
+        };
+        let local = memory || l.store.unwrap_or(Placement::Shared) == Placement::Local;
+        if local && lease.is_some() {
+            notes.push(format!(
+                "limit {name:?}: sync: lease has no effect on a limit decided in this process \
+                 (store backend memory)"
+            ));
+        }
+        let sync = match (local, lease) {
+            (true, _) => crate::limits::SyncMode::Local,
+            (false, Some(terms)) => crate::limits::SyncMode::Lease(terms),
+            (false, None) => crate::limits::SyncMode::Exact,
+        };
         let values = value_key(c, &path, &l, dims, l.algorithm, &params);
         ids.insert(name.clone(), (Some(out.len()), l.algorithm));
         out.push(Limit {
@@ -173,11 +189,10 @@ pub(super) fn limits(
             scope: l.scope,
             key,
             params,
-            local: memory || l.store.unwrap_or(Placement::Shared) == Placement::Local,
+            sync,
             on_store_error: l.on_store_error,
             mode: l.mode,
-            lease,
-            max_delay_ms,
+            on_limit,
             values,
         });
     }

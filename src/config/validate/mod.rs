@@ -175,7 +175,8 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
         allow: nets(&mut c, "ip_rules.allow", &raw.ip_rules.allow),
     };
     let memory = store.backend == Backend::Memory;
-    let (limits, limit_ids) = limits(&mut c, raw.limits, memory);
+    let mut notes = Vec::new();
+    let (limits, limit_ids) = limits(&mut c, raw.limits, memory, &mut notes);
     let (plans, plan_ids) = plans(&mut c, raw.plans, &limits, &limit_ids);
     let auth = auth(&mut c, raw.auth, base, &plan_ids, &limits)?;
     let (upstreams, pool_ids) = upstreams(&mut c, raw.upstreams, base);
@@ -208,6 +209,7 @@ pub(super) fn policy(raw: RawConfig, file: &Path, base: &Path) -> Result<Policy,
         policy_version: raw.policy_version.unwrap_or_else(|| "unversioned".into()),
         server,
         store,
+        notes,
         client_ip,
         ip_rules,
         auth,

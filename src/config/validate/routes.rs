@@ -342,7 +342,7 @@ pub(super) fn hosts(c: &mut Checker, path: &str, raw: &[String]) -> Vec<HostPatt
         .enumerate()
         .filter_map(|(i, h)| {
             HostPattern::parse(h)
-                .map_err(|e| c.fail(format!("{path}.hosts[{i}]"), e))
+                .map_err(|e| c.fail(format!("{path}.hosts[{i}]"), e.to_string()))
                 .ok()
         })
         .collect()
@@ -523,7 +523,7 @@ fn read_values(
                 && other.mode == Mode::Enforce
                 && (other.key.credential || other.key.tenant || other.key.ip)
                 && other.values.is_empty()
-                && (other.local || other.on_store_error != OnStoreError::Open)
+                && (other.sync.is_local() || other.on_store_error != OnStoreError::Open)
         });
         if !bounded {
             c.fail(

@@ -123,7 +123,7 @@ pub(super) fn tls(c: &mut Checker, raw: RawTls, base: &Path) -> TlsSettings {
         .collect();
     let (cert_file, key_file) = (base.join(&raw.cert_file), base.join(&raw.key_file));
     if let Err(e) = Certificate::load(&cert_file, &key_file) {
-        c.fail("server.tls", e);
+        c.fail("server.tls", e.to_string());
     }
     TlsSettings {
         listen,

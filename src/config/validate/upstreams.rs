@@ -112,10 +112,10 @@ pub(super) fn upstreams(
                 .health_check
                 .map(|h| health_check(c, &format!("{path}.health_check"), h)),
             reserved_critical: reserve(c, &path, u.reserve, max_in_flight),
-            queue_fair: u
-                .queue
-                .as_ref()
-                .is_some_and(|q| q.fair == Some(Fairness::Tenant)),
+            queue_order: match u.queue.as_ref().and_then(|q| q.fair) {
+                Some(Fairness::Tenant) => QueueOrder::FairByTenant,
+                None => QueueOrder::Arrival,
+            },
             queue_per_tenant_max: u.queue.as_ref().and_then(|q| q.per_tenant_max).map(|n| {
                 c.bounded(
                     &format!("{path}.queue.per_tenant_max"),

@@ -349,7 +349,7 @@ fn a_shadow_limit_holds_what_it_admits_and_never_refuses() {
     let store = Arc::new(MemoryStore::new(clock.clone()));
     let limiter = instance(&clock, Some(store.clone() as Arc<dyn LimitStore>));
     let c = || Charge {
-        enforce: false,
+        mode: crate::limits::Mode::Shadow,
         ..request(1)
     };
     block_on(async {

@@ -16,7 +16,9 @@ use crate::limits::algorithm::{Params, MICRO};
 use crate::limits::breaker::Breaker;
 use crate::limits::limiter::{Limiter, Shared};
 use crate::limits::memory::MemoryStore;
-use crate::limits::{Charge, Gate, LeaseTerms, LimitStore, OnStoreError, StoreError, Verdict};
+use crate::limits::{
+    Charge, Gate, LeaseTerms, LimitStore, OnStoreError, StoreError, SyncMode, Verdict,
+};
 use crate::metrics::Metrics;
 use crate::testing::{block_on, bucket_params, charge, local_charge, window};
 
@@ -60,7 +62,7 @@ impl Store {
     fn left(&self, c: &Charge) -> u64 {
         let probe = Charge {
             cost: 0,
-            lease: None,
+            sync: SyncMode::Exact,
             ..c.clone()
         };
         self.inner.decide_now(&[probe], Gate::Open).0[0].remaining
@@ -111,7 +113,7 @@ fn leased(params: Params, units: u64, ttl_ms: u64, cost: u64) -> Charge {
 /// A leased charge whose lease may grow from `units` to `max_units`.
 fn growing(params: Params, units: u64, max_units: u64, ttl_ms: u64, cost: u64) -> Charge {
     Charge {
-        lease: Some(LeaseTerms {
+        sync: SyncMode::Lease(LeaseTerms {
             units,
             ttl_ms,
             max_units,

@@ -34,7 +34,7 @@ fn shadow_limits_never_gate() {
     let store = MemoryStore::new(ManualClock::new(1_000));
     let pair = [
         Charge {
-            enforce: false,
+            mode: crate::limits::Mode::Shadow,
             ..local_charge("shadow", "s", bucket_params(1, 1), 1)
         },
         local_charge("real", "r", bucket_params(5, 1), 1),

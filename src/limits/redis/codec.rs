@@ -114,7 +114,7 @@ impl Spec {
             a,
             b,
             cost: charge.cost,
-            flags: charge.group.wire() * 2 + u8::from(charge.enforce),
+            flags: charge.group.wire() * 2 + u8::from(charge.enforced()),
             take: charge.op.units(),
             max_delay_ms: charge.op.max_delay_ms(),
             force: charge.op.is_force(),

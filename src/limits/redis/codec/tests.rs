@@ -168,7 +168,7 @@ fn charges_become_the_scripts_numbers() {
     for (params, want) in cases {
         let c = Charge {
             group: crate::limits::Group::PreAuth,
-            enforce: false,
+            mode: crate::limits::Mode::Shadow,
             ..charge("l", "k", params, 3)
         };
         let s = Spec::of(&c);
@@ -187,7 +187,9 @@ fn charges_become_the_scripts_numbers() {
         (taking.take, taking.max_delay_ms, taking.force),
         (40, 0, false)
     );
-    let delaying = with(crate::limits::Op::Decide { max_delay_ms: 500 });
+    let delaying = with(crate::limits::Op::Decide {
+        on_limit: crate::limits::OnLimit::Delay { max_ms: 500 },
+    });
     assert_eq!(
         (delaying.take, delaying.max_delay_ms, delaying.force),
         (0, 500, false)
