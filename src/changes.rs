@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::config::{Limit, Mode, Policy, Route, Scope, Target};
+use crate::config::{Limit, LimitId, Mode, Policy, Route, Scope, Target};
 use crate::explain::{algorithm, key_dims, number, params_json};
 use crate::limits::algorithm::Params;
 
@@ -147,7 +147,7 @@ fn verdict(d: Direction) -> &'static str {
 
 /// A route's settings by name.
 fn route_settings(policy: &Policy, r: &Route) -> BTreeMap<&'static str, String> {
-    let names = |ids: &[usize]| {
+    let names = |ids: &[LimitId]| {
         ids.iter()
             .map(|&id| policy.limits[id].name.to_string())
             .collect::<Vec<_>>()
@@ -188,8 +188,8 @@ fn route_settings(policy: &Policy, r: &Route) -> BTreeMap<&'static str, String> 
 /// and routes are the same.
 pub fn lines(old: &Policy, new: &Policy) -> Vec<String> {
     let mut out = Vec::new();
-    let find = |p: &'_ Policy, name: &str| p.limits.iter().position(|l| *l.name == *name);
-    for (id, l) in new.limits.iter().enumerate() {
+    let find = |p: &'_ Policy, name: &str| p.limit_named(name).map(|(id, _)| id);
+    for (id, l) in new.limits() {
         let Some(was) = find(old, &l.name) else {
             let s = limit_settings(new, l, &l.params);
             let numbers: Vec<String> = s

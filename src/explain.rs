@@ -211,6 +211,7 @@ pub fn resolve<'a>(
                 .plans
                 .iter()
                 .position(|p| p.name == *name)
+                .map(PlanId::new)
                 .ok_or_else(|| bad(format!("unknown plan {name:?}")))?,
         );
     }

@@ -32,7 +32,7 @@ use tollgate::limits::limiter::{Limiter, Shared};
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::cluster::ClusterStore;
 use tollgate::limits::redis::{Bounds, RedisStore};
-use tollgate::limits::LimitStore;
+use tollgate::limits::SharedStore;
 use tollgate::logs::ClientLog;
 use tollgate::metrics::Metrics;
 use tollgate::pools::Pools;
@@ -820,7 +820,7 @@ fn shared_store(settings: &StoreSettings) -> anyhow::Result<Option<Shared>> {
         timeout: settings.timeout,
         max_pending: settings.max_pending,
     };
-    let store: Arc<dyn LimitStore> = match settings.backend {
+    let store: Arc<dyn SharedStore> = match settings.backend {
         Backend::Memory => return Ok(None),
         Backend::Redis => Arc::new(
             RedisStore::new(&settings.urls[0], keys, bounds)

@@ -6,6 +6,8 @@
 
 use std::sync::{Arc, OnceLock};
 
+use crate::ids::{LimitId, RouteId};
+
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -939,12 +941,14 @@ impl PolicyMetrics {
         }
     }
 
-    fn route(&self, route: Option<usize>) -> usize {
-        route.map_or(self.routes.len() - 1, |r| r.min(self.routes.len() - 1))
+    fn route(&self, route: Option<RouteId>) -> usize {
+        route.map_or(self.routes.len() - 1, |r| {
+            r.index().min(self.routes.len() - 1)
+        })
     }
 
     /// One finished request of a route class (`None`: no route matched).
-    pub fn request(&self, route: Option<usize>, outcome: Outcome) {
+    pub fn request(&self, route: Option<RouteId>, outcome: Outcome) {
         let r = self.route(route);
         self.requests[r][outcome as usize]
             .get_or_init(|| {
@@ -956,7 +960,7 @@ impl PolicyMetrics {
     }
 
     /// The upstream response time of a route class.
-    pub fn upstream_seconds(&self, route: Option<usize>, seconds: f64) {
+    pub fn upstream_seconds(&self, route: Option<RouteId>, seconds: f64) {
         let r = self.route(route);
         self.upstream[r]
             .get_or_init(|| {
@@ -969,7 +973,7 @@ impl PolicyMetrics {
 
     /// What the upstream answered a request of a route class: its status,
     /// or `None` when it did not answer.
-    pub fn upstream_response(&self, route: Option<usize>, status: Option<u16>) {
+    pub fn upstream_response(&self, route: Option<RouteId>, status: Option<u16>) {
         let r = self.route(route);
         let class = match status {
             Some(s @ 100..=599) => usize::from(s / 100 - 1),
@@ -1001,15 +1005,15 @@ impl PolicyMetrics {
     }
 
     /// One decision of a limit.
-    pub fn decision(&self, limit: usize, outcome: DecisionOutcome) {
-        let Some(cells) = self.decisions.get(limit) else {
+    pub fn decision(&self, limit: LimitId, outcome: DecisionOutcome) {
+        let Some(cells) = self.decisions.get(limit.index()) else {
             return;
         };
         cells[outcome as usize]
             .get_or_init(|| {
                 self.metrics
                     .limit_decisions
-                    .with_label_values(&[self.limits[limit].as_ref(), outcome.as_str()])
+                    .with_label_values(&[self.limits[limit.index()].as_ref(), outcome.as_str()])
             })
             .inc();
     }

@@ -20,7 +20,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use crate::access_log::{self, AccessLog, Line};
 use crate::admission::{self, Admission, Admitted, BodyInput, Facts};
 use crate::config::UpstreamProtocol;
-use crate::config::{HostHeader, Oversize};
+use crate::config::{HostHeader, Oversize, PoolId};
 use crate::drain::{Drain, InFlight};
 use crate::edge::body::{self, BodyReservation};
 use crate::edge::headers::{self, Forwarding};
@@ -50,7 +50,7 @@ pub struct RequestCtx {
     _in_flight: Option<InFlight>,
     runtime: Option<Arc<Runtime>>,
     facts: Facts,
-    server: Option<(usize, SocketAddr)>,
+    server: Option<(PoolId, SocketAddr)>,
     /// The `outcome` label of `tollgate_requests_total`, once decided.
     outcome: Option<Outcome>,
     started: Option<Instant>,
@@ -181,7 +181,7 @@ impl Gateway {
                 // A body still to stream: its bounds run from here.
                 body::started();
             }
-            let pool = &rt.pools[pool_id];
+            let pool = &rt.pool(pool_id);
             let refusal = |r| match r {
                 PoolRefusal::Saturated => Rejection::Overloaded { retry_after: 1 },
                 PoolRefusal::NoHealthyServer => Rejection::NoHealthyUpstream { retry_after: 1 },
@@ -486,7 +486,7 @@ fn hold_answer(
         .ok()?
         .parse()
         .ok()?;
-    if len == 0 || len > rt.pools[pool].def().response_buffer_bytes {
+    if len == 0 || len > rt.pool(pool).def().response_buffer_bytes {
         return None;
     }
     let total = rt.policy.server.buffered_bytes_total;
@@ -610,12 +610,12 @@ impl ProxyHttp for Gateway {
         };
         if ctx.retries > 0 {
             // A retry goes to the next healthy server, when there is another.
-            if let Ok(next) = rt.pools[pool].pick() {
+            if let Ok(next) = rt.pool(pool).pick() {
                 addr = next;
                 ctx.server = Some((pool, addr));
             }
         }
-        let upstream = rt.pools[pool].def();
+        let upstream = rt.pool(pool).def();
         ctx.upstream_started.get_or_insert_with(Instant::now);
         let mut peer = match &upstream.tls {
             Some(tls) => {
@@ -705,7 +705,7 @@ impl ProxyHttp for Gateway {
             },
         )?;
         if let Some((pool, addr)) = ctx.server {
-            let def = rt.pools[pool].def();
+            let def = rt.pool(pool).def();
             match &def.host_header {
                 HostHeader::Preserve => {}
                 HostHeader::Upstream => {
@@ -1019,7 +1019,7 @@ fn usage_record(
     let (settled, how) = ctx.settled.unwrap_or((charged, "route"));
     let plan = credential
         .and_then(|c| c.plan)
-        .and_then(|p| rt.policy.plans.get(p))
+        .and_then(|p| rt.policy.plans.get(p.index()))
         .map(|p| p.name.to_string());
     crate::usage::Record {
         id: crate::usage::record::new_id(),
@@ -1121,12 +1121,12 @@ impl Gateway {
         let (Some(rt), Some((pool, _))) = (&ctx.runtime, ctx.server) else {
             return false;
         };
-        let def = rt.pools[pool].def();
+        let def = rt.pool(pool).def();
         if ctx.retries >= def.retries {
             return false;
         }
         ctx.retries += 1;
-        rt.pools[pool].count_retry(why);
+        rt.pool(pool).count_retry(why);
         true
     }
 

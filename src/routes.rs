@@ -34,8 +34,7 @@ impl From<PathRules> for Matching {
     }
 }
 
-/// Index of a route in the policy, in the order routes are listed.
-pub type RouteId = usize;
+pub use crate::ids::RouteId;
 
 /// One parsed template segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -368,13 +367,13 @@ impl<R> Router<R> {
     }
 
     /// The route at `index`, in insertion order.
-    pub fn get(&self, index: usize) -> Option<&R> {
-        self.entries.get(index).map(|e| &e.route)
+    pub fn get(&self, id: RouteId) -> Option<&R> {
+        self.entries.get(id.index()).map(|e| &e.route)
     }
 
     /// The template of the route at `index`, in insertion order.
-    pub fn template(&self, index: usize) -> Option<&PathTemplate> {
-        self.entries.get(index).map(|e| &e.template)
+    pub fn template(&self, id: RouteId) -> Option<&PathTemplate> {
+        self.entries.get(id.index()).map(|e| &e.template)
     }
 
     /// Routes with their templates, in insertion order.

@@ -121,6 +121,11 @@ impl Runtime {
         }
     }
 
+    /// The pool `id` of this runtime's policy.
+    pub fn pool(&self, id: crate::config::PoolId) -> &Arc<crate::pools::Pool> {
+        &self.pools[id.index()]
+    }
+
     /// The wall clock now, in ms since the epoch.
     pub fn wall_ms(&self) -> u64 {
         self.services.wall.wall_ms()
@@ -186,15 +191,15 @@ impl BackgroundService for RecordsRefresher {
     async fn start(&self, _shutdown: ShutdownWatch) {
         loop {
             let rt = self.live.load_full();
-            if let Some(store) = rt.limiter().shared_store() {
-                if let Err(e) = rt.services.revocations.refresh(store.as_ref()).await {
+            if let Some(store) = rt.limiter().records() {
+                if let Err(e) = rt.services.revocations.refresh(store).await {
                     tracing::warn!(target: crate::logs::STORE, error = %e, "reading the revocations failed; the last ones read stay in force");
                 }
-                if let Err(e) = rt.services.overrides.refresh(store.as_ref()).await {
+                if let Err(e) = rt.services.overrides.refresh(store).await {
                     tracing::warn!(target: crate::logs::STORE, error = %e, "reading the overrides failed; the last ones read stay in force");
                 }
                 if rt.policy.auth.store_keys.is_some() {
-                    if let Err(e) = rt.services.store_keys.refresh(store.as_ref()).await {
+                    if let Err(e) = rt.services.store_keys.refresh(store).await {
                         tracing::warn!(target: crate::logs::STORE, error = %e, "reading the credentials change feed failed; cached credentials stay until it is read");
                     }
                 }

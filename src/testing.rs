@@ -32,7 +32,7 @@ pub fn window(limit: u64, secs: u64) -> Window {
 /// closed`).
 pub fn charge(name: &str, key: &str, params: Params, cost: u64) -> Charge {
     Charge {
-        limit: 0,
+        limit: crate::ids::LimitId::default(),
         name: name.into(),
         params,
         key: key.into(),

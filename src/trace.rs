@@ -50,6 +50,14 @@ tokio::task_local! {
     /// Set around the decision of a sampled request: the store calls that
     /// decided it are noted here, and a call that serves a sampled request
     /// is exported as a span of its own.
+    ///
+    /// A task-local, not an argument: the calls are made by the store's
+    /// batch driver, which serves many requests in one call behind
+    /// `LimitStore::decide`; threading a log through that seam would put
+    /// tracing into every store and every caller of it (settlement,
+    /// operators' resets), for the one caller that traces. What the log
+    /// holds is handed back explicitly (`admission::decide` puts it in
+    /// the request's `Telemetry`).
     pub static STORE_CALLS: std::cell::RefCell<Vec<CallRef>>;
 }
 

@@ -21,7 +21,7 @@ use tollgate::limits::keys::KeyHasher;
 use tollgate::limits::memory::MemoryStore;
 use tollgate::limits::redis::cluster::ClusterStore;
 use tollgate::limits::redis::{Bounds, RedisStore};
-use tollgate::limits::{Charge, Gate, Group, LimitStore, Mode, OnLimit, Op, Verdict};
+use tollgate::limits::{Charge, Gate, Group, LimitStore, Mode, OnLimit, Op, RecordStore, Verdict};
 use tollgate::testing::{bucket_params as bucket, charge, window};
 
 fn runtime() -> tokio::runtime::Runtime {

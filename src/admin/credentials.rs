@@ -39,7 +39,7 @@ impl Admin {
             return problem(400, "admin-bad-request", "a revocation needs a reason");
         }
         let auth = &rt.policy.auth;
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         let known = auth.jwt.names(&r.credential)
             || r.credential.starts_with("fwd:") && auth.forward.is_some()
             || auth.keys.credentials().any(|c| *c.id == *r.credential)
@@ -62,7 +62,7 @@ impl Admin {
             reason: r.reason.clone(),
             actor: who.actor().to_string(),
         };
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         let done = rt
             .services
             .revocations
@@ -97,7 +97,7 @@ impl Admin {
                 &format!("no revocation of {credential:?} in force"),
             );
         }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         let done = rt
             .services
             .revocations
@@ -187,7 +187,7 @@ impl Admin {
             tenant: new.tenant,
             plan: new.plan,
         };
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         let done = match rt.services.store_keys.create(store, &stored, &digest).await {
             Err(crate::identity::store_keys::CreateError::Conflict(why)) => {
                 return problem(409, "admin-conflict", &why)
@@ -214,7 +214,7 @@ impl Admin {
         if rt.policy.auth.store_keys.is_none() {
             return store_keys_off();
         }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         match rt.services.store_keys.get(store, id).await {
             Ok(Some(stored)) => respond(
                 200,
@@ -245,7 +245,7 @@ impl Admin {
         if rt.policy.auth.store_keys.is_none() {
             return store_keys_off();
         }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         let done = rt.services.store_keys.delete(store, id).await;
         if matches!(done, Ok(None)) {
             return problem(

@@ -175,12 +175,7 @@ enum KeyOfError {
 fn charge_of(rt: &Runtime, k: &KeyOf, cost: u64) -> Result<Charge, (u16, String)> {
     let policy = &rt.policy;
     let bad = |status: u16, detail: String| (status, detail);
-    let Some((id, limit)) = policy
-        .limits
-        .iter()
-        .enumerate()
-        .find(|(_, l)| *l.name == *k.limit)
-    else {
+    let Some((id, limit)) = policy.limit_named(&k.limit) else {
         return Err(bad(404, format!("no limit {:?}", k.limit)));
     };
     let (credential, tenant) =
@@ -245,7 +240,7 @@ pub(super) async fn explain(rt: &Runtime, query: &str) -> Response<Vec<u8>> {
             .as_deref()
             .filter(|id| !rt.policy.auth.keys.has_id(id));
         if let (Some(id), Some(_)) = (unlisted, rt.policy.auth.store_keys) {
-            let store = rt.limiter().shared_store().map(|s| s.as_ref());
+            let store = rt.limiter().records();
             if let Ok(Some(stored)) = rt.services.store_keys.get(store, id).await {
                 let plan = stored
                     .plan
@@ -289,12 +284,7 @@ pub(super) async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>
         );
     };
     let policy = &rt.policy;
-    let Some((id, limit)) = policy
-        .limits
-        .iter()
-        .enumerate()
-        .find(|(_, l)| *l.name == **name)
-    else {
+    let Some((id, limit)) = policy.limit_named(name) else {
         return problem(404, "admin-bad-request", &format!("no limit {name:?}"));
     };
     if !matches!(limit.params, Params::Quota(_)) {

@@ -65,7 +65,7 @@ impl Admin {
         if let Err(problems) = crate::config::resolve_override(&rt.policy, &o) {
             return problem(400, "admin-bad-request", &problems.join("; "));
         }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         let done = rt
             .services
             .overrides
@@ -106,7 +106,7 @@ impl Admin {
                 &format!("no override of {tenant:?} in force"),
             );
         }
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         let done = rt.services.overrides.set(store, tenant, None, now).await;
         self.changed(
             rt,

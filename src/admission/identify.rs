@@ -73,7 +73,7 @@ pub fn authenticate(
     metrics.auth_lookup(AuthSource::File.as_str(), "miss");
     let mut pending = Pending::default();
     if policy.auth.store_keys.is_some() {
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         let field = store_keys::StoreKeys::field(store, &digest);
         let plans = |name: &str| policy.plan_id(name);
         let taken = |id: &str| policy.auth.keys.has_id(id);
@@ -146,7 +146,7 @@ async fn identify(
     };
     let mut store_down = None;
     if let Some(field) = pending.store {
-        let store = rt.limiter().shared_store().map(|s| s.as_ref());
+        let store = rt.limiter().records();
         let plans = |name: &str| rt.policy.plan_id(name);
         let (found, called) = rt
             .services

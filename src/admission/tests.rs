@@ -200,10 +200,7 @@ fn the_caller_s_plan_and_override_price_its_request_limits_only() {
     assert_eq!((capacity(&free, 1), capacity(&pro, 1)), (10, 100));
     assert_eq!(capacity(&pro, 0), 10, "a pre-auth limit runs under no plan");
 
-    let reports = policy
-        .limits
-        .iter()
-        .position(|l| &*l.name == "reports-limit");
+    let reports = policy.limit_named("reports-limit").map(|(id, _)| id);
     let boosted = Params::TokenBucket(crate::limits::algorithm::Bucket {
         capacity: 7 * crate::limits::algorithm::MICRO,
         per_ms: 1,
@@ -273,11 +270,7 @@ fn an_operator_names_a_key_s_values_as_a_request_would_send_them() {
     let policy = policy();
     let a1 = credential(&policy, "a1");
     let caller = Caller::new(&policy, None, Some(&a1), None);
-    let id = policy
-        .limits
-        .iter()
-        .position(|l| &*l.name == "per-user")
-        .unwrap();
+    let (id, _) = policy.limit_named("per-user").unwrap();
     let named = HashMap::from([("header.x-end-user".to_owned(), "u-1".to_owned())]);
     let by_operator = planning::named_charge(
         &policy,

@@ -24,8 +24,7 @@ pub use crate::routes::RouteId;
 use crate::routes::Router;
 use crate::tls::TlsSettings;
 
-/// Index of an upstream pool in [`Policy::upstreams`].
-pub type PoolId = usize;
+pub use crate::ids::PoolId;
 
 /// One complete, validated policy file.
 #[derive(Debug)]
@@ -144,7 +143,7 @@ pub struct UsageSettings {
 impl UsageSettings {
     /// Whether route `id` records its admitted requests.
     pub fn records(&self, id: RouteId) -> bool {
-        self.records.get(id).copied().unwrap_or(false)
+        self.records.get(id.index()).copied().unwrap_or(false)
     }
 }
 
@@ -571,9 +570,25 @@ impl CostFromResponse {
 }
 
 impl Policy {
+    /// The limit named `name`, with its id.
+    pub fn limit_named(&self, name: &str) -> Option<(LimitId, &Limit)> {
+        self.limits().find(|(_, l)| *l.name == *name)
+    }
+
+    /// Every limit, with its id.
+    pub fn limits(&self) -> impl Iterator<Item = (LimitId, &Limit)> {
+        self.limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (LimitId::new(i), l))
+    }
+
     /// The plan named `name`, if the policy has one.
     pub fn plan_id(&self, name: &str) -> Option<PlanId> {
-        self.plans.iter().position(|p| p.name == name)
+        self.plans
+            .iter()
+            .position(|p| p.name == name)
+            .map(PlanId::new)
     }
 
     /// The parameters a limit runs with for a caller on `plan`.
@@ -681,3 +696,29 @@ pub struct AdminToken {
     /// What it may do.
     pub role: AdminRole,
 }
+
+/// A policy's lists are indexed by their own ids only.
+macro_rules! indexed_by {
+    ($item:ty, $id:ty) => {
+        impl std::ops::Index<$id> for [$item] {
+            type Output = $item;
+
+            fn index(&self, id: $id) -> &$item {
+                &self[id.index()]
+            }
+        }
+
+        impl std::ops::Index<$id> for Vec<$item> {
+            type Output = $item;
+
+            fn index(&self, id: $id) -> &$item {
+                &self[id.index()]
+            }
+        }
+    };
+}
+
+indexed_by!(Limit, LimitId);
+indexed_by!(Plan, PlanId);
+indexed_by!(Upstream, PoolId);
+indexed_by!(Route, RouteId);

@@ -156,6 +156,12 @@ pub struct BodyWatch {
 
 tokio::task_local! {
     /// The watch of the stream whose task this is, if it is watched.
+    ///
+    /// A task-local, not an argument: Pingora reads an HTTP/2 stream's
+    /// body inside its own session (`read_request_body`), called from the
+    /// proxy's hooks, and gives neither the stream nor the request's
+    /// context a place for it; the edge runs each stream's task inside
+    /// this scope (`Watched`), so the proxy's reads report to it.
     static WATCH: Arc<BodyWatch>;
 }
 

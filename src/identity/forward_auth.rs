@@ -362,7 +362,7 @@ mod tests {
             negative_ttl: Duration::from_secs(10),
             max_entries: 100,
             max_in_flight: 4,
-            plans: HashMap::from([("pro".to_string(), 0)]),
+            plans: HashMap::from([("pro".to_string(), PlanId::new(0))]),
             keyed_headers: Vec::new(),
         })
     }
@@ -403,7 +403,10 @@ mod tests {
         let Answer::Known(c) = known else {
             panic!("{known:?}")
         };
-        assert_eq!((&*c.id, &*c.tenant, c.plan), ("fwd:u-1", "acme", Some(0)));
+        assert_eq!(
+            (&*c.id, &*c.tenant, c.plan),
+            ("fwd:u-1", "acme", Some(PlanId::new(0)))
+        );
         let no_plan = fa.identity(&headers(&[
             ("x-tenant-id", "acme"),
             ("x-credential-id", "u-1"),

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::records::{Record, Records};
 use crate::limits::algorithm::Params;
-use crate::limits::{LimitId, LimitStore, PlanId, StoreError};
+use crate::limits::{LimitId, PlanId, RecordStore, StoreError};
 
 /// One tenant's override, as put.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -161,7 +161,7 @@ impl Overrides {
     /// the one in force before, if any.
     pub async fn set(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         tenant: &str,
         o: Option<Override>,
         now_ms: u64,
@@ -172,7 +172,7 @@ impl Overrides {
     }
 
     /// Reads the store's overrides again when they changed.
-    pub async fn refresh(&self, store: &dyn LimitStore) -> Result<(), StoreError> {
+    pub async fn refresh(&self, store: &dyn RecordStore) -> Result<(), StoreError> {
         if self.records.refresh(store).await? {
             self.resolved.store(Arc::new(Resolution::stale()));
         }

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::limits::{LimitStore, StoreError};
+use crate::limits::{RecordStore, StoreError};
 
 /// One admin record: what it is about, and until when it holds.
 pub trait Record: Clone + Serialize + DeserializeOwned + Send + Sync + 'static {
@@ -75,7 +75,7 @@ impl<T: Record> Records<T> {
     /// before, if any.
     pub async fn set(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         id: &str,
         record: Option<T>,
         now_ms: u64,
@@ -101,7 +101,7 @@ impl<T: Record> Records<T> {
 
     /// Reads the store's records again when their version moved since the
     /// last read; whether they were read.
-    pub async fn refresh(&self, store: &dyn LimitStore) -> Result<bool, StoreError> {
+    pub async fn refresh(&self, store: &dyn RecordStore) -> Result<bool, StoreError> {
         let version = store.records_version().await?;
         if version == self.version.load(Ordering::Acquire) {
             return Ok(false);

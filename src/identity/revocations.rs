@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::records::{Record, Records};
-use crate::limits::{LimitStore, StoreError};
+use crate::limits::{RecordStore, StoreError};
 
 /// One revoked credential.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,7 +61,7 @@ impl Revocations {
     /// revocation in force before, if any.
     pub async fn set(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         credential: &str,
         revocation: Option<Revocation>,
         now_ms: u64,
@@ -70,7 +70,7 @@ impl Revocations {
     }
 
     /// Reads the store's revocations again when they changed.
-    pub async fn refresh(&self, store: &dyn LimitStore) -> Result<(), StoreError> {
+    pub async fn refresh(&self, store: &dyn RecordStore) -> Result<(), StoreError> {
         self.0.refresh(store).await.map(drop)
     }
 }

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::{unknown_callers_bound, Credential};
 use super::single_flight::SingleFlight;
-use crate::limits::{LimitStore, PlanId, StoreError};
+use crate::limits::{PlanId, RecordStore, StoreError};
 
 /// The record kind of credentials by key digest.
 pub const BY_KEY: &str = "credentials";
@@ -162,7 +162,7 @@ impl StoreKeys {
     }
 
     /// The field a key digest's record is kept under.
-    pub fn field(store: Option<&dyn LimitStore>, digest: &[u8; 32]) -> String {
+    pub fn field(store: Option<&dyn RecordStore>, digest: &[u8; 32]) -> String {
         let hex = hex::encode(digest);
         match store {
             Some(store) => store.record_field(BY_KEY, &hex),
@@ -213,7 +213,7 @@ impl StoreKeys {
     /// made the call.
     pub async fn look_up(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         field: &str,
         generation: u64,
         plans: impl Fn(&str) -> Option<PlanId>,
@@ -240,7 +240,7 @@ impl StoreKeys {
 
     async fn read_and_keep(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         field: &str,
         generation: u64,
         plans: impl Fn(&str) -> Option<PlanId>,
@@ -319,7 +319,7 @@ impl StoreKeys {
 
     async fn get_record(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         kind: &'static str,
         field: &str,
     ) -> Result<Option<String>, StoreError> {
@@ -331,7 +331,7 @@ impl StoreKeys {
 
     async fn put_record(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         kind: &'static str,
         field: &str,
         value: Option<&str>,
@@ -349,7 +349,7 @@ impl StoreKeys {
         }
     }
 
-    fn id_field(store: Option<&dyn LimitStore>, id: &str) -> String {
+    fn id_field(store: Option<&dyn RecordStore>, id: &str) -> String {
         match store {
             Some(store) => store.record_field(BY_ID, id),
             None => id.to_owned(),
@@ -359,7 +359,7 @@ impl StoreKeys {
     /// The credential with id `id`.
     pub async fn get(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         id: &str,
     ) -> Result<Option<Stored>, StoreError> {
         let text = self
@@ -374,7 +374,7 @@ impl StoreKeys {
     /// when its id or key is already the store's.
     pub async fn create(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         credential: &Stored,
         digest: &[u8; 32],
     ) -> Result<(), CreateError> {
@@ -409,7 +409,7 @@ impl StoreKeys {
     /// Deletes the credential with id `id`; the one deleted, if any.
     pub async fn delete(
         &self,
-        store: Option<&dyn LimitStore>,
+        store: Option<&dyn RecordStore>,
         id: &str,
     ) -> Result<Option<Stored>, StoreError> {
         let id_field = Self::id_field(store, id);
@@ -429,7 +429,7 @@ impl StoreKeys {
     /// key that changed since the last read (all of them, once, when
     /// changes were lost: trimmed from the feed before they were read, or
     /// the feed itself gone with a store that restarted or failed over).
-    pub async fn refresh(&self, store: &dyn LimitStore) -> Result<(), StoreError> {
+    pub async fn refresh(&self, store: &dyn RecordStore) -> Result<(), StoreError> {
         let mut cursor = self.cursor.lock().await;
         if cursor.is_empty() {
             // The first read only finds the feed's end: a change made before
@@ -469,7 +469,7 @@ mod tests {
     use super::*;
 
     fn plans(name: &str) -> Option<PlanId> {
-        (name == "pro").then_some(0)
+        (name == "pro").then_some(PlanId::new(0))
     }
 
     fn free(_: &str) -> bool {
@@ -511,7 +511,7 @@ mod tests {
         let Ok(Lookup::Known(c)) = known else {
             panic!("{known:?}")
         };
-        assert_eq!((&*c.id, c.plan), ("s-1", Some(0)));
+        assert_eq!((&*c.id, c.plan), ("s-1", Some(PlanId::new(0))));
         assert!(matches!(
             keys.create(
                 None,
@@ -550,19 +550,7 @@ mod tests {
     }
 
     #[async_trait::async_trait]
-    impl LimitStore for Feed {
-        async fn decide(
-            &self,
-            _: &[&crate::limits::Charge],
-            _: crate::limits::Gate,
-        ) -> Result<Vec<crate::limits::Verdict>, StoreError> {
-            Err(StoreError::Connection("not a limit store".into()))
-        }
-
-        async fn give_back(&self, _: &[&crate::limits::Charge], _: u64) -> Result<(), StoreError> {
-            Err(StoreError::Connection("not a limit store".into()))
-        }
-
+    impl RecordStore for Feed {
         async fn record_at(&self, _: &str, _: &str) -> Result<Option<String>, StoreError> {
             Ok(Some(serde_json::to_string(&stored("s-1", None)).unwrap()))
         }
@@ -602,7 +590,7 @@ mod tests {
     async fn a_lost_change_feed_is_read_again_once_then_followed() {
         let keys = StoreKeys::new();
         let feed = Feed::default();
-        let store: &dyn LimitStore = &feed;
+        let store: &dyn RecordStore = &feed;
         let is_cached = |field: &str| keys.cached(field, 0, plans, free, Instant::now()).is_some();
         feed.append(1, "other");
         keys.refresh(store).await.unwrap();
@@ -639,10 +627,10 @@ mod tests {
             .await
             .unwrap();
         let _ = keys.look_up(None, &field, 0, plans, free).await;
-        let moved = |name: &str| (name == "pro").then_some(3);
+        let moved = |name: &str| (name == "pro").then_some(PlanId::new(3));
         let Some(Lookup::Known(c)) = keys.cached(&field, 1, moved, free, Instant::now()) else {
             panic!("not cached")
         };
-        assert_eq!(c.plan, Some(3));
+        assert_eq!(c.plan, Some(PlanId::new(3)));
     }
 }

@@ -26,7 +26,9 @@ use super::memory::MemoryStore;
 use super::plan::{
     fallback_charge, in_order, part_gate, settle, settlement, DebtBound, Fallback, Part, Split,
 };
-use super::{gate, undone, Charge, Gate, LimitStore, Op, Overload, Source, StoreError, Verdict};
+use super::{
+    gate, undone, Charge, Gate, Op, Overload, RecordStore, SharedStore, Source, StoreError, Verdict,
+};
 use crate::clock::{Clock, MonotonicClock};
 use crate::logs::STORE as STORE_LOG;
 use crate::metrics::Metrics;
@@ -34,7 +36,7 @@ use crate::metrics::Metrics;
 /// The shared store with its guards: a bound on every call and a breaker.
 pub struct Shared {
     /// The store shared limits are decided in (Redis or Redis Cluster).
-    pub store: Arc<dyn LimitStore>,
+    pub store: Arc<dyn SharedStore>,
     /// Stops calls to a failing store.
     pub breaker: Breaker,
     /// `store.timeout_ms`: the store bounds its own calls by it; a shutdown
@@ -637,8 +639,16 @@ impl<C: Clock> Limiter<C> {
     }
 
     /// The shared store, when limits live in one.
-    pub fn shared_store(&self) -> Option<&Arc<dyn LimitStore>> {
+    pub fn shared_store(&self) -> Option<&Arc<dyn SharedStore>> {
         self.shared.as_ref().map(|s| &s.store)
+    }
+
+    /// Where operators' records are shared between instances, when there
+    /// is a shared store.
+    pub fn records(&self) -> Option<&dyn RecordStore> {
+        self.shared
+            .as_ref()
+            .map(|s| s.store.as_ref() as &dyn RecordStore)
     }
 
     /// Units this instance holds under leases, over every key.

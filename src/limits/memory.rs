@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::algorithm::{Check, Params, State};
-use super::{Charge, Gate, LimitStore, StoreError, Verdict};
+use super::{Charge, Gate, LimitStore, RecordStore, StoreError, Verdict};
 use crate::clock::{Clock, MonotonicClock};
 
 const SHARDS: usize = 16;
@@ -353,6 +353,10 @@ fn locked<'a>(guards: &'a mut [(usize, MutexGuard<'_, Shard>)], i: usize) -> &'a
         .expect("every shard of a decision is locked before it is used");
     &mut guards[at].1
 }
+
+/// The memory store keeps no records: on it, revocations and overrides
+/// are this instance's alone, kept in memory by their owners.
+impl<C: Clock> RecordStore for MemoryStore<C> {}
 
 #[async_trait]
 impl<C: Clock> LimitStore for MemoryStore<C> {

@@ -22,10 +22,7 @@ use async_trait::async_trait;
 
 use algorithm::{HoldId, Params};
 
-/// Index of a limit in the policy's list of limits.
-pub type LimitId = usize;
-/// Index of a plan in the policy's list of plans.
-pub type PlanId = usize;
+pub use crate::ids::{LimitId, PlanId};
 
 /// The identity dimensions a limit's key is built from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -585,6 +582,23 @@ pub trait LimitStore: Send + Sync {
         Err(StoreError::Refused("this store cannot credit a key".into()))
     }
 
+    /// Whether the store answers at all (readiness probes).
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Decisions waiting for the store (queued or in a call).
+    fn pending(&self) -> usize {
+        0
+    }
+}
+
+/// Where operators' records live beside the limits (revocations,
+/// overrides, the store's credentials): every instance's to read, changed
+/// through a version and a change feed. Apart from [`LimitStore`], so
+/// that the limits' seam holds only what deciding needs.
+#[async_trait]
+pub trait RecordStore: Send + Sync {
     /// Admin records kept beside the limits (revocations, …), every
     /// instance's to read: the number every change of a record moves.
     async fn records_version(&self) -> Result<u64, StoreError> {
@@ -651,17 +665,13 @@ pub trait LimitStore: Send + Sync {
             "this store keeps no admin records".into(),
         ))
     }
-
-    /// Whether the store answers at all (readiness probes).
-    async fn ping(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// Decisions waiting for the store (queued or in a call).
-    fn pending(&self) -> usize {
-        0
-    }
 }
+
+/// A store that keeps both the limits and the records: what the gateway
+/// shares between its instances.
+pub trait SharedStore: LimitStore + RecordStore {}
+
+impl<T: LimitStore + RecordStore + ?Sized> SharedStore for T {}
 
 /// What the change feed of the admin records says since a cursor.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

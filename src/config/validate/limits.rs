@@ -183,7 +183,7 @@ pub(super) fn limits(
             (false, None) => crate::limits::SyncMode::Exact,
         };
         let values = value_key(c, &path, &l, dims, l.algorithm, &params);
-        ids.insert(name.clone(), (Some(out.len()), l.algorithm));
+        ids.insert(name.clone(), (Some(LimitId::new(out.len())), l.algorithm));
         out.push(Limit {
             name: name.into(),
             scope: l.scope,
@@ -577,7 +577,7 @@ pub(super) fn plans(
                 plan.overrides.push((id, p));
             }
         }
-        ids.insert(name, out.len());
+        ids.insert(name, PlanId::new(out.len()));
         out.push(plan);
     }
     (out, ids)
@@ -595,12 +595,7 @@ pub fn override_params(
         problems: Vec::new(),
     };
     let path = format!("limits.{name}");
-    let Some((id, limit)) = policy
-        .limits
-        .iter()
-        .enumerate()
-        .find(|(_, l)| *l.name == *name)
-    else {
+    let Some((id, limit)) = policy.limit_named(name) else {
         let names = policy.limits.iter().map(|l| &*l.name);
         c.fail(
             &path,

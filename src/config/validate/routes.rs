@@ -309,7 +309,7 @@ pub(super) fn routes(
             let class_header = http::HeaderValue::from_str(&r.name)
                 .unwrap_or(http::HeaderValue::from_static("invalid"));
             let route = Route {
-                id: router.len(),
+                id: RouteId::new(router.len()),
                 class_header,
                 name: r.name.into(),
                 auth_required,

@@ -54,7 +54,7 @@ pub(super) fn upstreams(
                 "probes speak plain HTTP; with tls, leave out path (a TCP connect probe)",
             );
         }
-        ids.insert(name.clone(), out.len());
+        ids.insert(name.clone(), PoolId::new(out.len()));
         out.push(Upstream {
             name: name.into(),
             servers,

@@ -24,7 +24,7 @@ pub(super) fn usage(
             let mut records = vec![false; routes.len()];
             for (i, name) in names.iter().enumerate() {
                 match routes.iter().find(|r| *r.name == **name) {
-                    Some(r) => records[r.id] = true,
+                    Some(r) => records[r.id.index()] = true,
                     None => c.fail(
                         format!("usage.routes[{i}]"),
                         with_nearest(

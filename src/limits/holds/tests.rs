@@ -13,7 +13,7 @@ use crate::limits::algorithm::Concurrency;
 use crate::limits::breaker::Breaker;
 use crate::limits::limiter::{Limiter, Shared};
 use crate::limits::memory::MemoryStore;
-use crate::limits::LimitStore;
+use crate::limits::{LimitStore, RecordStore, SharedStore};
 use crate::testing::{block_on, charge, local_charge};
 
 const TTL_MS: u64 = 3_000;
@@ -36,7 +36,7 @@ fn request(max: u64) -> Charge {
     }
 }
 
-fn instance(clock: &ManualClock, shared: Option<Arc<dyn LimitStore>>) -> Limiter<ManualClock> {
+fn instance(clock: &ManualClock, shared: Option<Arc<dyn SharedStore>>) -> Limiter<ManualClock> {
     let shared = shared.map(|store| Shared {
         store,
         breaker: Breaker::new(1_000, Duration::from_secs(1)),
@@ -95,7 +95,7 @@ fn a_local_hold_is_released_when_its_request_ends() {
 fn a_shared_hold_is_released_off_the_request_path_and_renewed_while_it_runs() {
     let clock = ManualClock::new(1_000);
     let store = Arc::new(MemoryStore::new(clock.clone()));
-    let limiter = instance(&clock, Some(store.clone() as Arc<dyn LimitStore>));
+    let limiter = instance(&clock, Some(store.clone() as Arc<dyn SharedStore>));
     let c = request(1);
     block_on(async {
         let guard = admit(&limiter, &c).await.expect("admitted");
@@ -122,7 +122,7 @@ fn a_shared_hold_is_released_off_the_request_path_and_renewed_while_it_runs() {
 fn a_dropped_decision_releases_its_hold_once_its_call_can_no_longer_land() {
     let clock = ManualClock::new(1_000);
     let store = Arc::new(MemoryStore::new(clock.clone()));
-    let limiter = instance(&clock, Some(store.clone() as Arc<dyn LimitStore>));
+    let limiter = instance(&clock, Some(store.clone() as Arc<dyn SharedStore>));
     let c = request(3);
     // The decision was dropped after its call took the hold in the store.
     let guard = limiter.watch_holds(std::slice::from_ref(&c));
@@ -141,7 +141,7 @@ fn a_dropped_decision_releases_its_hold_once_its_call_can_no_longer_land() {
 fn a_refusal_by_another_limit_takes_no_hold() {
     let clock = ManualClock::new(1_000);
     let store = Arc::new(MemoryStore::new(clock.clone()));
-    let limiter = instance(&clock, Some(store.clone() as Arc<dyn LimitStore>));
+    let limiter = instance(&clock, Some(store.clone() as Arc<dyn SharedStore>));
     let hold = request(5);
     let empty = charge("rate", "k", crate::testing::bucket_params(1, 1), 1);
     block_on(async {
@@ -216,7 +216,7 @@ proptest! {
         let clock = ManualClock::new(1_000);
         let store = Arc::new(MemoryStore::new(clock.clone()));
         let fleet: Vec<_> = (0..n)
-            .map(|_| instance(&clock, Some(store.clone() as Arc<dyn LimitStore>)))
+            .map(|_| instance(&clock, Some(store.clone() as Arc<dyn SharedStore>)))
             .collect();
         let mut running: Vec<Vec<(HoldId, HoldGuard)>> = (0..n).map(|_| Vec::new()).collect();
         let mut dead = vec![false; n];
@@ -307,6 +307,9 @@ proptest! {
 /// A store that is down: every call fails.
 struct Down;
 
+/// It keeps no records either.
+impl RecordStore for Down {}
+
 #[async_trait::async_trait]
 impl LimitStore for Down {
     async fn decide(
@@ -326,7 +329,7 @@ impl LimitStore for Down {
 fn while_the_store_fails_a_local_fallback_holds_its_share_and_releases_it() {
     let clock = ManualClock::new(1_000);
     // Two instances expected: each holds half of four.
-    let limiter = instance(&clock, Some(Arc::new(Down) as Arc<dyn LimitStore>));
+    let limiter = instance(&clock, Some(Arc::new(Down) as Arc<dyn SharedStore>));
     let c = || Charge {
         on_store_error: crate::limits::OnStoreError::Local,
         ..request(4)
@@ -347,7 +350,7 @@ fn while_the_store_fails_a_local_fallback_holds_its_share_and_releases_it() {
 fn a_shadow_limit_holds_what_it_admits_and_never_refuses() {
     let clock = ManualClock::new(1_000);
     let store = Arc::new(MemoryStore::new(clock.clone()));
-    let limiter = instance(&clock, Some(store.clone() as Arc<dyn LimitStore>));
+    let limiter = instance(&clock, Some(store.clone() as Arc<dyn SharedStore>));
     let c = || Charge {
         mode: crate::limits::Mode::Shadow,
         ..request(1)

@@ -34,6 +34,9 @@ struct Store {
     release: tokio::sync::Notify,
 }
 
+/// It keeps no records.
+impl crate::limits::RecordStore for Store {}
+
 impl Store {
     fn new(clock: &ManualClock) -> Arc<Self> {
         Arc::new(Self {

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::*;
 use crate::clock::ManualClock;
-use crate::limits::{Group, OnStoreError};
+use crate::limits::{Group, LimitStore, OnStoreError};
 use crate::testing::{bucket_params, charge, local_charge};
 
 /// One scripted answer of the fake store.
@@ -36,6 +36,9 @@ struct FakeStore {
     /// were spent.
     given_back: Mutex<Vec<GivenBack>>,
 }
+
+/// It keeps no records.
+impl crate::limits::RecordStore for FakeStore {}
 
 /// The keys and costs of one give-back, and the store time they were
 /// spent at.

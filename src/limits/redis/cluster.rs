@@ -21,7 +21,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::limits::RecordChanges;
+use crate::limits::{RecordChanges, RecordStore};
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
@@ -254,6 +254,17 @@ impl LimitStore for ClusterStore {
         self.per_slot(charges, codec::CREDIT).await
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.batches.ping().await
+    }
+
+    fn pending(&self) -> usize {
+        self.batches.pending()
+    }
+}
+
+#[async_trait]
+impl RecordStore for ClusterStore {
     async fn records_version(&self) -> Result<u64, StoreError> {
         super::records::version(&self.batches, self.keys.hasher()).await
     }
@@ -281,14 +292,6 @@ impl LimitStore for ClusterStore {
 
     async fn record_changes(&self, cursor: &str) -> Result<RecordChanges, StoreError> {
         super::records::changes(&self.batches, self.keys.hasher(), cursor).await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.batches.ping().await
-    }
-
-    fn pending(&self) -> usize {
-        self.batches.pending()
     }
 }
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::keys::{KeyCache, KeyHasher, CACHED_KEYS};
-use super::{Charge, Gate, LimitStore, RecordChanges, StoreError, Verdict};
+use super::{Charge, Gate, LimitStore, RecordChanges, RecordStore, StoreError, Verdict};
 use crate::clock::Clock;
 use batch::Batches;
 pub use batch::Bounds;
@@ -173,6 +173,17 @@ impl LimitStore for RedisStore {
         self.submit(charges, Gate::Open, codec::CREDIT).await
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.batches.ping().await
+    }
+
+    fn pending(&self) -> usize {
+        self.batches.pending()
+    }
+}
+
+#[async_trait]
+impl RecordStore for RedisStore {
     async fn records_version(&self) -> Result<u64, StoreError> {
         records::version(&self.batches, self.keys.hasher()).await
     }
@@ -200,14 +211,6 @@ impl LimitStore for RedisStore {
 
     async fn record_changes(&self, cursor: &str) -> Result<RecordChanges, StoreError> {
         records::changes(&self.batches, self.keys.hasher(), cursor).await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.batches.ping().await
-    }
-
-    fn pending(&self) -> usize {
-        self.batches.pending()
     }
 }
 
