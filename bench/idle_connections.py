@@ -15,7 +15,10 @@ It reports RSS before, with the connections open, and after the client
 closed them, in MiB and in KiB per connection, and writes the report to
 bench/connections.md (which `bench/run.py` includes in RESULTS.md).
 
-    python3 bench/idle_connections.py [--count 2000] [--head-bytes 4100]
+    python3 bench/idle_connections.py [--count 2000] [--head-bytes 4100] [--binary PATH]
+
+With `--binary`, another build (an earlier commit's) is measured, and the
+table is printed without replacing `bench/connections.md`.
 
 Needs `cargo build --release --bin tollgate` first.
 """
@@ -45,7 +48,7 @@ server:
   listen: ["127.0.0.1:{port}"]
   admin_listen: "127.0.0.1:{admin}"
   threads: 1
-  limits: {{ max_connections: 20000, max_header_bytes: 65536 }}
+  limits: {{ max_connections: 20000, max_connections_per_ip: 20000, max_header_bytes: 65536 }}
   timeouts: {{ header_read_ms: 60000, keepalive_idle_ms: 60000 }}
 store: {{ backend: memory }}
 upstreams:
@@ -113,6 +116,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--count", type=int, default=2000)
     ap.add_argument("--head-bytes", type=int, default=4100)
+    ap.add_argument("--binary", help="another tollgate build to measure; the table is only printed")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
@@ -140,8 +144,9 @@ def main():
              "stalled head is answered 408 after `header_read_ms`. What connections free goes back to the "
              "allocator at once, which hands it to the system after a delay of its own heap's activity "
              "(mimalloc's purge delay); `MIMALLOC_PURGE_DELAY=0` in the environment hands it back at once."]
-    with open(os.path.join(ROOT, "bench", "connections.md"), "w") as f:
-        f.write("\n".join(text) + "\n")
+    if not args.binary:
+        with open(os.path.join(ROOT, "bench", "connections.md"), "w") as f:
+            f.write("\n".join(text) + "\n")
     print("\n".join(text))
 
 
@@ -153,7 +158,7 @@ def measure(args, upstream_port, allocator, env):
         with open(policy, "w") as f:
             f.write(POLICY.format(port=port, admin=admin, upstream=upstream_port))
         gw = subprocess.Popen(
-            [BINARY, "run", "--config", policy], env={**os.environ, **env},
+            [args.binary or BINARY, "run", "--config", policy], env={**os.environ, **env},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
