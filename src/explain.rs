@@ -121,7 +121,7 @@ pub struct Explained<'a> {
     pub plan: Option<PlanId>,
     /// Per limit, in the route's order (pre-auth first): its id, and its
     /// charge or the dimension its key needs.
-    pub limits: Vec<(LimitId, Result<Charge, String>)>,
+    pub limits: Vec<(LimitId, Result<Charge, admission::plan::Lacks>)>,
 }
 
 /// A caller an operator names: its credential, if any, and its tenant.
@@ -234,7 +234,7 @@ pub fn resolve<'a>(
                 None
             };
             let charge = match needs {
-                Some(dim) => Err(dim.to_owned()),
+                Some(dim) => Err(admission::plan::Lacks::Caller(dim)),
                 None => admission::plan::named_charge(
                     policy,
                     id,
@@ -447,11 +447,11 @@ pub fn to_text(
             },
         );
         match charge {
-            Err(dim) => {
-                let _ = match dim.contains('.') {
-                    true => writeln!(out, "    store key: needs {dim}"),
-                    false => writeln!(out, "    store key: needs the caller's {dim} (--{dim})"),
-                };
+            Err(admission::plan::Lacks::Caller(dim)) => {
+                let _ = writeln!(out, "    store key: needs the caller's {dim} (--{dim})");
+            }
+            Err(lacks) => {
+                let _ = writeln!(out, "    store key: needs {lacks}");
             }
             Ok(c) => {
                 let key = match keys {

@@ -12,7 +12,7 @@
 //!    is looked up once the pre-auth limits admitted the request, and its
 //!    request limits decided in a second call; on a route that reads its
 //!    body, the request limits wait for it ([`admit_body`]).
-//! 5. [`conclude`]: the verdicts acted on in order — pre-auth limits,
+//! 5. [`mod@conclude`]: the verdicts acted on in order — pre-auth limits,
 //!    authentication, request limits. Pure.
 //!
 //! What the request path learns goes into [`Facts`] for the later
@@ -179,7 +179,7 @@ pub enum Admitted {
 }
 
 /// The whole request path up to pool admission: the head, the caller,
-/// the plan, the store's verdicts (counted), then [`conclude`].
+/// the plan, the store's verdicts (counted), then [`conclude()`].
 pub async fn admit<'a>(
     rt: &'a Runtime,
     peer: IpAddr,

@@ -320,12 +320,32 @@ pub fn plan_of(
         })
 }
 
+/// What the key of a charge an operator asks about lacks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Lacks {
+    /// A dimension of the caller the operator did not name: `ip`,
+    /// `credential` or `tenant`.
+    #[error("{0}")]
+    Caller(&'static str),
+    /// Values of these dimensions read from requests (absent, and the
+    /// limit says `skip`).
+    #[error("{0}")]
+    Values(String),
+    /// A value of these dimensions that cannot be used, and why.
+    #[error("{dims} that {why}")]
+    Unusable {
+        /// The dimensions, as the policy names them.
+        dims: String,
+        /// What is wrong with the value (never the value itself).
+        why: &'static str,
+    },
+}
+
 /// The charge of `cost` to limit `id` for `caller` on `route`, in `group`,
 /// keyed by the values an operator named by dimension (`named`:
 /// `header.x-end-user` → its value) instead of a request's: what
-/// `explain`, and the admin API's reset, credit and usage, act on. `Err`
-/// says what the key lacks: the dimensions it reads, and why a value
-/// cannot be used.
+/// `explain`, and the admin API's reset, credit and usage, act on; or
+/// what the key lacks.
 pub fn named_charge(
     policy: &Policy,
     id: LimitId,
@@ -334,7 +354,7 @@ pub fn named_charge(
     cost: u64,
     group: Group,
     named: &std::collections::HashMap<String, String>,
-) -> Result<Charge, String> {
+) -> Result<Charge, Lacks> {
     let headers = http::HeaderMap::new();
     let view = RequestView {
         named: Some(named),
@@ -344,13 +364,18 @@ pub fn named_charge(
     let mut used = Used::default();
     match limit_charge(policy, id, caller, &who, cost, group, &view, &mut used) {
         Ok(Some(charge)) => Ok(charge),
-        Ok(None) => Err(policy.limits[id]
-            .values
-            .dims
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")),
-        Err(refused) => Err(format!("{} that {}", refused.dim, refused.problem.says())),
+        Ok(None) => Err(Lacks::Values(
+            policy.limits[id]
+                .values
+                .dims
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        )),
+        Err(refused) => Err(Lacks::Unusable {
+            dims: refused.dim,
+            why: refused.problem.says(),
+        }),
     }
 }

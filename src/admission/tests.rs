@@ -231,36 +231,26 @@ fn a_value_a_request_limit_cannot_use_is_refused_after_the_pre_auth_limits() {
     assert_eq!(plan.charges.len(), 1);
     let refused = plan.refused.as_ref().unwrap();
     assert_eq!(&*refused.limit, "per-user");
-    let admitted = conclude(
-        &plan,
-        &[verdict(true)],
-        Conclusion::default(),
-        &mut Facts::default(),
-    );
+    let concluded = |allowed| {
+        conclude(
+            &plan,
+            &[verdict(allowed)],
+            Conclusion::default(),
+            &mut Facts::default(),
+        )
+    };
+    let admitted = concluded(true);
     assert!(
         matches!(admitted, Err(Rejection::KeyValue { .. })),
         "{admitted:?}"
     );
-    let limited = conclude(
-        &plan,
-        &[verdict(false)],
-        Conclusion::default(),
-        &mut Facts::default(),
-    );
+    let limited = concluded(false);
     assert!(
         matches!(limited, Err(Rejection::RateLimited { .. })),
         "{limited:?}"
     );
 
-    let plan = planned(
-        &policy,
-        "GET",
-        "/v1/users",
-        &[("x-end-user", "u-1")],
-        Some("a1"),
-        None,
-    )
-    .unwrap();
+    let plan = end_user_u1(&policy);
     assert!(plan.refused.is_none());
     assert_eq!(plan.charges.len(), 2);
 }
@@ -272,37 +262,24 @@ fn an_operator_names_a_key_s_values_as_a_request_would_send_them() {
     let caller = Caller::new(&policy, None, Some(&a1), None);
     let (id, _) = policy.limit_named("per-user").unwrap();
     let named = HashMap::from([("header.x-end-user".to_owned(), "u-1".to_owned())]);
-    let by_operator = planning::named_charge(
-        &policy,
-        id,
-        &caller,
-        "users",
-        1,
-        crate::limits::Group::Request,
-        &named,
-    )
-    .unwrap();
-    let by_request = planned(
-        &policy,
-        "GET",
-        "/v1/users",
-        &[("x-end-user", "u-1")],
-        Some("a1"),
-        None,
-    )
-    .unwrap();
-    assert_eq!(by_operator.key, by_request.charges[1].key);
-    let missing = planning::named_charge(
-        &policy,
-        id,
-        &caller,
-        "users",
-        1,
-        crate::limits::Group::Request,
-        &HashMap::new(),
+    let named_charge = |named: &HashMap<String, String>| {
+        let group = crate::limits::Group::Request;
+        planning::named_charge(&policy, id, &caller, "users", 1, group, named)
+    };
+    let by_operator = named_charge(&named).unwrap();
+    assert_eq!(by_operator.key, end_user_u1(&policy).charges[1].key);
+    let missing = named_charge(&HashMap::new()).unwrap_err();
+    assert!(
+        matches!(&missing, planning::Lacks::Unusable { dims, .. } if dims == "header.x-end-user"),
+        "{missing:?}"
     );
-    let missing = missing.unwrap_err();
-    assert!(missing.starts_with("header.x-end-user that "), "{missing}");
+    assert!(missing.to_string().starts_with("header.x-end-user that "));
+}
+
+/// The plan of `GET /v1/users` from `a1`, for the end user `u-1`.
+fn end_user_u1(policy: &Policy) -> Plan<'_> {
+    let headers = [("x-end-user", "u-1")];
+    planned(policy, "GET", "/v1/users", &headers, Some("a1"), None).unwrap()
 }
 
 fn verdict(allowed: bool) -> Verdict {
