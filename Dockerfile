@@ -25,6 +25,9 @@ WORKDIR /src
 # Fetch dependencies in their own layer, so that source edits do not
 # download them again. The stub sources only satisfy the manifest.
 COPY Cargo.toml Cargo.lock ./
+# Pingora's core, patched (vendor/pingora-core/PATCHED.md): a path
+# dependency the manifest needs whole before it can fetch.
+COPY vendor ./vendor
 RUN mkdir -p src bench benches \
  && touch src/lib.rs bench/plain_proxy.rs benches/hot_paths.rs \
  && echo 'fn main() {}' > src/main.rs \

@@ -708,6 +708,7 @@ fn add_proxy_listeners(
         h2.max_header_list_size(settings.edge.max_header_bytes as u32);
         h2.max_concurrent_streams(settings.http2_max_streams);
         proxy.h2_options = Some(h2);
+        tollgate::edge::app::answer_malformed_authorities();
     }
     let proxy = Arc::new(proxy);
     let edge_settings: tollgate::edge::LiveSettings = {

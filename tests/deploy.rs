@@ -272,6 +272,10 @@ fn the_image_serves_its_demo_policy_as_a_non_root_user() {
         r#"CMD ["run", "--config", "/etc/tollgate/tollgate.yaml"]"#
     ));
     assert!(has("HEALTHCHECK "));
+    // The patched crates the manifest builds from vendor/ are in the build.
+    if read("Cargo.toml").contains("path = \"vendor/") {
+        assert!(has("COPY vendor ./vendor"));
+    }
     // No anonymous volume over the policy's directory: a file is mounted.
     assert!(!has("VOLUME"));
     let user = lines

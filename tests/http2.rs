@@ -312,20 +312,41 @@ async fn a_stream_whose_body_stalls_ends_at_the_route_timeout_and_frees_its_perm
     drop(send);
 }
 
-/// An HTTP/2 request whose `:authority` and `Host` disagree is malformed
-/// (RFC 9113 §8.3.1): refused with 400, never forwarded, and the
-/// connection's other streams go on. (Pingora answers it before the
-/// gateway sees the stream, with an empty body.)
+/// An HTTP/2 request whose `:authority` and `Host` disagree, or whose
+/// authority names a user, is malformed (RFC 9113 §8.3.1): refused with the
+/// edge's problem+json 400 (though Pingora answers it before the gateway
+/// sees the stream), never forwarded, and the connection's other streams
+/// go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflicting_authorities_are_refused_and_never_forwarded() {
-    let (_dir, upstream, gw, mut client) = h2_gateway(|policy| policy).await;
+    let (_dir, upstream, gw, client) = h2_gateway(|policy| policy).await;
     let conflicting = http::Request::get(format!("http://{}/v1/x", gw.addr))
         .header("host", "elsewhere.test")
         .header("authorization", "Bearer key-c1")
         .body(())
         .unwrap();
-    let (response, _) = client.send_request(conflicting, true).unwrap();
-    assert_eq!(response.await.unwrap().status(), 400);
+    let with_user = http::Request::get(format!("http://user@{}/v1/x", gw.addr))
+        .header("authorization", "Bearer key-c1")
+        .body(())
+        .unwrap();
+    for malformed in [conflicting, with_user] {
+        let mut ready = client.clone().ready().await.unwrap();
+        let (response, _) = ready.send_request(malformed, true).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 400);
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let mut body = response.into_body();
+        let mut read = Vec::new();
+        while let Some(chunk) = body.data().await {
+            read.extend_from_slice(&chunk.unwrap());
+        }
+        let problem: serde_json::Value = serde_json::from_slice(&read).unwrap();
+        assert_eq!(problem["type"], "urn:tollgate:problem:bad-request");
+        assert_eq!(problem["status"], 400);
+    }
     assert_eq!(upstream.hits(), 0, "a malformed request is never forwarded");
     let mut client = client.ready().await.unwrap();
     let fine = http::Request::get(format!("http://{}/v1/x", gw.addr))

@@ -40,6 +40,7 @@ use super::conn::Guarded;
 use super::listener::{Listener, Reason};
 use super::replay::Replayed;
 use super::{EdgeSettings, LiveSettings};
+use crate::respond::Rejection;
 
 /// One listener's application around the shared HTTP proxy `A`.
 pub struct Edge<A> {
@@ -150,6 +151,22 @@ where
 
     async fn cleanup(&self) {
         self.proxy.http_cleanup().await;
+    }
+}
+
+/// Has Pingora's HTTP/2 server answer a stream whose authority is malformed
+/// (`:authority` and `Host` disagree, both are missing, or one names a user:
+/// RFC 9113 §8.3.1) with the edge's problem+json 400. Pingora refuses such a
+/// stream in its accept loop, before any stream reaches the proxy, so the
+/// answer is handed to it in advance (the one change of the vendored
+/// `pingora-core`). Once for the process; later calls change nothing.
+pub fn answer_malformed_authorities() {
+    let refusal = Rejection::BadRequest {
+        detail: "The request's :authority and Host disagree, are both missing, or name a user.",
+    };
+    let body = refusal.body();
+    if let Ok(header) = refusal.header(body.len(), None) {
+        pingora::protocols::http::v2::server::set_authority_rejection(header.headers.clone(), body);
     }
 }
 
