@@ -640,6 +640,9 @@ struct Scanner {
     wanted: Vec<String>,
     /// Each of them quoted (`"usage"`), to look for in an event's data.
     quoted: Vec<memchr::memmem::Finder<'static>>,
+    /// Whether a wanted name holds a byte JSON writes with a short escape
+    /// (`"`, `\`, `/` or a control byte): then any escape may spell it.
+    escapable: bool,
     /// The longest of them, in bytes: a longer name is not decoded further.
     longest: usize,
     /// The current member's name, decoded.
@@ -725,10 +728,15 @@ impl Scanner {
             .iter()
             .map(|name| memchr::memmem::Finder::new(format!("\"{name}\"").as_bytes()).into_owned())
             .collect();
+        let escapable = wanted.iter().any(|name| {
+            name.bytes()
+                .any(|b| matches!(b, b'"' | b'\\' | b'/') || b < 0x20)
+        });
         Scanner {
             state: State::Start,
             wanted,
             quoted,
+            escapable,
             longest,
             name: Vec::new(),
             name_long: false,
@@ -746,15 +754,18 @@ impl Scanner {
     }
 
     /// Whether `data` certainly holds no wanted member but null ones, so
-    /// that scanning it would read nothing: no `\u` escape (the only one
-    /// that could spell a name's letters), and every quoted occurrence of
-    /// a wanted name followed by `: null`. A quoted name inside a string is
-    /// escaped (`\"usage\"`) and never matches. Most events of a stream
-    /// (OpenAI's chunks carry `"usage":null`) are passed so, with a few
-    /// byte searches; any doubt scans the event.
+    /// that scanning it would read nothing: no escape that could spell a
+    /// wanted name (a `\u` escape, or any escape when a name holds a byte
+    /// with a short one), and every quoted occurrence of a wanted name
+    /// followed by `: null`. A quoted name inside a string is escaped
+    /// (`\"usage\"`) and never matches. Most events of a stream (OpenAI's
+    /// chunks carry `"usage":null`) are passed so, with a few byte
+    /// searches; any doubt scans the event.
     fn nothing_wanted(&self, data: &[u8]) -> bool {
         // Most events have no escape at all: one byte search says so.
-        if memchr::memchr(b'\\', data).is_some() && memchr::memmem::find(data, b"\\u").is_some() {
+        if memchr::memchr(b'\\', data).is_some()
+            && (self.escapable || memchr::memmem::find(data, b"\\u").is_some())
+        {
             return false;
         }
         self.quoted.iter().all(|name| {
@@ -1471,6 +1482,11 @@ mod tests {
         let reader = paths(&[&["\u{1F600}", "n"], &["a\"b/\n", "n"]]);
         let body = r#"{"\ud83d\ude00":{"n":3},"a\"b\/\n":{"n":4}}"#;
         every_split(&reader, false, body.as_bytes(), Some(7));
+        // So in an event stream, whose events are passed over unscanned
+        // when they cannot hold a wanted name: `\"`, `\/` and `\n` spell
+        // one, as `\u` does.
+        let event = concat!("data: ", r#"{"a\"b\/\n":{"n":4}}"#, "\n\n");
+        every_split(&reader, true, event.as_bytes(), Some(4));
         // Lone or broken surrogates and unknown escapes are not JSON.
         for body in [
             r#"{"\ud83d":{"n":3}}"#,
