@@ -169,13 +169,13 @@ const COLLECTIONS: [&str; 3] = [
 ];
 
 /// `path` as the collection it is under and the item it names (still
-/// percent-encoded; the collection's prefix taken off as many times as it
-/// leads), or as itself and no item.
+/// percent-encoded, the collection's prefix taken off once), or as itself
+/// and no item. An empty item names the collection itself.
 fn split(path: &str) -> (&str, Option<&str>) {
     for prefix in COLLECTIONS {
-        if path.starts_with(prefix) {
+        if let Some(item) = path.strip_prefix(prefix) {
             let collection = prefix.trim_end_matches('/');
-            return (collection, Some(path.trim_start_matches(prefix)));
+            return (collection, Some(item).filter(|item| !item.is_empty()));
         }
     }
     (path, None)
@@ -584,7 +584,13 @@ mod tests {
             ),
             (Method::GET, "/admin/revocations/c1", E::MethodNotAllowed),
             (Method::GET, "/admin/credentials", E::MethodNotAllowed),
-            (Method::GET, "/admin/credentials/", E::ShowCredential("")),
+            (Method::GET, "/admin/credentials/", E::MethodNotAllowed),
+            (Method::GET, "/admin/overrides/", E::Overrides),
+            (
+                Method::GET,
+                "/admin/credentials//admin/credentials/c1",
+                E::ShowCredential("/admin/credentials/c1"),
+            ),
             (Method::PUT, "/admin/overrides/acme", E::PutOverride("acme")),
             (Method::POST, "/admin/overrides/acme", E::MethodNotAllowed),
             (Method::GET, "/admin/top/x", E::NotFound),

@@ -282,4 +282,16 @@ fn admin_errors_are_problems_and_bodies_and_tenants_are_read_strictly() {
     let r = admin_call(&gw, "PUT", "/admin/overrides/acme", WRITE_TOKEN, &once);
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(audit_lines(&audit).iter().all(|l| l.len() <= 1024));
+
+    // Nothing there is a 404 of one problem type, whatever the endpoint; a
+    // collection's prefix is taken off once, so a repeated one names no
+    // item.
+    for path in [
+        "/admin/overrides/nobody",
+        "/admin/overrides//admin/overrides/acme",
+    ] {
+        let r = admin_call(&gw, "DELETE", path, WRITE_TOKEN, "");
+        assert_eq!(r.status, 404, "{path}: {}", r.body);
+        assert_eq!(r.json()["type"], "urn:tollgate:problem:admin-not-found");
+    }
 }

@@ -51,7 +51,7 @@ impl Admin {
         if !known {
             return problem(
                 404,
-                "admin-bad-request",
+                "admin-not-found",
                 &format!("no credential {:?}", r.credential),
             );
         }
@@ -93,7 +93,7 @@ impl Admin {
         if !rt.services.revocations.revoked(credential, now) {
             return problem(
                 404,
-                "admin-bad-request",
+                "admin-not-found",
                 &format!("no revocation of {credential:?} in force"),
             );
         }
@@ -223,7 +223,7 @@ impl Admin {
             ),
             Ok(None) => problem(
                 404,
-                "admin-bad-request",
+                "admin-not-found",
                 &format!("no credential {id:?} in the store"),
             ),
             Err(e) => problem(
@@ -250,7 +250,7 @@ impl Admin {
         if matches!(done, Ok(None)) {
             return problem(
                 404,
-                "admin-bad-request",
+                "admin-not-found",
                 &format!("no credential {id:?} in the store"),
             );
         }
@@ -274,7 +274,7 @@ impl Admin {
 fn store_keys_off() -> Response<Vec<u8>> {
     problem(
         404,
-        "admin-bad-request",
+        "admin-not-found",
         "credentials are kept in the store only with auth.store_keys in the policy",
     )
 }

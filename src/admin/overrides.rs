@@ -102,7 +102,7 @@ impl Admin {
         {
             return problem(
                 404,
-                "admin-bad-request",
+                "admin-not-found",
                 &format!("no override of {tenant:?} in force"),
             );
         }
