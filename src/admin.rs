@@ -1,8 +1,8 @@
 //! The admin listener: liveness, readiness, metrics, heavy hitters, quota
 //! usage and reload. Who may use `/admin/*` is [`access`]'s to say; every
 //! write, allowed, refused or failed, goes to the [`audit`] log, and so
-//! does every refusal of a caller no token identified (those at a bounded
-//! rate). Write bodies are read and parsed by [`body`]. Every error of
+//! do every failed read by a valid token and every refusal of a caller no
+//! token identified (those at a bounded rate). Write bodies are read and parsed by [`body`]. Every error of
 //! `/admin/*` is `application/problem+json`.
 //!
 //! This file holds the listener, the router (one table of every `/admin/*`
@@ -51,7 +51,7 @@ pub struct Admin {
     drain: Arc<Drain>,
     writes: access::WriteLimiter,
     /// Audit lines of refused callers without a valid token.
-    refusals: audit::Throttle,
+    refusals: Arc<audit::Throttle>,
     started: std::time::Instant,
 }
 
@@ -214,7 +214,7 @@ impl Admin {
             env,
             drain,
             writes: access::WriteLimiter::default(),
-            refusals: audit::Throttle::default(),
+            refusals: Arc::default(),
             started: crate::clock::instant(),
         }
     }
@@ -252,7 +252,10 @@ impl Admin {
             }
         };
         let unrecorded = response.extensions().get::<Audited>().is_none();
-        if unrecorded && (access::is_write(&method) || result == "refused") {
+        // Every attempt to write, every refusal, and every failed read by
+        // a valid token.
+        let failed_read = who.identified() && result != "ok";
+        if unrecorded && (access::is_write(&method) || result == "refused" || failed_read) {
             let entry = audit::Entry {
                 time: crate::access_log::timestamp(rt.wall()),
                 actor: who.actor(),
@@ -344,16 +347,32 @@ impl Admin {
 
     /// Records the refusal of a caller no token identified: always in the
     /// metric, in the audit log within [`audit::REFUSALS_PER_SECOND`] lines
-    /// in all, the count of those left out said before the next line.
-    fn audit_refusal(&self, rt: &Runtime, entry: audit::Entry<'_>) {
+    /// in all, the count of those left out said at the end of their second
+    /// (or before the next line, when one comes first).
+    fn audit_refusal(&self, rt: &Arc<Runtime>, entry: audit::Entry<'_>) {
         rt.services
             .metrics
             .admin_actions
             .with_label_values(&[entry.action, entry.result])
             .inc();
         let now = crate::clock::instant() - self.started;
-        let Some(left_out) = self.refusals.admit(now) else {
-            return;
+        let left_out = match self.refusals.admit(now) {
+            audit::Admit::Write { left_out } => left_out,
+            audit::Admit::LeftOut { say_at: None } => return,
+            audit::Admit::LeftOut { say_at: Some(at) } => {
+                let (refusals, rt) = (self.refusals.clone(), rt.clone());
+                let due = tokio::time::Instant::from_std(self.started + at);
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(due).await;
+                    let left_out = refusals.take_left_out();
+                    if left_out > 0 {
+                        let time = crate::access_log::timestamp(rt.wall());
+                        let file = rt.policy.server.audit_log.as_deref();
+                        audit::record(file, &audit::Entry::suppressed(time, left_out));
+                    }
+                });
+                return;
+            }
         };
         let file = rt.policy.server.audit_log.as_deref();
         if left_out > 0 {

@@ -6,7 +6,8 @@
 //! callers no token identified are another matter, since anyone who reaches
 //! the admin port can cause them: their lines are held to
 //! [`REFUSALS_PER_SECOND`] in all ([`Throttle`]), and the count of those
-//! left out is one line of its own before the next one written. Every line
+//! left out is one line of its own, written at the end of the second that
+//! left them out (or before the next line, if that comes first). Every line
 //! is at most [`MAX_LINE_BYTES`]: long values (a 30 KB path) are cut.
 
 use std::io::Write;
@@ -187,14 +188,32 @@ struct Window {
     second: u64,
     written: u32,
     suppressed: u64,
+    /// A `suppressed` line is due: its writer waits for the window's end.
+    due: bool,
+}
+
+/// What [`Throttle::admit`] says of a refusal's line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Write it, after a `suppressed` line when `left_out` is not 0.
+    Write {
+        /// The refusals left out before it, not said yet.
+        left_out: u64,
+    },
+    /// Leave it out; it is counted.
+    LeftOut {
+        /// When this is the first left out since the count was last said:
+        /// the end of its second (of the process clock), when the count is
+        /// to be written ([`Throttle::take_left_out`]) if no line did so
+        /// before.
+        say_at: Option<Duration>,
+    },
 }
 
 impl Throttle {
     /// Whether a refusal's line may be written at `now` (of the process
-    /// clock): `Some(n)` when it may, `n` being the refusals left out
-    /// before it (to be said first, when not 0); `None` when it is left
-    /// out.
-    pub fn admit(&self, now: Duration) -> Option<u64> {
+    /// clock).
+    pub fn admit(&self, now: Duration) -> Admit {
         let second = now.as_secs();
         let mut window = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if window.second != second {
@@ -203,10 +222,24 @@ impl Throttle {
         }
         if window.written >= REFUSALS_PER_SECOND {
             window.suppressed += 1;
-            return None;
+            let first = !std::mem::replace(&mut window.due, true);
+            return Admit::LeftOut {
+                say_at: first.then(|| Duration::from_secs(second + 1)),
+            };
         }
         window.written += 1;
-        Some(std::mem::take(&mut window.suppressed))
+        window.due = false;
+        Admit::Write {
+            left_out: std::mem::take(&mut window.suppressed),
+        }
+    }
+
+    /// The refusals left out and not said yet, now said (0 when a line
+    /// said them already).
+    pub fn take_left_out(&self) -> u64 {
+        let mut window = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        window.due = false;
+        std::mem::take(&mut window.suppressed)
     }
 }
 
@@ -298,20 +331,37 @@ mod tests {
     fn refusals_are_written_ten_a_second_then_counted() {
         let throttle = Throttle::default();
         let at = |ms: u64| Duration::from_millis(ms);
+        let write = |left_out| Admit::Write { left_out };
         for i in 0..REFUSALS_PER_SECOND {
-            assert_eq!(throttle.admit(at(5_000 + u64::from(i))), Some(0));
+            assert_eq!(throttle.admit(at(5_000 + u64::from(i))), write(0));
         }
-        for _ in 0..25 {
-            assert_eq!(throttle.admit(at(5_500)), None);
+        // The first left out says when its count is due: the second's end.
+        assert_eq!(
+            throttle.admit(at(5_500)),
+            Admit::LeftOut {
+                say_at: Some(at(6_000))
+            }
+        );
+        for _ in 1..25 {
+            assert_eq!(throttle.admit(at(5_500)), Admit::LeftOut { say_at: None });
         }
-        // The next second's first line says how many were left out, once.
-        assert_eq!(throttle.admit(at(6_000)), Some(25));
-        assert_eq!(throttle.admit(at(6_001)), Some(0));
-        // A quiet gap loses nothing: the count waits for the next line.
+        // A line written first says how many were left out, once.
+        assert_eq!(throttle.admit(at(6_000)), write(25));
+        assert_eq!(throttle.take_left_out(), 0);
+        assert_eq!(throttle.admit(at(6_001)), write(0));
+        // Without one, the count is taken when it is due, once.
         for _ in 0..8 {
             throttle.admit(at(6_002));
         }
-        assert_eq!(throttle.admit(at(6_003)), None);
-        assert_eq!(throttle.admit(at(60_000)), Some(1));
+        assert_eq!(
+            throttle.admit(at(6_003)),
+            Admit::LeftOut {
+                say_at: Some(at(7_000))
+            }
+        );
+        assert_eq!(throttle.admit(at(6_004)), Admit::LeftOut { say_at: None });
+        assert_eq!(throttle.take_left_out(), 2);
+        assert_eq!(throttle.take_left_out(), 0);
+        assert_eq!(throttle.admit(at(60_000)), write(0));
     }
 }

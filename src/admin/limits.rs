@@ -44,6 +44,7 @@ impl Admin {
         };
         let charge = match charge_of(rt, &k, units) {
             Ok(c) => c,
+            Err((404, detail)) => return problem(404, "admin-not-found", &detail),
             Err((status, detail)) => return problem(status, "admin-bad-request", &detail),
         };
         let probe = Charge {
@@ -285,7 +286,7 @@ pub(super) async fn usage(rt: &Runtime, query: Option<&str>) -> Response<Vec<u8>
     };
     let policy = &rt.policy;
     let Some((id, limit)) = policy.limit_named(name) else {
-        return problem(404, "admin-bad-request", &format!("no limit {name:?}"));
+        return problem(404, "admin-not-found", &format!("no limit {name:?}"));
     };
     if !matches!(limit.params, Params::Quota(_)) {
         return problem(
