@@ -89,17 +89,17 @@ pub struct Drainer {
     drain: Arc<Drain>,
     grace: Duration,
     /// Run last, before the process exits (leases given back, the access
-    /// log flushed).
-    before_exit: Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>,
+    /// log flushed), given what is left of the grace.
+    before_exit: Box<dyn Fn(Duration) -> BoxFuture<'static, ()> + Send + Sync>,
 }
 
 impl Drainer {
-    /// Drains `drain` for at most `grace`, then runs `before_exit` and ends
-    /// the process.
+    /// Drains `drain` for at most `grace`, then runs `before_exit` with
+    /// what is left of `grace` and ends the process.
     pub fn new(
         drain: Arc<Drain>,
         grace: Duration,
-        before_exit: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
+        before_exit: impl Fn(Duration) -> BoxFuture<'static, ()> + Send + Sync + 'static,
     ) -> Self {
         Self {
             drain,
@@ -127,7 +127,8 @@ impl BackgroundService for Drainer {
             waited_ms = started.elapsed().as_millis() as u64,
             "drained, exiting"
         );
-        (self.before_exit)().await;
+        let left = self.grace.saturating_sub(started.elapsed());
+        (self.before_exit)(left).await;
         std::process::exit(0);
     }
 }

@@ -113,9 +113,16 @@ enum UsageCommand {
     Tail {
         #[arg(long, short)]
         config: PathBuf,
-        /// How many.
+        /// How many, at most.
         #[arg(long, short = 'n', default_value_t = 10)]
         count: usize,
+        /// Only records of this recent span, e.g. `1h`, `30m`.
+        #[arg(long)]
+        since: Option<String>,
+        /// Only these fields of each record, comma-separated (the fields
+        /// `summary --by` takes).
+        #[arg(long, value_delimiter = ',')]
+        by: Vec<String>,
     },
     /// Sum the records of a recent span by the fields named.
     Summary {
@@ -267,6 +274,26 @@ fn printed(result: anyhow::Result<String>) -> ExitCode {
     }
 }
 
+/// `--by`'s fields, each one a record can be grouped by.
+fn fields_known(by: &[String]) -> anyhow::Result<()> {
+    use tollgate::usage::report;
+    match by.iter().find(|f| !report::groups_by(f)) {
+        Some(unknown) => anyhow::bail!(
+            "--by {unknown:?}: one of {}, or values.LIMIT",
+            tollgate::usage::report::GROUPS.join(", ")
+        ),
+        None => Ok(()),
+    }
+}
+
+/// The start of `--since`'s span, in Unix milliseconds.
+fn since_ms(since: &str) -> anyhow::Result<u64> {
+    let span =
+        humantime::parse_duration(since).map_err(|e| anyhow::anyhow!("--since {since:?}: {e}"))?;
+    let now = tollgate::clock::wall_ms();
+    Ok(now.saturating_sub(span.as_millis() as u64))
+}
+
 /// `tollgate usage`: the ledger's Redis stream, read with a connection of
 /// its own.
 fn usage(command: &UsageCommand) -> anyhow::Result<String> {
@@ -303,32 +330,37 @@ fn usage(command: &UsageCommand) -> anyhow::Result<String> {
     };
     type Entries = Vec<(String, Vec<(String, String)>)>;
     match command {
-        UsageCommand::Tail { count, .. } => {
+        UsageCommand::Tail {
+            count, since, by, ..
+        } => {
+            fields_known(by)?;
+            let first = match since {
+                Some(since) => format!("{}-0", since_ms(since)?),
+                None => "-".to_owned(),
+            };
             let mut entries: Entries = redis::cmd("XREVRANGE")
                 .arg(&key)
                 .arg("+")
-                .arg("-")
+                .arg(first)
                 .arg("COUNT")
                 .arg(*count)
                 .query(conn.as_mut())?;
             entries.reverse();
-            Ok(entries
+            if by.is_empty() {
+                return Ok(entries
+                    .iter()
+                    .filter_map(|(_, fields)| fields.iter().find(|(n, _)| n == "record"))
+                    .map(|(_, json)| format!("{json}\n"))
+                    .collect());
+            }
+            Ok(report::records_of(&entries)
                 .iter()
-                .filter_map(|(_, fields)| fields.iter().find(|(n, _)| n == "record"))
-                .map(|(_, json)| format!("{json}\n"))
+                .map(|record| format!("{}\n", report::fields_of(record, by)))
                 .collect())
         }
         UsageCommand::Summary { since, by, .. } => {
-            if let Some(unknown) = by.iter().find(|f| !report::groups_by(f)) {
-                anyhow::bail!(
-                    "--by {unknown:?}: one of {}, or values.LIMIT",
-                    report::GROUPS.join(", ")
-                );
-            }
-            let span = humantime::parse_duration(since)
-                .map_err(|e| anyhow::anyhow!("--since {since:?}: {e}"))?;
-            let now = tollgate::clock::wall_ms();
-            let from = now.saturating_sub(span.as_millis() as u64);
+            fields_known(by)?;
+            let from = since_ms(since)?;
             let mut start = format!("{from}-0");
             let mut records = Vec::new();
             loop {
@@ -594,7 +626,7 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
     ));
     server.add_service(background_service(
         "drain on SIGTERM",
-        Drainer::new(drain, settings.shutdown_grace, move || {
+        Drainer::new(drain, settings.shutdown_grace, move |left| {
             let services = services.clone();
             Box::pin(async move {
                 services.limiter.return_leases().await;
@@ -603,7 +635,10 @@ fn run(path: PathBuf, client_log: Arc<ClientLog>) -> anyhow::Result<()> {
                     log.flush(std::time::Duration::from_secs(1)).await;
                 }
                 if let Some(ledger) = &services.usage {
-                    ledger.flush(tollgate::usage::FLUSH_LIMIT).await;
+                    // The spool is on disk at once; its sinks are waited
+                    // for within the drain time, what is left shipped after
+                    // the next start.
+                    ledger.flush(left.min(tollgate::usage::FLUSH_LIMIT)).await;
                 }
             })
         }),

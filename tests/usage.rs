@@ -272,6 +272,19 @@ fn every_admitted_request_is_recorded_once_at_each_sink_with_its_settled_cost() 
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(ids_of(&lines), ids[27..], "the last three, oldest first");
+    // Of a recent span, some fields only.
+    let args = ["usage", "tail", "--config", config, "-n", "2"];
+    let fields = tollgate(&[&args[..], &["--since", "1h", "--by", "tenant,route"]].concat());
+    let lines: Vec<serde_json::Value> = fields
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{fields}");
+    for line in &lines {
+        assert_eq!(line.as_object().unwrap().len(), 2, "{line}");
+        assert_eq!(line["tenant"], "acme");
+        assert!(line["route"].is_string(), "{line}");
+    }
     let summary = tollgate(&["usage", "summary", "--config", config, "--since", "1h"]);
     assert!(summary.starts_with("30 records since "), "{summary}");
     let row = |route: &str| -> Vec<String> {
@@ -393,13 +406,14 @@ fn a_full_spool_refuses_recording_routes_or_drops_the_oldest() {
     receiver.failing.store(true, Ordering::SeqCst);
     let upstream = Upstream::start();
     let dir = tempfile::tempdir().unwrap();
-    // Records of ~2.5 KiB (a long path) fill 1 MiB in a few hundred.
+    // Records of ~2.5 KiB (a long path) fill the smallest spool, 64 KiB,
+    // in a few dozen.
     let long = format!("/v1/{}", "p".repeat(2000));
     let path = |n: usize| format!("{long}{n}");
     let text = policy(
         &dir.path().join("refuse"),
         &sinks(None, &receiver, 50),
-        ", max_bytes: 1048576",
+        ", max_bytes: 65536",
     )
     .replace("capacity: 20,", "capacity: 100000,");
     let gw = Gateway::start(&text, Some(&upstream));
@@ -434,7 +448,7 @@ fn a_full_spool_refuses_recording_routes_or_drops_the_oldest() {
     assert!(eventually(Duration::from_secs(5), || gw
         .metric("tollgate_usage_dropped_total")
         > 0.0));
-    assert!(gw.metric("tollgate_usage_spool_bytes") <= 1048576.0);
+    assert!(gw.metric("tollgate_usage_spool_bytes") <= 65536.0);
 }
 
 #[test]

@@ -100,8 +100,9 @@ pub const RESPONSE_BUFFER_BYTES: Bound = Bound::new(0, 16 << 20, 65_536);
 pub const BODY_GRACE_MS: Bound = Bound::new(1, HOUR_MS, edge::BODY_GRACE_MS);
 /// `server.timeouts.body_total_ms`.
 pub const BODY_TOTAL_MS: Bound = Bound::new(1, HOUR_MS, edge::BODY_TOTAL_MS);
-/// `usage.spool.max_bytes`: from 1 MiB, 1 GiB by default.
-pub const SPOOL_MAX_BYTES: Bound = Bound::new(1 << 20, 1 << 50, 1 << 30);
+/// `usage.spool.max_bytes`: from 64 KiB (eight records' room), 1 GiB by
+/// default.
+pub const SPOOL_MAX_BYTES: Bound = Bound::new(64 << 10, 1 << 50, 1 << 30);
 /// `usage.spool.fsync_ms`.
 pub const SPOOL_FSYNC_MS: Bound = Bound::new(1, 10_000, 100);
 /// `usage.sinks[].http.batch`.

@@ -11,8 +11,9 @@
 //! reaches every sink at least once; the Redis stream takes each id once
 //! (a `SET NX` of the id beside the `XADD`, in one script), and a
 //! CloudEvents receiver deduplicates on the event id. SIGTERM's drain
-//! waits up to [`FLUSH_LIMIT`] for the sinks to catch up; what is left is
-//! shipped after the next start.
+//! waits for the sinks to catch up within what is left of the drain time
+//! and at most [`FLUSH_LIMIT`]; what is left is shipped after the next
+//! start.
 
 pub mod record;
 pub mod report;

@@ -56,6 +56,23 @@ fn group_of(record: &Record, by: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// `by`'s fields of a record as one JSON object, in `by`'s order, for
+/// `tail --by` (`null` for a field the record has none of).
+pub fn fields_of(record: &Record, by: &[String]) -> String {
+    let whole = serde_json::to_value(record).unwrap_or_default();
+    let fields: Vec<String> = by
+        .iter()
+        .map(|field| {
+            let value = match field.strip_prefix("values.") {
+                Some(limit) => whole["values"][limit].clone(),
+                None => whole[field.as_str()].clone(),
+            };
+            format!("{}:{value}", serde_json::Value::from(field.as_str()))
+        })
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
 /// Records summed by the fields `by`.
 pub fn summarize<'a>(
     records: impl IntoIterator<Item = &'a Record>,
@@ -179,6 +196,14 @@ mod tests {
         assert_eq!(sums_by_model[&vec!["gpt-4o".to_string()]].settled, 5);
         assert_eq!(sums_by_model[&vec!["-".to_string()]].settled, 7);
         assert!(groups_by("values.model-tokens") && groups_by("tenant"));
+        let fields = fields_of(
+            &priced,
+            &["route".into(), "values.model-tokens".into(), "plan".into()],
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&fields).unwrap(),
+            serde_json::json!({"route": "chat", "values.model-tokens": "gpt-4o", "plan": null})
+        );
         assert!(!groups_by("values.") && !groups_by("tenantt"));
         let text = table(&sums, &by);
         let lines: Vec<&str> = text.lines().collect();

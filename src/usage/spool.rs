@@ -157,7 +157,9 @@ impl Spool {
         let spool = Arc::new(Self {
             dir: dir.to_path_buf(),
             max_bytes,
-            segment_bytes: (max_bytes / 8).clamp(64 << 10, 64 << 20),
+            // Eight segments or more, so that dropping the oldest frees an
+            // eighth at most.
+            segment_bytes: (max_bytes / 8).clamp(RECORD_ROOM, 64 << 20),
             drop_oldest,
             state: Mutex::new(State {
                 segments,
