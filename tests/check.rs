@@ -39,6 +39,7 @@ const FIXTURES: &[(&str, &str)] = &[
     ("sliding_log_too_large", "tests/config/sliding_log_too_large.yaml: limits.exact.limit: must be at most 10000, got 20000"),
     ("wrong_parameters", "tests/config/wrong_parameters.yaml: limits.per-tenant: `capacity` does not apply to sliding_window; it takes `limit` and `window_seconds`\ntests/config/wrong_parameters.yaml: limits.per-tenant: missing `limit`"),
     ("cost_exceeds_capacity", "tests/config/cost_exceeds_capacity.yaml: routes[0].limits[0]: route cost 11 exceeds the capacity 10 of limit \"per-tenant\": it could never be admitted"),
+    ("cost_exceeds_value_capacity", "tests/config/cost_exceeds_value_capacity.yaml: routes[0].limits[0]: route cost 10 exceeds the capacity 5 of limit \"per-model\" (values \"small\"): it could never be admitted"),
     ("cost_exceeds_plan_capacity", "tests/config/cost_exceeds_plan_capacity.yaml: routes[0].limits[0]: route cost 5 exceeds the capacity 4 of limit \"per-tenant\" (plan \"free\"): it could never be admitted"),
     ("duplicate_route", "tests/config/duplicate_route.yaml: routes[1].name: duplicate route name \"r\""),
     ("duplicate_limit", "tests/config/duplicate_limit.yaml:3:3: limits: duplicate name \"per-tenant\""),
@@ -209,6 +210,38 @@ routes:
         format!(
             "{file}: warning: route \"chat\": cost_from_request.max (4000) exceeds the capacity (1000) \
              of limit \"tokens\": a request naming that much is refused even by a full budget",
+        )
+    );
+    // So for the budget of a value the limit lists (the model's).
+    let (code, _, stderr, file) = check_policy(
+        r#"
+version: 1
+limits:
+  tokens:
+    key: [ip, body.model]
+    capacity: 100000
+    refill_per_second: 1
+    values: { gpt-4o: { capacity: 2000, refill_per_second: 1 } }
+    other: reject
+upstreams:
+  llm: { servers: ["127.0.0.1:9"] }
+routes:
+  - name: chat
+    path: /v1/chat/completions
+    upstream: llm
+    auth: none
+    limits: [tokens]
+    cost_from_request: { json: max_tokens, max: 4000, default: 100 }
+    cost_from_response: { format: openai, max: 800 }
+"#,
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "{file}: warning: route \"chat\": cost_from_request.max (4000) exceeds the capacity (2000) \
+             of limit \"tokens\" (values \"gpt-4o\"): a request naming that much is refused even by a \
+             full budget",
         )
     );
 }

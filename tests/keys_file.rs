@@ -136,7 +136,7 @@ fn oversized_files_are_refused_unread() {
             .ends_with("keys.txt: file is larger than 512 MiB"),
         "{stderr}"
     );
-    // A YAML keys file keeps a policy's bound, and says where to go beyond.
+    // A YAML keys file has the same bound (a policy's is 64 MiB).
     let text = std::fs::read_to_string(dir.path().join("policy.yaml")).unwrap();
     std::fs::write(
         dir.path().join("policy.yaml"),
@@ -144,15 +144,19 @@ fn oversized_files_are_refused_unread() {
     )
     .unwrap();
     let file = std::fs::File::create(dir.path().join("keys.yaml")).unwrap();
-    file.set_len((64 << 20) + 1).unwrap();
+    file.set_len((512 << 20) + 1).unwrap();
     let (code, _, stderr) = check(dir.path());
     assert_eq!(code, 1);
     assert!(
-        stderr.trim_end().ends_with(
-            "keys.yaml: file is larger than 64 MiB; a keys file in the line format (not named .yaml) may be up to 512 MiB"
-        ),
+        stderr
+            .trim_end()
+            .ends_with("keys.yaml: file is larger than 512 MiB"),
         "{stderr}"
     );
+    file.set_len((64 << 20) + 1).unwrap();
+    let (code, _, stderr) = check(dir.path());
+    assert_eq!(code, 1, "64 MiB of NUL bytes is no keys file");
+    assert!(!stderr.contains("larger than"), "{stderr}");
 }
 
 #[test]

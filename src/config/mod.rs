@@ -77,7 +77,7 @@ fn render_problems(file: &str, problems: &[Problem]) -> String {
 
 /// Reads, parses and validates a policy file.
 pub fn load(path: &Path) -> Result<Policy, ConfigError> {
-    from_text(path, &read(path)?)
+    from_text(path, &read(path, MAX_FILE_BYTES)?)
 }
 
 /// Parses and validates a policy's `text` as if read from `path` (files it
@@ -105,7 +105,9 @@ pub fn is_demo(path: &Path) -> bool {
 /// resolves them. Only the policy when it does not parse.
 pub fn files_of(path: &Path) -> Vec<PathBuf> {
     let mut files = vec![path.to_path_buf()];
-    let Ok(raw) = read(path).and_then(|text| parse::<schema::RawConfig>(path, &text)) else {
+    let Ok(raw) =
+        read(path, MAX_FILE_BYTES).and_then(|text| parse::<schema::RawConfig>(path, &text))
+    else {
         return files;
     };
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -125,30 +127,34 @@ pub fn files_of(path: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Policy and keys files larger than this are refused unread.
+/// Policy files larger than this are refused unread.
 const MAX_FILE_BYTES: u64 = 64 << 20;
 /// Deeper nesting is refused before parsing: no policy needs it, and a
 /// parser's work on it grows faster than its size.
 const MAX_DEPTH: usize = 64;
 
-fn read(path: &Path) -> Result<String, ConfigError> {
+/// The text of `path`, refused when it is larger than `most` bytes.
+fn read(path: &Path, most: u64) -> Result<String, ConfigError> {
     let read_error = |source| ConfigError::Read {
         file: path.display().to_string(),
         source,
     };
+    let too_large = || ConfigError::Syntax {
+        file: path.display().to_string(),
+        location: Location(None),
+        message: format!("file is larger than {} MiB", most >> 20),
+    };
     let file = std::fs::File::open(path).map_err(read_error)?;
+    // Refused unread when its size says so; the read is bounded too, for
+    // a file that grows meanwhile or has no size.
+    if file.metadata().is_ok_and(|m| m.len() > most) {
+        return Err(too_large());
+    }
     let mut text = String::new();
-    std::io::Read::read_to_string(
-        &mut std::io::Read::take(file, MAX_FILE_BYTES + 1),
-        &mut text,
-    )
-    .map_err(read_error)?;
-    if text.len() as u64 > MAX_FILE_BYTES {
-        return Err(ConfigError::Syntax {
-            file: path.display().to_string(),
-            location: Location(None),
-            message: format!("file is larger than {} MiB", MAX_FILE_BYTES >> 20),
-        });
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, most + 1), &mut text)
+        .map_err(read_error)?;
+    if text.len() as u64 > most {
+        return Err(too_large());
     }
     Ok(text)
 }
@@ -238,8 +244,10 @@ fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, C
 /// larger than a policy.
 const MAX_KEYS_FILE_BYTES: u64 = 512 << 20;
 
-/// A keys file: YAML (`.yaml`, `.yml`; at most a policy's size), or the
-/// line format (any other name), read as it is checked.
+/// A keys file: YAML (`.yaml`, `.yml`), or the line format (any other
+/// name), read as it is checked. Either may be up to
+/// [`MAX_KEYS_FILE_BYTES`]; the line format is the one that loads a large
+/// file fast and small in memory.
 enum KeysFile {
     Yaml(schema::RawKeysFile),
     Lines(std::io::BufReader<std::fs::File>),
@@ -249,20 +257,7 @@ enum KeysFile {
 fn load_keys_file(path: &Path) -> Result<KeysFile, ConfigError> {
     let yaml = path.extension().is_some_and(|x| x == "yaml" || x == "yml");
     if yaml {
-        let too_large = std::fs::metadata(path).is_ok_and(|m| m.len() > MAX_FILE_BYTES);
-        if too_large {
-            return Err(ConfigError::Syntax {
-                file: path.display().to_string(),
-                location: Location(None),
-                message: format!(
-                    "file is larger than {} MiB; a keys file in the line format \
-                     (not named .yaml) may be up to {} MiB",
-                    MAX_FILE_BYTES >> 20,
-                    MAX_KEYS_FILE_BYTES >> 20
-                ),
-            });
-        }
-        let text = read(path)?;
+        let text = read(path, MAX_KEYS_FILE_BYTES)?;
         return parse(path, &text).map(KeysFile::Yaml);
     }
     let read_error = |source| ConfigError::Read {

@@ -275,6 +275,21 @@ pub struct Limit {
     pub values: crate::key_values::ValueKey,
 }
 
+impl Limit {
+    /// Its own numbers and those of each `values` entry, the entries by
+    /// value: every budget a request of some value is decided against
+    /// (plans aside).
+    pub fn budgets(&self) -> Vec<(Option<&str>, Params)> {
+        let mut entries: Vec<(Option<&str>, Params)> = (self.values.values.iter())
+            .flat_map(|values| values.iter().map(|(v, p)| (Some(&**v), *p)))
+            .collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        std::iter::once((None, self.params))
+            .chain(entries)
+            .collect()
+    }
+}
+
 /// The order a pool's waiters of one priority are served in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum QueueOrder {
@@ -445,6 +460,11 @@ impl CostFromRequest {
     /// `default` when it names none, names it twice or names no whole
     /// number.
     pub fn estimate(&self, headers: &http::HeaderMap, body: Option<&BodyValues>) -> u64 {
+        // A body too large to read (`oversize: absent`) could have named
+        // anything: the most, whichever source names the estimate.
+        if body.is_some_and(|b| b.oversize) {
+            return self.max;
+        }
         let named = match &self.source {
             RequestCost::Header(name) => {
                 let mut lines = headers.get_all(name).iter();
@@ -454,7 +474,6 @@ impl CostFromRequest {
                 decimal(value.as_bytes())
             }
             RequestCost::Json(path) => match body {
-                Some(b) if b.oversize => return self.max,
                 Some(b) => match b.get(path) {
                     Ok(Some(v)) => decimal(v.as_bytes()),
                     _ => None,
@@ -626,28 +645,32 @@ impl Policy {
                 if limit.params.is_concurrency() {
                     continue;
                 }
-                if let Some(spec) = &route.cost_from_response {
-                    let capacity = limit.params.quota();
-                    if spec.max - route.cost > capacity {
-                        out.push(format!(
-                            "route {:?}: cost_from_response.max - cost ({}) exceeds the capacity \
-                             ({capacity}) of limit {:?}: one response may cost more than a full \
-                             budget, and callers go into debt",
-                            route.name,
-                            spec.max - route.cost,
-                            limit.name
-                        ));
+                for (value, params) in limit.budgets() {
+                    let capacity = params.quota();
+                    let of = match value {
+                        Some(v) => format!("limit {:?} (values {v:?})", limit.name),
+                        None => format!("limit {:?}", limit.name),
+                    };
+                    if let Some(spec) = &route.cost_from_response {
+                        if spec.max - route.cost > capacity {
+                            out.push(format!(
+                                "route {:?}: cost_from_response.max - cost ({}) exceeds the \
+                                 capacity ({capacity}) of {of}: one response may cost more than \
+                                 a full budget, and callers go into debt",
+                                route.name,
+                                spec.max - route.cost,
+                            ));
+                        }
                     }
-                }
-                if let Some(named) = &route.cost_from_request {
-                    let capacity = limit.params.quota();
-                    if named.max > capacity {
-                        out.push(format!(
-                            "route {:?}: cost_from_request.max ({}) exceeds the capacity \
-                             ({capacity}) of limit {:?}: a request naming that much is refused \
-                             even by a full budget",
-                            route.name, named.max, limit.name
-                        ));
+                    if let Some(named) = &route.cost_from_request {
+                        if named.max > capacity {
+                            out.push(format!(
+                                "route {:?}: cost_from_request.max ({}) exceeds the capacity \
+                                 ({capacity}) of {of}: a request naming that much is refused \
+                                 even by a full budget",
+                                route.name, named.max,
+                            ));
+                        }
                     }
                 }
                 if limit.sync.is_local() || limit.on_store_error != OnStoreError::Local {
@@ -722,3 +745,35 @@ indexed_by!(Limit, LimitId);
 indexed_by!(Plan, PlanId);
 indexed_by!(Upstream, PoolId);
 indexed_by!(Route, RouteId);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_names_its_estimate_clamped_and_an_unread_body_is_the_most() {
+        let from_header = CostFromRequest {
+            source: RequestCost::Header(http::HeaderName::from_static("x-tokens")),
+            max: 1000,
+            default: 50,
+        };
+        let headers = |value: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("x-tokens", value.parse().unwrap());
+            h
+        };
+        assert_eq!(from_header.estimate(&headers("300"), None), 300);
+        assert_eq!(from_header.estimate(&headers("0"), None), 1);
+        assert_eq!(from_header.estimate(&headers("5000"), None), 1000);
+        assert_eq!(
+            from_header.estimate(&headers("99999999999999999999999"), None),
+            1000
+        );
+        assert_eq!(from_header.estimate(&headers("-3"), None), 50);
+        assert_eq!(from_header.estimate(&http::HeaderMap::new(), None), 50);
+        // A body too large to read could have said anything: the most,
+        // though the estimate is named by a header.
+        let unread = BodyValues::oversize();
+        assert_eq!(from_header.estimate(&headers("300"), Some(&unread)), 1000);
+    }
+}

@@ -451,14 +451,19 @@ pub(super) fn route_limits(
         if !auth_required && (limit.key.credential || limit.key.tenant) {
             c.fail(&at, format!("limit {name:?} is keyed by credential or tenant but the route has `auth: none`"));
         }
-        let plan_params = ctx
-            .plans
-            .iter()
-            .filter_map(|p| p.params_for(id).map(|x| (Some(&p.name), x)));
-        for (plan, params) in std::iter::once((None, limit.params)).chain(plan_params) {
+        // Every budget a request of the route may be decided against: the
+        // limit's own, its `values` entries', and its plans'.
+        let value_params = limit.budgets().into_iter().map(|(value, params)| {
+            let whose = value.map_or(String::new(), |v| format!(" (values {v:?})"));
+            (whose, params)
+        });
+        let plan_params = ctx.plans.iter().filter_map(|p| {
+            p.params_for(id)
+                .map(|x| (format!(" (plan {:?})", p.name), x))
+        });
+        for (whose, params) in value_params.chain(plan_params) {
             // A concurrency limit holds one unit per request, whatever its cost.
             if cost > params.quota() && !params.is_concurrency() {
-                let whose = plan.map_or(String::new(), |p| format!(" (plan {p:?})"));
                 c.fail(&at, format!("route cost {cost} exceeds the capacity {} of limit {name:?}{whose}: it could never be admitted", params.quota()));
             }
         }
