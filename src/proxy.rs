@@ -931,7 +931,9 @@ impl ProxyHttp for Gateway {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         if let (Some(ledger), Some(slot)) = (&rt.services.usage, ctx.facts.held.usage.take()) {
             if ctx.outcome == Some(Outcome::Allowed) {
-                ledger.record(&usage_record(ledger, &rt, session, ctx, status), slot);
+                let mut room = crate::usage::record::Formatted::new();
+                let record = usage_record(ledger, &rt, session, ctx, status, &mut room);
+                ledger.record(&record, slot);
             }
         }
         let route = ctx.facts.route.as_deref().unwrap_or("unmatched");
@@ -1000,14 +1002,20 @@ fn spans_of(
     }
 }
 
-/// An admitted request's usage record, once it is settled.
-fn usage_record(
-    ledger: &crate::usage::Ledger,
-    rt: &Runtime,
-    session: &Session,
-    ctx: &RequestCtx,
+/// An admitted request's usage record, once it is settled: its text
+/// borrowed from the request, the caller and the policy.
+fn usage_record<'a>(
+    ledger: &'a crate::usage::Ledger,
+    rt: &'a Runtime,
+    session: &'a Session,
+    ctx: &'a RequestCtx,
     status: u16,
-) -> crate::usage::Record {
+    room: &'a mut crate::usage::record::Formatted,
+) -> crate::usage::Record<'a> {
+    use std::borrow::Cow;
+    let network = ctx.facts.network(rt.policy.client_ip.ipv6_prefix);
+    let trace = ctx.facts.telemetry.trace.as_ref().map(|t| &t.trace_id);
+    let formatted = room.fields(rt.wall(), network, trace);
     let req = session.req_header();
     let credential = ctx.facts.credential.as_deref();
     let admitted = ctx.facts.cost;
@@ -1020,31 +1028,29 @@ fn usage_record(
     let plan = credential
         .and_then(|c| c.plan)
         .and_then(|p| rt.policy.plans.get(p.index()))
-        .map(|p| p.name.to_string());
+        .map(|p| Cow::Borrowed(&*p.name));
     crate::usage::Record {
-        id: crate::usage::record::new_id(),
-        time: access_log::timestamp(rt.wall()),
-        instance: ledger.instance().to_owned(),
-        tenant: credential.map(|c| c.tenant.to_string()),
-        credential: credential.map(|c| c.id.to_string()),
+        id: formatted.id.into(),
+        time: formatted.time,
+        instance: ledger.instance().into(),
+        tenant: credential.map(|c| Cow::Borrowed(&*c.tenant)),
+        credential: credential.map(|c| Cow::Borrowed(&*c.id)),
         plan,
-        route: ctx.facts.route.as_deref().unwrap_or_default().to_owned(),
-        method: req.method.as_str().to_owned(),
-        host: named_host(req).map(std::borrow::Cow::into_owned),
+        route: ctx.facts.route.as_deref().unwrap_or_default().into(),
+        method: req.method.as_str().into(),
+        host: named_host(req),
         // An admitted request's target was accepted: it has a path.
-        path: crate::usage::record::bounded_path(normalized_path(req, ctx).unwrap_or_default()),
-        client: ctx
-            .facts
-            .network(rt.policy.client_ip.ipv6_prefix)
-            .map(|n| n.to_string()),
+        path: crate::usage::record::bounded_path(normalized_path(req, ctx).unwrap_or_default())
+            .into(),
+        client: formatted.client,
         status,
         cost_admitted: charged,
         cost_settled: settled,
-        cost_source: how.to_owned(),
+        cost_source: how.into(),
         values: (ctx.facts.used.matched.iter())
-            .map(|(limit, value)| (limit.to_string(), value.clone()))
+            .map(|(limit, value)| (Cow::Borrowed(&**limit), Cow::Borrowed(value.as_str())))
             .collect(),
-        trace_id: ctx.facts.telemetry.trace.as_ref().map(|t| t.trace_id_hex()),
+        trace_id: formatted.trace.map(Cow::Borrowed),
     }
 }
 

@@ -186,13 +186,15 @@ fn an_admin_listener_beyond_loopback_without_a_token_is_warned_about_but_valid()
 
 #[test]
 fn an_estimate_a_request_may_name_beyond_a_budget_is_warned_about() {
-    let (code, _, stderr, file) = check_policy(
-        r#"
+    // The same chat route under the `tokens` limit as each case defines it.
+    let warned = |limit: &str| {
+        let (code, _, stderr, file) = check_policy(&format!(
+            r#"
 version: 1
 limits:
-  tokens: { key: [ip], capacity: 1000, refill_per_second: 1 }
+  tokens: {limit}
 upstreams:
-  llm: { servers: ["127.0.0.1:9"] }
+  llm: {{ servers: ["127.0.0.1:9"] }}
 routes:
   - name: chat
     path: /v1/chat/completions
@@ -200,49 +202,27 @@ routes:
     auth: none
     limits: [tokens]
     oversize: absent
-    cost_from_request: { json: max_tokens, max: 4000, default: 100 }
-    cost_from_response: { format: openai, max: 800, include_usage: true }
-"#,
-    );
-    assert_eq!(code, 0, "{stderr}");
+    cost_from_request: {{ json: max_tokens, max: 4000, default: 100 }}
+    cost_from_response: {{ format: openai, max: 800, include_usage: true }}
+"#
+        ));
+        assert_eq!(code, 0, "{stderr}");
+        stderr.trim_end().replace(&file, "FILE")
+    };
     assert_eq!(
-        stderr.trim_end(),
-        format!(
-            "{file}: warning: route \"chat\": cost_from_request.max (4000) exceeds the capacity (1000) \
-             of limit \"tokens\": a request naming that much is refused even by a full budget",
-        )
+        warned("{ key: [ip], capacity: 1000, refill_per_second: 1 }"),
+        "FILE: warning: route \"chat\": cost_from_request.max (4000) exceeds the capacity (1000) \
+         of limit \"tokens\": a request naming that much is refused even by a full budget",
     );
     // So for the budget of a value the limit lists (the model's).
-    let (code, _, stderr, file) = check_policy(
-        r#"
-version: 1
-limits:
-  tokens:
-    key: [ip, body.model]
-    capacity: 100000
-    refill_per_second: 1
-    values: { gpt-4o: { capacity: 2000, refill_per_second: 1 } }
-    other: reject
-upstreams:
-  llm: { servers: ["127.0.0.1:9"] }
-routes:
-  - name: chat
-    path: /v1/chat/completions
-    upstream: llm
-    auth: none
-    limits: [tokens]
-    cost_from_request: { json: max_tokens, max: 4000, default: 100 }
-    cost_from_response: { format: openai, max: 800 }
-"#,
-    );
-    assert_eq!(code, 0, "{stderr}");
     assert_eq!(
-        stderr.trim_end(),
-        format!(
-            "{file}: warning: route \"chat\": cost_from_request.max (4000) exceeds the capacity (2000) \
-             of limit \"tokens\" (values \"gpt-4o\"): a request naming that much is refused even by a \
-             full budget",
-        )
+        warned(
+            "{ key: [ip, body.model], capacity: 100000, refill_per_second: 1, \
+             values: { gpt-4o: { capacity: 2000, refill_per_second: 1 } }, other: reject }"
+        ),
+        "FILE: warning: route \"chat\": cost_from_request.max (4000) exceeds the capacity (2000) \
+         of limit \"tokens\" (values \"gpt-4o\"): a request naming that much is refused even by a \
+         full budget",
     );
 }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 use crate::config::{SinkSettings, UsageSettings};
 use crate::metrics::Metrics;
 pub use record::Record;
-use spool::{Room, Spool};
+use spool::{Lines, Room, Spool};
 
 /// The ledger of a running gateway.
 pub struct Ledger {
@@ -126,8 +126,23 @@ impl Ledger {
 
     /// Appends a settled request's record; `slot`, its reserved room, is
     /// given back once it is written.
-    pub fn record(&self, record: &Record, slot: Slot) {
-        if let Err(e) = self.spool.append(&record.line()) {
+    pub fn record(&self, record: &Record<'_>, slot: Slot) {
+        // Each worker thread writes its records' lines in a buffer of its
+        // own, kept from record to record.
+        thread_local! {
+            static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let appended = LINE.with_borrow_mut(|line| {
+            line.clear();
+            record.write_line(line);
+            let appended = self.spool.append(line);
+            if line.capacity() > 64 << 10 {
+                // A record with a long path: not kept for the next.
+                *line = Vec::new();
+            }
+            appended
+        });
+        if let Err(e) = appended {
             tracing::error!(error = %e, "cannot write a usage record to the spool");
             self.metrics.usage_dropped.inc();
         }
@@ -308,6 +323,7 @@ impl Sink {
         match settings {
             SinkSettings::RedisStream { key, urls, cluster } => Sink::Redis(RedisSink {
                 key: key.clone(),
+                seen: seen_prefix(key),
                 urls: urls.clone(),
                 cluster: *cluster,
                 conn: None,
@@ -356,7 +372,7 @@ impl Sink {
     }
 
     /// Ships `lines`; the number the sink already had.
-    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, ShipError> {
+    fn ship(&mut self, lines: &Lines) -> Result<u64, ShipError> {
         match self {
             Sink::Redis(r) => r.ship(lines),
             Sink::Http(h) => h.ship(lines),
@@ -405,6 +421,8 @@ return added
 
 struct RedisSink {
     key: String,
+    /// What each record's seen key starts with ([`seen_prefix`]).
+    seen: String,
     urls: Vec<String>,
     cluster: bool,
     conn: Option<Box<dyn redis::ConnectionLike + Send>>,
@@ -427,7 +445,7 @@ impl RedisSink {
         Ok(Box::new(conn))
     }
 
-    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, ShipError> {
+    fn ship(&mut self, lines: &Lines) -> Result<u64, ShipError> {
         if self.conn.is_none() {
             self.conn = Some(
                 self.connect()
@@ -437,9 +455,12 @@ impl RedisSink {
         let conn = self.conn.as_mut().expect("connected");
         let script = redis::Script::new(APPEND_ONCE);
         let mut call = script.key(&self.key);
-        for line in lines {
+        for line in lines.iter() {
             let id = id_of(line).ok_or(ShipError::NoId)?;
-            call.key(seen_key(&self.key, &id)).arg(line.as_slice());
+            let mut seen = String::with_capacity(self.seen.len() + id.len());
+            seen.push_str(&self.seen);
+            seen.push_str(&id);
+            call.key(seen).arg(line);
         }
         match call.invoke::<u64>(conn.as_mut()) {
             Ok(added) => Ok(lines.len() as u64 - added),
@@ -456,14 +477,19 @@ impl RedisSink {
 /// stream's hash slot on a cluster (under its hash tag, or the stream's
 /// whole name as one).
 pub fn seen_key(stream: &str, id: &str) -> String {
+    seen_prefix(stream) + id
+}
+
+/// What the seen keys of `stream`'s records start with, their id after.
+fn seen_prefix(stream: &str) -> String {
     let tagged = stream
         .find('{')
         .and_then(|open| stream[open + 1..].find('}').map(|len| len > 0))
         .unwrap_or(false);
     if tagged {
-        format!("{stream}:seen:{id}")
+        format!("{stream}:seen:")
     } else {
-        format!("{{{stream}}}:seen:{id}")
+        format!("{{{stream}}}:seen:")
     }
 }
 
@@ -476,10 +502,10 @@ struct HttpSink {
 }
 
 impl HttpSink {
-    fn ship(&mut self, lines: &[Vec<u8>]) -> Result<u64, ShipError> {
-        let mut body = Vec::with_capacity(lines.iter().map(|l| l.len() + 200).sum());
+    fn ship(&mut self, lines: &Lines) -> Result<u64, ShipError> {
+        let mut body = Vec::with_capacity(lines.bytes() + lines.len() * 200);
         body.push(b'[');
-        for line in lines {
+        for line in lines.iter() {
             if body.len() > 1 {
                 body.push(b',');
             }
@@ -510,22 +536,89 @@ impl HttpSink {
 /// out when it has none), its time, and the record itself as the data,
 /// copied as it is.
 pub fn cloud_event(out: &mut Vec<u8>, line: &[u8], instance: &str) -> serde_json::Result<()> {
-    let head: Head<'_> = serde_json::from_slice(line)?;
+    // The id, tenant and time as JSON, copied from where this gateway
+    // writes them; a line laid out otherwise is parsed.
+    let parsed;
+    let (id, tenant, time) = match written_head(line) {
+        Some(head) => head,
+        None => {
+            let head: Head<'_> = serde_json::from_slice(line)?;
+            parsed = (
+                serde_json::to_vec(&head.id)?,
+                head.tenant.as_ref().map(serde_json::to_vec).transpose()?,
+                serde_json::to_vec(&head.time)?,
+            );
+            (&parsed.0[..], parsed.1.as_deref(), &parsed.2[..])
+        }
+    };
     out.extend_from_slice(br#"{"specversion":"1.0","id":"#);
-    serde_json::to_writer(&mut *out, &head.id)?;
+    out.extend_from_slice(id);
     out.extend_from_slice(br#","source":"#);
     serde_json::to_writer(&mut *out, instance)?;
     out.extend_from_slice(br#","type":"tollgate.request""#);
-    if let Some(tenant) = &head.tenant {
+    if let Some(tenant) = tenant {
         out.extend_from_slice(br#","subject":"#);
-        serde_json::to_writer(&mut *out, tenant)?;
+        out.extend_from_slice(tenant);
     }
     out.extend_from_slice(br#","time":"#);
-    serde_json::to_writer(&mut *out, &head.time)?;
+    out.extend_from_slice(time);
     out.extend_from_slice(br#","datacontenttype":"application/json","data":"#);
     out.extend_from_slice(line);
     out.push(b'}');
     Ok(())
+}
+
+/// A record's id, tenant (`None` when null) and time, as JSON strings.
+type JsonHead<'a> = (&'a [u8], Option<&'a [u8]>, &'a [u8]);
+
+/// A record line's id, tenant (`None` when null) and time, each as the
+/// JSON string it is written as, read where this gateway writes them (the
+/// record's first four members: `id`, `time`, `instance`, `tenant`);
+/// `None` for a line laid out otherwise.
+fn written_head(line: &[u8]) -> Option<JsonHead<'_>> {
+    let mut at = 0;
+    let mut member = |name: &[u8]| -> Option<&[u8]> {
+        let rest = line.get(at..)?.strip_prefix(name)?;
+        at += name.len();
+        let len = if rest.starts_with(b"null") {
+            4
+        } else {
+            json_string_len(rest)?
+        };
+        let value = &rest[..len];
+        at += len;
+        Some(value)
+    };
+    let id = member(br#"{"id":"#)?;
+    let time = member(br#","time":"#)?;
+    member(br#","instance":"#)?;
+    let tenant = member(br#","tenant":"#)?;
+    let string = |v: &[u8]| v.first() == Some(&b'"');
+    if !string(id) || !string(time) {
+        return None;
+    }
+    Some((id, Some(tenant).filter(|t| string(t)), time))
+}
+
+/// The length of the JSON string `bytes` starts with, its quotes and
+/// escapes included; `None` when it does not start with one, or it does
+/// not end.
+fn json_string_len(bytes: &[u8]) -> Option<usize> {
+    if bytes.first() != Some(&b'"') {
+        return None;
+    }
+    let mut at = 1;
+    loop {
+        at += memchr::memchr2(b'"', b'\\', &bytes[at..])?;
+        if bytes[at] == b'"' {
+            return Some(at + 1);
+        }
+        // An escape: the byte after the backslash is never the end.
+        at += 2;
+        if at > bytes.len() {
+            return None;
+        }
+    }
 }
 
 /// This instance's name: `TOLLGATE_INSTANCE`, else the host's name.
@@ -559,13 +652,17 @@ mod tests {
         assert_eq!(slot("{bill}:usage"), slot(&seen_key("{bill}:usage", "x")));
     }
 
-    #[test]
-    fn a_record_s_id_is_read_where_it_is_written_or_wherever_it_is() {
-        let record = Record {
-            id: record::new_id(),
-            time: "t".into(),
-            instance: "i".into(),
-            tenant: None,
+    /// A record of a `GET /`, at `time`, by `instance`, for `tenant`.
+    fn a_record(
+        time: &'static str,
+        instance: &'static str,
+        tenant: Option<&'static str>,
+    ) -> Record<'static> {
+        Record {
+            id: record::new_id().into(),
+            time: time.into(),
+            instance: instance.into(),
+            tenant: tenant.map(Into::into),
             credential: None,
             plan: None,
             route: "r".into(),
@@ -579,15 +676,57 @@ mod tests {
             cost_source: "route".into(),
             values: Default::default(),
             trace_id: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_record_s_id_is_read_where_it_is_written_or_wherever_it_is() {
+        let record = a_record("t", "i", None);
         let line = record.line();
-        assert_eq!(id_of(&line).as_deref(), Some(record.id.as_str()));
+        assert_eq!(id_of(&line).as_deref(), Some(&*record.id));
         assert_eq!(id_of(br#"{"time":"t","id":"x1"}"#).as_deref(), Some("x1"));
         assert_eq!(
             id_of(br#"{"id":"\u0078","time":"t"}"#).as_deref(),
             Some("x")
         );
         assert_eq!(id_of(b"{}"), None);
+    }
+
+    #[test]
+    fn an_event_reads_a_written_record_where_it_was_written_as_a_parser_would() {
+        let mut record = a_record(
+            "2026-12-03T00:00:00.000Z",
+            "gw \"1\"\\",
+            Some("ac\"me\\\n\u{e9}"),
+        );
+        for tenant in [record.tenant.clone(), None] {
+            record.tenant = tenant;
+            let line = record.line();
+            let line = &line[..line.len() - 1];
+            assert!(written_head(line).is_some(), "read where written");
+            let mut fast = Vec::new();
+            cloud_event(&mut fast, line, "gw-1").unwrap();
+            // The same record, its members in another order: parsed.
+            let reordered: serde_json::Value = serde_json::from_slice(line).unwrap();
+            let reordered = reordered.to_string();
+            assert!(written_head(reordered.as_bytes()).is_none());
+            let mut parsed = Vec::new();
+            cloud_event(&mut parsed, reordered.as_bytes(), "gw-1").unwrap();
+            let event = |bytes: &[u8]| {
+                let mut v: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+                v.as_object_mut().unwrap().remove("data");
+                v
+            };
+            assert_eq!(event(&fast), event(&parsed));
+            assert_eq!(event(&fast)["subject"].as_str(), record.tenant.as_deref());
+        }
+        for broken in [
+            &br#"{"id":"x","time":"t","instance":"i"#[..],
+            br#"{"id":"x\"#,
+            b"{",
+        ] {
+            assert!(written_head(broken).is_none());
+        }
     }
 
     #[test]

@@ -36,29 +36,30 @@ pub struct Sums {
 }
 
 /// `by`'s fields of a record, as the summary shows them (`-` for none).
-fn group_of(record: &Record, by: &[String]) -> Vec<String> {
-    let none = || "-".to_string();
+fn group_of(record: &Record<'_>, by: &[String]) -> Vec<String> {
+    let text = |t: &Option<std::borrow::Cow<'_, str>>| t.as_deref().unwrap_or("-").to_owned();
     by.iter()
         .map(|field| match field.as_str() {
-            "tenant" => record.tenant.clone().unwrap_or_else(none),
-            "credential" => record.credential.clone().unwrap_or_else(none),
-            "plan" => record.plan.clone().unwrap_or_else(none),
-            "route" => record.route.clone(),
-            "method" => record.method.clone(),
+            "tenant" => text(&record.tenant),
+            "credential" => text(&record.credential),
+            "plan" => text(&record.plan),
+            "route" => record.route.to_string(),
+            "method" => record.method.to_string(),
             "status" => record.status.to_string(),
-            "cost_source" => record.cost_source.clone(),
-            "instance" => record.instance.clone(),
-            other => other
-                .strip_prefix("values.")
-                .and_then(|limit| record.values.get(limit).cloned())
-                .unwrap_or_else(none),
+            "cost_source" => record.cost_source.to_string(),
+            "instance" => record.instance.to_string(),
+            other => text(
+                &other
+                    .strip_prefix("values.")
+                    .and_then(|limit| record.values.get(limit).cloned()),
+            ),
         })
         .collect()
 }
 
 /// `by`'s fields of a record as one JSON object, in `by`'s order, for
 /// `tail --by` (`null` for a field the record has none of).
-pub fn fields_of(record: &Record, by: &[String]) -> String {
+pub fn fields_of(record: &Record<'_>, by: &[String]) -> String {
     let whole = serde_json::to_value(record).unwrap_or_default();
     let fields: Vec<String> = by
         .iter()
@@ -75,7 +76,7 @@ pub fn fields_of(record: &Record, by: &[String]) -> String {
 
 /// Records summed by the fields `by`.
 pub fn summarize<'a>(
-    records: impl IntoIterator<Item = &'a Record>,
+    records: impl IntoIterator<Item = &'a Record<'a>>,
     by: &[String],
 ) -> BTreeMap<Vec<String>, Sums> {
     let mut out: BTreeMap<Vec<String>, Sums> = BTreeMap::new();
@@ -135,7 +136,7 @@ pub fn table(sums: &BTreeMap<Vec<String>, Sums>, by: &[String]) -> String {
 
 /// The records of a stream's entries (`XRANGE` replies): each entry's
 /// `record` field; entries that hold none are skipped.
-pub fn records_of(entries: &[(String, Vec<(String, String)>)]) -> Vec<Record> {
+pub fn records_of(entries: &[(String, Vec<(String, String)>)]) -> Vec<Record<'static>> {
     entries
         .iter()
         .filter_map(|(_, fields)| {
@@ -149,15 +150,15 @@ pub fn records_of(entries: &[(String, Vec<(String, String)>)]) -> Vec<Record> {
 mod tests {
     use super::*;
 
-    fn record(tenant: &str, route: &str, settled: u64) -> Record {
+    fn record(tenant: &str, route: &str, settled: u64) -> Record<'static> {
         Record {
-            id: super::super::record::new_id(),
+            id: super::super::record::new_id().into(),
             time: "2026-12-03T00:00:00.000Z".into(),
             instance: "gw".into(),
-            tenant: Some(tenant.into()),
+            tenant: Some(tenant.to_owned().into()),
             credential: None,
             plan: None,
-            route: route.into(),
+            route: route.to_owned().into(),
             method: "GET".into(),
             host: None,
             path: "/".into(),

@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -30,6 +30,81 @@ use std::time::Duration;
 
 /// The room reserved for one record: the most a record takes.
 pub const RECORD_ROOM: u64 = 8 << 10;
+
+/// Records read from the spool, in one buffer as the segment holds them
+/// (a batch of hundreds is one allocation and one copy, not one a record).
+#[derive(Debug, Default)]
+pub struct Lines {
+    bytes: Vec<u8>,
+    /// Where each line's newline is in `bytes`.
+    ends: Vec<usize>,
+}
+
+/// How much of a segment is read at a time.
+const READ_CHUNK: usize = 64 << 10;
+
+impl Lines {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Each line, without its newline, in the spool's order.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let starts = std::iter::once(0).chain(self.ends.iter().map(|&end| end + 1));
+        starts
+            .zip(&self.ends)
+            .map(|(start, &end)| &self.bytes[start..end])
+    }
+
+    /// The first line.
+    pub fn first(&self) -> Option<&[u8]> {
+        self.iter().next()
+    }
+
+    /// Their bytes in all, newlines included.
+    pub fn bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Reads whole lines of `file` from where it is, until `most` more
+    /// are in or the file ends; a last line not ended yet is left. The
+    /// bytes taken, newlines included.
+    fn read_from(&mut self, file: &mut impl Read, most: usize) -> io::Result<u64> {
+        let (start, wanted) = (self.bytes.len(), self.len() + most);
+        while self.len() < wanted {
+            let from = self.bytes.len();
+            self.bytes.resize(from + READ_CHUNK, 0);
+            let n = match file.read(&mut self.bytes[from..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+                Err(e) => {
+                    self.bytes.truncate(from);
+                    return Err(e);
+                }
+            };
+            self.bytes.truncate(from + n);
+            if n == 0 {
+                break;
+            }
+            let newlines = memchr::memchr_iter(b'\n', &self.bytes[from..]).map(|i| from + i);
+            self.ends.extend(newlines.take(wanted - self.ends.len()));
+        }
+        // Only whole lines, and no more than wanted.
+        let end = self
+            .ends
+            .last()
+            .map_or(start, |&newline| newline + 1)
+            .max(start);
+        self.bytes.truncate(end);
+        Ok((end - start) as u64)
+    }
+}
 
 /// A position in the spool: a segment and a byte offset in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -303,12 +378,7 @@ impl Spool {
 
     /// Up to `most` whole records after `sink`'s position, and the
     /// position after them; waits up to `wait` for one when there is none.
-    pub fn read(
-        &self,
-        sink: usize,
-        most: usize,
-        wait: Duration,
-    ) -> io::Result<(Vec<Vec<u8>>, Position)> {
+    pub fn read(&self, sink: usize, most: usize, wait: Duration) -> io::Result<(Lines, Position)> {
         let mut at = *self.cursors[sink].lock().unwrap_or_else(|e| e.into_inner());
         let first = self.read_at(&mut at, most)?;
         if !first.is_empty() || wait.is_zero() {
@@ -320,8 +390,8 @@ impl Spool {
         Ok((again, at))
     }
 
-    fn read_at(&self, at: &mut Position, most: usize) -> io::Result<Vec<Vec<u8>>> {
-        let mut out = Vec::new();
+    fn read_at(&self, at: &mut Position, most: usize) -> io::Result<Lines> {
+        let mut out = Lines::default();
         loop {
             let (oldest, newest) = {
                 let state = self.lock();
@@ -350,18 +420,9 @@ impl Spool {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
                 Err(e) => return Err(e),
             };
-            let mut reader = BufReader::new(file);
-            reader.seek(SeekFrom::Start(at.offset))?;
-            while out.len() < most {
-                let mut line = Vec::new();
-                let n = reader.read_until(b'\n', &mut line)?;
-                if n == 0 || line.last() != Some(&b'\n') {
-                    break;
-                }
-                at.offset += n as u64;
-                line.pop();
-                out.push(line);
-            }
+            let mut file = file;
+            file.seek(SeekFrom::Start(at.offset))?;
+            at.offset += out.read_from(&mut file, most - out.len())?;
             // A segment is complete once a newer one exists: its end is
             // the end of its records.
             if out.len() < most && at.segment < newest {
@@ -494,7 +555,7 @@ mod tests {
         format!("{{\"id\":\"r{i}\",\"pad\":\"{}\"}}\n", "x".repeat(100)).into_bytes()
     }
 
-    fn ids(lines: &[Vec<u8>]) -> Vec<String> {
+    fn ids(lines: &Lines) -> Vec<String> {
         lines
             .iter()
             .map(|l| {
@@ -550,6 +611,28 @@ mod tests {
             .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
             .collect();
         assert_eq!(left.len(), 1, "only the segment written to");
+    }
+
+    #[test]
+    fn lines_are_read_whole_however_long_and_no_more_than_asked() {
+        let long = "x".repeat(3 * READ_CHUNK);
+        let text = format!("a\n{long}\nb\nc\nunended");
+        let mut file = std::io::Cursor::new(text.as_bytes());
+        let mut lines = Lines::default();
+        assert_eq!(
+            lines.read_from(&mut file, 2).unwrap(),
+            2 + long.len() as u64 + 1
+        );
+        let read: Vec<&[u8]> = lines.iter().collect();
+        assert_eq!(read, [&b"a"[..], long.as_bytes()]);
+        // The rest, from where the last whole line ended.
+        file.set_position(2 + long.len() as u64 + 1);
+        assert_eq!(lines.read_from(&mut file, 10).unwrap(), 4);
+        let read: Vec<&[u8]> = lines.iter().collect();
+        assert_eq!(read, [&b"a"[..], long.as_bytes(), b"b", b"c"]);
+        assert_eq!(lines.first(), Some(&b"a"[..]));
+        assert_eq!(lines.read_from(&mut file, 10).unwrap(), 0, "unended: left");
+        assert_eq!(lines.len(), 4);
     }
 
     #[test]
