@@ -594,10 +594,15 @@ function concurrency.check(s, cost)
   return check_counter(s.limit, s.count, cost, HOLD_RETRY_MS)
 end
 
--- Keeps hold m until hold_ttl_ms from now.
-local function hold(s, m)
-  s.added[m] = now + s.ttl
-  s.latest = max(s.latest, now + s.ttl)
+-- Keeps hold m until hold_ttl_ms from now; `before`, its expiry until
+-- then, when it was held.
+local function hold(s, m, before)
+  local expiry = now + s.ttl
+  s.added[m] = expiry
+  -- Brought forward (hold_ttl_ms is shorter since): the latest expiry may
+  -- be earlier than `latest` says.
+  if before and before > expiry then s.shrunk = true end
+  s.latest = max(s.latest, expiry)
 end
 
 -- Takes a request's hold: a new member, never seen before.
@@ -616,13 +621,36 @@ function concurrency.force(s, _, _, l)
   local held = s.added[m]
   if not held and not s.stale then
     local stored = call('ZSCORE', s.key, m)
-    held = stored and tonumber(stored) > now
+    stored = stored and tonumber(stored)
+    held = stored and stored > now and stored
   end
-  if held then hold(s, m) end
+  if held then hold(s, m, held) end
   return 0
 end
 
-function concurrency.reset(s) return max(0, s.latest - now) end
+function concurrency.reset(s)
+  if s.shrunk then
+    -- The latest of the holds this call took or renewed, and of the
+    -- stored ones it did not (a renewed one's stored expiry is its old
+    -- one): one of the n + 1 latest stored is not renewed, if any is.
+    s.shrunk = nil
+    local latest, n = 0, 0
+    for _, expiry in pairs(s.added) do
+      latest, n = max(latest, expiry), n + 1
+    end
+    if not s.stale then
+      local top = call('ZREVRANGE', s.key, 0, n, 'WITHSCORES')
+      for i = 1, #top, 2 do
+        if not s.added[top[i]] then
+          latest = max(latest, tonumber(top[i + 1]))
+          break
+        end
+      end
+    end
+    s.latest = latest
+  end
+  return max(0, s.latest - now)
+end
 
 function concurrency.write(s, ttl)
   if s.foreign then return end

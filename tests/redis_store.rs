@@ -665,6 +665,46 @@ fn lua_and_rust_agree_on_random_sequences() {
         .unwrap();
 }
 
+/// A hold renewed under a shorter `hold_ttl_ms` (a reload, or a plan
+/// with its own) expires earlier: the store's reset time says so, as the
+/// in-process model's does, rather than the old expiry it replaced.
+#[test]
+fn a_hold_renewed_for_less_time_resets_at_its_new_expiry() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let clock = ManualClock::new(1_764_000_000_000);
+    let memory = MemoryStore::new(clock.clone());
+    let redis = store(&server, &clock);
+    let params = |max_in_flight, hold_ttl_ms| {
+        Params::Concurrency(Concurrency {
+            max_in_flight,
+            hold_ttl_ms,
+        })
+    };
+    let hold = next_id();
+    for (at, (limit, ttl), op) in [
+        (
+            0,
+            (7, 2_014),
+            Op::Decide {
+                on_limit: OnLimit::Reject,
+            },
+        ),
+        (0, (8, 3_773), Op::Force { max_debt: 0 }),
+        (0, (7, 2_014), Op::Force { max_debt: 0 }),
+        (500, (7, 1_000), Op::Force { max_debt: 0 }),
+    ] {
+        clock.advance(at);
+        let mut c = charge("l0", "renewed", params(limit, ttl), 1);
+        c.op = op;
+        c.hold = Some(hold);
+        let got = rt.block_on(redis.decide(&[&c], Gate::Open)).unwrap();
+        let expected = memory.decide_now(&[c.clone()], Gate::Open).0;
+        assert_eq!(got, expected, "{op:?} with hold_ttl_ms {ttl}");
+        assert_eq!(got[0].reset_ms, ttl, "the hold's new expiry");
+    }
+}
+
 #[test]
 fn a_peek_writes_nothing() {
     let server = RedisServer::start();

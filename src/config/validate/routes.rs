@@ -522,10 +522,12 @@ fn read_values(
         }
         // An enforced limit per caller, decided with it or before it, and
         // not failing open, bounds how many requests (and so keys) a
-        // caller gets admitted.
+        // caller gets admitted. A concurrency limit does not: it bounds
+        // the requests at once, not how many there are in all.
         let bounded = limits().any(|(g, other)| {
             g <= group
                 && other.mode == Mode::Enforce
+                && !other.params.is_concurrency()
                 && (other.key.credential || other.key.tenant || other.key.ip)
                 && other.values.is_empty()
                 && (other.sync.is_local() || other.on_store_error != OnStoreError::Open)
@@ -536,8 +538,8 @@ fn read_values(
                 format!(
                     "limit {name:?} is keyed by a value the client chooses ({}), so each new value \
                      would be a new budget: list its values with other: reject, or also apply an \
-                     enforced limit keyed by credential, tenant or ip, in the same or an earlier \
-                     scope, that does not fail open",
+                     enforced limit keyed by credential, tenant or ip that counts requests (not a \
+                     concurrency limit), in the same or an earlier scope, that does not fail open",
                     limit
                         .values
                         .dims
