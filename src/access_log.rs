@@ -209,7 +209,12 @@ impl AccessLog {
 
 /// `2026-12-01T00:00:00.123Z`.
 pub fn timestamp(at: SystemTime) -> String {
-    humantime::format_rfc3339_millis(at).to_string()
+    time(at).to_string()
+}
+
+/// `at` as [`timestamp`] writes it, to be written where it is wanted.
+pub fn time(at: SystemTime) -> impl std::fmt::Display {
+    humantime::format_rfc3339_millis(at)
 }
 
 /// The writer thread's end.

@@ -2,8 +2,9 @@
 //! usage and reload. Who may use `/admin/*` is [`access`]'s to say; every
 //! write, allowed, refused or failed, goes to the [`audit`] log, and so
 //! do every failed read by a valid token and every refusal of a caller no
-//! token identified (those at a bounded rate). Write bodies are read and parsed by [`body`]. Every error of
-//! `/admin/*` is `application/problem+json`.
+//! token identified (those at a bounded rate). Write bodies are read and
+//! parsed by [`body`]. Every error of `/admin/*` is
+//! `application/problem+json`.
 //!
 //! This file holds the listener, the router (one table of every `/admin/*`
 //! endpoint, the function `endpoint`) and the answers every handler shares.
@@ -364,22 +365,13 @@ impl Admin {
                 let due = tokio::time::Instant::from_std(self.started + at);
                 tokio::spawn(async move {
                     tokio::time::sleep_until(due).await;
-                    let left_out = refusals.take_left_out();
-                    if left_out > 0 {
-                        let time = crate::access_log::timestamp(rt.wall());
-                        let file = rt.policy.server.audit_log.as_deref();
-                        audit::record(file, &audit::Entry::suppressed(time, left_out));
-                    }
+                    say_left_out(&rt, refusals.take_left_out());
                 });
                 return;
             }
         };
-        let file = rt.policy.server.audit_log.as_deref();
-        if left_out > 0 {
-            let time = crate::access_log::timestamp(rt.wall());
-            audit::record(file, &audit::Entry::suppressed(time, left_out));
-        }
-        audit::record(file, &entry);
+        say_left_out(rt, left_out);
+        audit::record(rt.policy.server.audit_log.as_deref(), &entry);
     }
 
     /// A change of an admin record, audited with what was in force before
@@ -544,6 +536,16 @@ fn printable(v: &str) -> bool {
 
 /// The longest a revocation may last: 30 days.
 const MAX_REVOCATION_S: u64 = 30 * 24 * 3600;
+
+/// The audit line that says `left_out` refusals were left out of the log,
+/// when some were.
+fn say_left_out(rt: &Runtime, left_out: u64) {
+    if left_out > 0 {
+        let time = crate::access_log::timestamp(rt.wall());
+        let file = rt.policy.server.audit_log.as_deref();
+        audit::record(file, &audit::Entry::suppressed(time, left_out));
+    }
+}
 
 /// A change of an admin record, for [`Admin::changed`].
 struct Change<'a, T> {

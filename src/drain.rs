@@ -122,13 +122,13 @@ impl BackgroundService for Drainer {
             "draining: no new connections, exiting once requests in flight finish"
         );
         let _ = tokio::time::timeout(self.grace, self.drain.idle()).await;
+        let waited = started.elapsed();
         tracing::info!(
             left = self.drain.in_flight(),
-            waited_ms = started.elapsed().as_millis() as u64,
+            waited_ms = waited.as_millis() as u64,
             "drained, exiting"
         );
-        let left = self.grace.saturating_sub(started.elapsed());
-        (self.before_exit)(left).await;
+        (self.before_exit)(self.grace.saturating_sub(waited)).await;
         std::process::exit(0);
     }
 }

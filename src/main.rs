@@ -280,7 +280,7 @@ fn fields_known(by: &[String]) -> anyhow::Result<()> {
     match by.iter().find(|f| !report::groups_by(f)) {
         Some(unknown) => anyhow::bail!(
             "--by {unknown:?}: one of {}, or values.LIMIT",
-            tollgate::usage::report::GROUPS.join(", ")
+            report::GROUPS.join(", ")
         ),
         None => Ok(()),
     }

@@ -295,21 +295,17 @@ struct Head<'a> {
     time: std::borrow::Cow<'a, str>,
 }
 
-/// The id of a record line: where this gateway writes it (first, a UUID),
-/// else wherever the JSON has it.
+/// The id of a record line: where this gateway writes it (first, a string
+/// without escapes), else wherever the JSON has it.
 fn id_of(line: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
-    const PREFIX: &[u8] = br#"{"id":""#;
-    let uuid = line.get(PREFIX.len()..PREFIX.len() + 36);
-    if let (true, Some(uuid), Some(b'"')) =
-        (line.starts_with(PREFIX), uuid, line.get(PREFIX.len() + 36))
-    {
-        if let Ok(id) = std::str::from_utf8(uuid) {
-            if id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
-                return Some(std::borrow::Cow::Borrowed(id));
-            }
-        }
+    let written = member(line, &mut 0, br#"{"id":"#)
+        .and_then(|id| id.strip_prefix(b"\"")?.strip_suffix(b"\""))
+        .filter(|id| !id.contains(&b'\\'))
+        .and_then(|id| std::str::from_utf8(id).ok());
+    match written {
+        Some(id) => Some(std::borrow::Cow::Borrowed(id)),
+        None => serde_json::from_slice::<Head<'_>>(line).ok().map(|h| h.id),
     }
-    serde_json::from_slice::<Head<'_>>(line).ok().map(|h| h.id)
 }
 
 /// Where records go.
@@ -577,27 +573,30 @@ type JsonHead<'a> = (&'a [u8], Option<&'a [u8]>, &'a [u8]);
 /// `None` for a line laid out otherwise.
 fn written_head(line: &[u8]) -> Option<JsonHead<'_>> {
     let mut at = 0;
-    let mut member = |name: &[u8]| -> Option<&[u8]> {
-        let rest = line.get(at..)?.strip_prefix(name)?;
-        at += name.len();
-        let len = if rest.starts_with(b"null") {
-            4
-        } else {
-            json_string_len(rest)?
-        };
-        let value = &rest[..len];
-        at += len;
-        Some(value)
-    };
-    let id = member(br#"{"id":"#)?;
-    let time = member(br#","time":"#)?;
-    member(br#","instance":"#)?;
-    let tenant = member(br#","tenant":"#)?;
+    let id = member(line, &mut at, br#"{"id":"#)?;
+    let time = member(line, &mut at, br#","time":"#)?;
+    member(line, &mut at, br#","instance":"#)?;
+    let tenant = member(line, &mut at, br#","tenant":"#)?;
     let string = |v: &[u8]| v.first() == Some(&b'"');
     if !string(id) || !string(time) {
         return None;
     }
     Some((id, Some(tenant).filter(|t| string(t)), time))
+}
+
+/// The value after `name` (the member's name with what comes before it,
+/// as the gateway writes it) at `at` of `line`: a JSON string or `null`,
+/// as written; `at` moves past it. `None` when `line` has no such member
+/// there.
+fn member<'a>(line: &'a [u8], at: &mut usize, name: &[u8]) -> Option<&'a [u8]> {
+    let rest = line.get(*at..)?.strip_prefix(name)?;
+    let len = if rest.starts_with(b"null") {
+        4
+    } else {
+        json_string_len(rest)?
+    };
+    *at += name.len() + len;
+    Some(&rest[..len])
 }
 
 /// The length of the JSON string `bytes` starts with, its quotes and
@@ -659,7 +658,7 @@ mod tests {
         tenant: Option<&'static str>,
     ) -> Record<'static> {
         Record {
-            id: record::new_id().into(),
+            id: record::new_id(&mut [0; 36]).to_owned().into(),
             time: time.into(),
             instance: instance.into(),
             tenant: tenant.map(Into::into),

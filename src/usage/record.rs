@@ -84,9 +84,9 @@ pub fn bounded_path(path: &str) -> &str {
     &path[..end]
 }
 
-/// A new record id: a UUIDv7.
-pub fn new_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+/// A new record id, a UUIDv7, written in `room`.
+pub fn new_id(room: &mut [u8; uuid::fmt::Hyphenated::LENGTH]) -> &str {
+    uuid::Uuid::now_v7().hyphenated().encode_lower(room)
 }
 
 /// Room on the stack for the fields of a record that are formatted (its
@@ -136,8 +136,8 @@ impl Formatted {
             trace: trace_room,
         } = self;
         Fields {
-            id: uuid::Uuid::now_v7().hyphenated().encode_lower(id),
-            time: displayed(time_room, humantime::format_rfc3339_millis(time)),
+            id: new_id(id),
+            time: displayed(time_room, crate::access_log::time(time)),
             client: client.map(|net| displayed(client_room, net)),
             trace: trace.and_then(|t| {
                 hex::encode_to_slice(t, trace_room).ok()?;
@@ -174,7 +174,7 @@ mod tests {
     #[test]
     fn a_record_is_one_line_of_json_with_the_contract_s_names() {
         let record = Record {
-            id: new_id().into(),
+            id: new_id(&mut [0; 36]).to_owned().into(),
             time: "2026-12-03T00:00:00.000Z".into(),
             instance: "gw-1".into(),
             tenant: Some("acme".into()),
@@ -245,7 +245,8 @@ mod tests {
 
     #[test]
     fn ids_are_unique_and_paths_bounded() {
-        let ids: std::collections::HashSet<_> = (0..1000).map(|_| new_id()).collect();
+        let ids: std::collections::HashSet<_> =
+            (0..1000).map(|_| new_id(&mut [0; 36]).to_owned()).collect();
         assert_eq!(ids.len(), 1000);
         assert_eq!(bounded_path(&"é".repeat(2000)).len(), MAX_PATH);
         assert_eq!(bounded_path("/v1/x"), "/v1/x");

@@ -152,7 +152,7 @@ mod tests {
 
     fn record(tenant: &str, route: &str, settled: u64) -> Record<'static> {
         Record {
-            id: super::super::record::new_id().into(),
+            id: super::super::record::new_id(&mut [0; 36]).to_owned().into(),
             time: "2026-12-03T00:00:00.000Z".into(),
             instance: "gw".into(),
             tenant: Some(tenant.to_owned().into()),
